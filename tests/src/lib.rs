@@ -1,0 +1,1 @@
+//! Integration tests for grid-route live in `tests/`; this library holds their shared helpers.
