@@ -7,3 +7,5 @@
 #![deny(missing_docs)]
 
 pub mod grid;
+pub mod keying;
+pub mod route;

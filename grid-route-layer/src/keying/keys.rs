@@ -1,0 +1,493 @@
+//! The keying entry point: a request body in, its model and prefix keys out.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use super::canonical;
+use super::scan::{Kind, OwnedText, Scanner, Span, Unreadable};
+use super::stream::{BLOCK_BYTES, BlockChain, KEY_BLOCKS, KeySeed, Marker, join, marker};
+use super::walk;
+use super::{chat, completions, messages, responses};
+use crate::route::Prompt;
+
+/// The request formats that get prefix keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// OpenAI Chat Completions, `POST /v1/chat/completions`.
+    ChatCompletions,
+    /// OpenAI (legacy) Completions, `POST /v1/completions`.
+    Completions,
+    /// Anthropic Messages, `POST /v1/messages`.
+    Messages,
+    /// OpenAI Responses, `POST /v1/responses`.
+    Responses,
+}
+
+impl Api {
+    /// Every keyed API.
+    pub const ALL: [Api; 4] = [
+        Api::ChatCompletions,
+        Api::Completions,
+        Api::Messages,
+        Api::Responses,
+    ];
+
+    /// The API served at `path` (exact match), if it is keyed.
+    pub fn from_path(path: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|api| api.path() == path)
+    }
+
+    /// The request path of the API.
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::ChatCompletions => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+            Api::Messages => "/v1/messages",
+            Api::Responses => "/v1/responses",
+        }
+    }
+
+    /// The short name used on the command line: `chat`, `completions`, `messages`,
+    /// `responses`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::ChatCompletions => "chat",
+            Api::Completions => "completions",
+            Api::Messages => "messages",
+            Api::Responses => "responses",
+        }
+    }
+}
+
+impl FromStr for Api {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|api| api.name() == s)
+            .ok_or_else(|| {
+                format!("unknown api {s:?}; expected chat, completions, messages or responses")
+            })
+    }
+}
+
+/// A request's prefix keys: key `i` stands for the canonical stream up to the end of the
+/// block it was taken at, so a cluster that holds key `i` was sent that whole prefix.
+///
+/// `Debug` prints counts only.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PrefixKeys {
+    keys: Arc<[u64]>,
+    blocks: u64,
+}
+
+impl PrefixKeys {
+    pub(crate) fn new(keys: Vec<u64>, blocks: u64) -> Self {
+        Self {
+            keys: keys.into(),
+            blocks,
+        }
+    }
+
+    /// The keys, head first.
+    pub fn as_slice(&self) -> &[u64] {
+        &self.keys
+    }
+
+    /// Number of keys (at most [`MAX_KEYS`](super::MAX_KEYS)).
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether there are no keys (never true for a keyed request).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Full blocks of the canonical stream, including those past the last key.
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
+    /// Bytes of the canonical stream that the first `depth` keys stand for. Past the dense
+    /// head keys are strided, so this, not `depth`, measures how much prefill a match saves.
+    pub fn covered_bytes(&self, depth: usize) -> u64 {
+        match depth.min(self.keys.len()) {
+            0 => 0,
+            d => (u64::from(KEY_BLOCKS[d - 1]) + 1) * BLOCK_BYTES as u64,
+        }
+    }
+
+    /// Bytes of the canonical stream that all the keys stand for.
+    pub fn total_covered_bytes(&self) -> u64 {
+        self.covered_bytes(self.keys.len())
+    }
+}
+
+impl fmt::Debug for PrefixKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrefixKeys")
+            .field("len", &self.keys.len())
+            .field("blocks", &self.blocks)
+            .field("covered_bytes", &self.total_covered_bytes())
+            .finish()
+    }
+}
+
+/// Why a request gets no keys and routes on load alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NoKeys {
+    /// The body is not JSON the keying can follow.
+    Unreadable {
+        /// Byte offset where reading stopped (0 when not known).
+        offset: usize,
+        /// What was expected there.
+        expected: &'static str,
+    },
+    /// The body has no prompt (`messages`, `input` or `prompt`).
+    NoPrompt,
+    /// The prompt is given as token ids.
+    TokenIds,
+    /// The Completions `prompt` is a batch of several prompts.
+    Batch,
+    /// A content part, block or item of a type the keying does not know.
+    UnknownType {
+        /// Which kind of thing had the unknown type.
+        place: &'static str,
+        /// The type's name (clipped).
+        name: Box<str>,
+    },
+    /// A Responses request that continues stored state the gateway cannot see.
+    StoredState {
+        /// The field that names the state.
+        field: &'static str,
+    },
+    /// The canonical stream is shorter than one block.
+    ShorterThanABlock {
+        /// Bytes of canonical stream.
+        bytes: u64,
+    },
+}
+
+impl NoKeys {
+    pub(crate) fn unreadable(expected: &'static str) -> Self {
+        NoKeys::Unreadable {
+            offset: 0,
+            expected,
+        }
+    }
+}
+
+impl From<Unreadable> for NoKeys {
+    fn from(u: Unreadable) -> Self {
+        NoKeys::Unreadable {
+            offset: u.offset,
+            expected: u.expected,
+        }
+    }
+}
+
+impl fmt::Display for NoKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoKeys::Unreadable { offset, expected } => {
+                write!(f, "unreadable JSON: expected {expected} at byte {offset}")
+            }
+            NoKeys::NoPrompt => f.write_str("no prompt in the body"),
+            NoKeys::TokenIds => f.write_str("prompt given as token ids"),
+            NoKeys::Batch => f.write_str("prompt is a batch of several prompts"),
+            NoKeys::UnknownType { place, name } => write!(f, "unknown {place} type {name:?}"),
+            NoKeys::StoredState { field } => {
+                write!(f, "continues stored state named by {field}")
+            }
+            NoKeys::ShorterThanABlock { bytes } => write!(
+                f,
+                "canonical prompt of {bytes} bytes is shorter than one {BLOCK_BYTES}-byte block"
+            ),
+        }
+    }
+}
+
+/// A top-level field that routing depends on was given twice; the request is refused with
+/// a 400 rather than guessing which copy the engine will read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DuplicateField {
+    /// The field's name.
+    pub field: &'static str,
+}
+
+impl fmt::Display for DuplicateField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the top-level field '{}' is given more than once",
+            self.field
+        )
+    }
+}
+
+impl std::error::Error for DuplicateField {}
+
+/// Top-level fields that routing depends on; giving one twice is a 400.
+const ROUTING_FIELDS: [&str; 6] = [
+    "model",
+    "messages",
+    "input",
+    "prompt",
+    "previous_response_id",
+    "conversation",
+];
+
+/// The preamble's fields, in the order they enter the stream.
+const PREAMBLE: [(Marker, Preamble); 7] = [
+    (Marker::Tools, Preamble::Json),
+    (Marker::ChatTemplate, Preamble::Text),
+    (Marker::ChatTemplateKwargs, Preamble::Json),
+    (Marker::Documents, Preamble::Json),
+    (Marker::System, Preamble::System),
+    (Marker::Instructions, Preamble::Text),
+    (Marker::PromptTemplate, Preamble::Json),
+];
+
+#[derive(Clone, Copy)]
+enum Preamble {
+    /// Canonical JSON.
+    Json,
+    /// A string's text (any other value as canonical JSON).
+    Text,
+    /// Anthropic `system`: a string or text blocks.
+    System,
+}
+
+/// What a top-level field is to one API.
+enum Field {
+    Model,
+    CacheSalt,
+    Turns,
+    Preamble(usize),
+    StoredState(&'static str),
+    Other,
+}
+
+fn classify(api: Api, key: &[u8]) -> Field {
+    let preamble = |m: Marker| {
+        Field::Preamble(
+            PREAMBLE
+                .iter()
+                .position(|(p, _)| *p == m)
+                .unwrap_or_default(),
+        )
+    };
+    match (api, key) {
+        (_, b"model") => Field::Model,
+        (_, b"cache_salt") => Field::CacheSalt,
+        (Api::ChatCompletions | Api::Messages, b"messages")
+        | (Api::Completions, b"prompt")
+        | (Api::Responses, b"input") => Field::Turns,
+        (Api::ChatCompletions | Api::Messages | Api::Responses, b"tools") => {
+            preamble(Marker::Tools)
+        }
+        (Api::ChatCompletions, b"chat_template") => preamble(Marker::ChatTemplate),
+        (Api::ChatCompletions, b"chat_template_kwargs") => preamble(Marker::ChatTemplateKwargs),
+        (Api::ChatCompletions, b"documents") => preamble(Marker::Documents),
+        (Api::Messages, b"system") => preamble(Marker::System),
+        (Api::Responses, b"instructions") => preamble(Marker::Instructions),
+        (Api::Responses, b"prompt") => preamble(Marker::PromptTemplate),
+        (Api::Responses, b"previous_response_id") => Field::StoredState("previous_response_id"),
+        (Api::Responses, b"conversation") => Field::StoredState("conversation"),
+        _ => Field::Other,
+    }
+}
+
+/// What the top-level pass found.
+#[derive(Default)]
+struct TopLevel {
+    model: Option<Span>,
+    salt: Option<Span>,
+    preamble: [Option<Span>; PREAMBLE.len()],
+    turns: Option<Result<(), NoKeys>>,
+    stored_state: Option<&'static str>,
+}
+
+/// Keys one request body.
+///
+/// Returns the request's [`Prompt`] (its model and keys, or why it has none), or the
+/// duplicated routing field when the body must be refused. The body is read in one pass
+/// (the preamble fields, usually small, a second time), without building a JSON tree;
+/// extra memory is a few bytes per block plus the largest canonicalised value.
+pub fn key_body(seed: &KeySeed, api: Api, body: &[u8]) -> Result<Prompt, DuplicateField> {
+    let mut top = TopLevel::default();
+    let mut turns = BlockChain::turns(seed);
+    let read = read_top_level(seed, api, body, &mut top, &mut turns);
+    let model = top.model.and_then(|span| decode(body, span));
+    let model_arc: Option<Arc<str>> = model
+        .as_ref()
+        .and_then(|m| std::str::from_utf8(m).ok())
+        .map(Arc::from);
+    let keys = match read {
+        Err(Stop::Duplicate(field)) => return Err(DuplicateField { field }),
+        Err(Stop::NoKeys(reason)) => Err(reason),
+        Ok(()) => finish_keys(seed, api, body, &top, model.as_deref(), &turns),
+    };
+    Ok(Prompt::new(model_arc, keys))
+}
+
+enum Stop {
+    Duplicate(&'static str),
+    NoKeys(NoKeys),
+}
+
+impl From<Unreadable> for Stop {
+    fn from(u: Unreadable) -> Self {
+        Stop::NoKeys(u.into())
+    }
+}
+
+fn read_top_level(
+    seed: &KeySeed,
+    api: Api,
+    body: &[u8],
+    top: &mut TopLevel,
+    turns: &mut BlockChain,
+) -> Result<(), Stop> {
+    let mut s = Scanner::new(body);
+    let mut given = [false; ROUTING_FIELDS.len()];
+    let mut fields = s.begin_object()?;
+    while let Some(key) = s.next_key(&mut fields)? {
+        if let Some(i) = ROUTING_FIELDS.iter().position(|f| f.as_bytes() == &*key) {
+            if given[i] {
+                return Err(Stop::Duplicate(ROUTING_FIELDS[i]));
+            }
+            given[i] = true;
+        }
+        match classify(api, &key) {
+            Field::Model => top.model = Some(s.skip_value()?),
+            Field::CacheSalt => top.salt = Some(s.skip_value()?),
+            Field::Preamble(i) => {
+                top.preamble[i] = if s.null()? {
+                    None
+                } else {
+                    Some(s.skip_value()?)
+                };
+            }
+            Field::StoredState(field) => {
+                if !s.null()? {
+                    s.skip_value()?;
+                    top.stored_state = Some(field);
+                }
+            }
+            Field::Turns => {
+                let start = s.position();
+                let outcome = walk_turns(seed, api, &mut s, turns);
+                if outcome.is_err() {
+                    // Keep reading the top level: a duplicate field later is still a 400.
+                    s.seek(start);
+                    s.skip_value()?;
+                }
+                top.turns = Some(outcome);
+            }
+            Field::Other => {
+                s.skip_value()?;
+            }
+        }
+    }
+    s.finish()?;
+    Ok(())
+}
+
+fn walk_turns(
+    seed: &KeySeed,
+    api: Api,
+    s: &mut Scanner<'_>,
+    out: &mut BlockChain,
+) -> Result<(), NoKeys> {
+    match api {
+        Api::ChatCompletions => chat::messages(seed, s, out),
+        Api::Completions => completions::prompt(s, out),
+        Api::Messages => messages::messages(seed, s, out),
+        Api::Responses => responses::input(seed, s, out),
+    }
+}
+
+fn finish_keys(
+    seed: &KeySeed,
+    api: Api,
+    body: &[u8],
+    top: &TopLevel,
+    model: Option<&[u8]>,
+    turns: &BlockChain,
+) -> Result<PrefixKeys, NoKeys> {
+    if let Some(field) = top.stored_state {
+        return Err(NoKeys::StoredState { field });
+    }
+    top.turns.clone().unwrap_or(Err(NoKeys::NoPrompt))?;
+    let mut preamble = BlockChain::preamble(seed);
+    for (i, span) in top.preamble.iter().enumerate() {
+        if let Some(span) = *span {
+            write_preamble(seed, api, body, i, span, &mut preamble)?;
+        }
+    }
+    let salt = top.salt.and_then(|span| decode(body, span));
+    let namespace = seed.namespace(model, salt.as_deref());
+    let stream_bytes = preamble.bytes() + turns.bytes();
+    let keys = join(seed, namespace, preamble, turns);
+    if keys.is_empty() {
+        return Err(NoKeys::ShorterThanABlock {
+            bytes: stream_bytes,
+        });
+    }
+    Ok(keys)
+}
+
+fn write_preamble(
+    seed: &KeySeed,
+    api: Api,
+    body: &[u8],
+    i: usize,
+    span: Span,
+    out: &mut BlockChain,
+) -> Result<(), NoKeys> {
+    let (field, kind) = PREAMBLE[i];
+    if field == Marker::Tools && is_empty_array(body, span)? {
+        // An empty tool list renders like no tool list.
+        return Ok(());
+    }
+    marker(out, field);
+    let is_string = Scanner::at(body, span).peek_kind()? == Kind::String;
+    match kind {
+        Preamble::Text | Preamble::System if is_string => {
+            walk::marked_string(body, Marker::Text, span, out)?;
+        }
+        Preamble::System => messages::system_blocks(seed, &mut Scanner::at(body, span), out)?,
+        Preamble::Json | Preamble::Text => {
+            // Anthropic marks tools for its prompt cache; the marks are not prompt.
+            let drop =
+                (api == Api::Messages && field == Marker::Tools).then_some(&b"cache_control"[..]);
+            canonical::json_value(seed, body, span, drop, out)?;
+        }
+    }
+    Ok(())
+}
+
+fn is_empty_array(body: &[u8], span: Span) -> Result<bool, NoKeys> {
+    let mut s = Scanner::at(body, span);
+    if s.peek_kind()? != Kind::Array {
+        return Ok(false);
+    }
+    let mut items = s.begin_array()?;
+    Ok(!s.next_item(&mut items)?)
+}
+
+/// A short string field's decoded bytes; `None` when it is not a string.
+fn decode(body: &[u8], span: Span) -> Option<Vec<u8>> {
+    let mut s = Scanner::at(body, span);
+    if s.peek_kind().ok()? != Kind::String {
+        return None;
+    }
+    let mut out = OwnedText(Vec::new());
+    s.string(&mut out).ok()?;
+    Some(out.0)
+}

@@ -1,0 +1,526 @@
+//! A minimal JSON reader over a byte slice: just enough structure to walk the four request
+//! formats without building a value tree.
+//!
+//! Strings are decoded straight into a [`TextSink`] (no intermediate `String`), values the
+//! keying does not read are skipped with `memchr`, and every value can be handed back as a
+//! [`Span`] so that fields met out of canonical order are read again later instead of being
+//! copied.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+/// Where a JSON value sits in the body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+}
+
+impl Span {
+    pub(crate) fn range(self) -> Range<usize> {
+        self.start..self.end
+    }
+
+    pub(crate) fn len(self) -> usize {
+        self.end - self.start
+    }
+}
+
+/// Why the body could not be read as JSON.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Unreadable {
+    pub(crate) offset: usize,
+    pub(crate) expected: &'static str,
+}
+
+pub(crate) type ScanResult<T> = Result<T, Unreadable>;
+
+/// Receives decoded string text, run by run.
+pub(crate) trait TextSink {
+    fn text(&mut self, bytes: &[u8]);
+}
+
+/// The kind of the next value, from its first byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Object,
+    Array,
+    String,
+    Number,
+    Bool,
+    Null,
+}
+
+/// Reads JSON from a byte slice, one token at a time.
+pub(crate) struct Scanner<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Scanner<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
+        Self { buf, pos: 0 }
+    }
+
+    /// A scanner over one value of `buf`, found earlier as `span`.
+    pub(crate) fn at(buf: &'a [u8], span: Span) -> Self {
+        Self {
+            buf: &buf[..span.end],
+            pos: span.start,
+        }
+    }
+
+    pub(crate) fn buf(&self) -> &'a [u8] {
+        self.buf
+    }
+
+    pub(crate) fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Goes back to a position returned by [`Scanner::position`].
+    pub(crate) fn seek(&mut self, pos: usize) {
+        self.pos = pos;
+    }
+
+    fn fail<T>(&self, expected: &'static str) -> ScanResult<T> {
+        Err(Unreadable {
+            offset: self.pos,
+            expected,
+        })
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(&b) = self.buf.get(self.pos) {
+            if matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
+                self.pos += 1;
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// The kind of the next value, without consuming it.
+    pub(crate) fn peek_kind(&mut self) -> ScanResult<Kind> {
+        self.skip_ws();
+        match self.buf.get(self.pos) {
+            Some(b'{') => Ok(Kind::Object),
+            Some(b'[') => Ok(Kind::Array),
+            Some(b'"') => Ok(Kind::String),
+            Some(b'-' | b'0'..=b'9') => Ok(Kind::Number),
+            Some(b't' | b'f') => Ok(Kind::Bool),
+            Some(b'n') => Ok(Kind::Null),
+            Some(_) => self.fail("a JSON value"),
+            None => self.fail("a JSON value, found the end of the body"),
+        }
+    }
+
+    fn eat(&mut self, byte: u8, expected: &'static str) -> ScanResult<()> {
+        self.skip_ws();
+        if self.buf.get(self.pos) == Some(&byte) {
+            self.pos += 1;
+            Ok(())
+        } else {
+            self.fail(expected)
+        }
+    }
+
+    /// Requires that nothing but whitespace follows.
+    pub(crate) fn finish(&mut self) -> ScanResult<()> {
+        self.skip_ws();
+        if self.pos == self.buf.len() {
+            Ok(())
+        } else {
+            self.fail("the end of the body after the top-level value")
+        }
+    }
+
+    /// Consumes `{`; then call [`Scanner::next_key`] until it returns `None`.
+    pub(crate) fn begin_object(&mut self) -> ScanResult<Fields> {
+        self.eat(b'{', "an object")?;
+        Ok(Fields { first: true })
+    }
+
+    /// The next key of the object (its value is next), or `None` after the closing `}`.
+    pub(crate) fn next_key(&mut self, fields: &mut Fields) -> ScanResult<Option<Cow<'a, [u8]>>> {
+        self.skip_ws();
+        match self.buf.get(self.pos) {
+            Some(b'}') => {
+                self.pos += 1;
+                return Ok(None);
+            }
+            Some(b',') if !fields.first => self.pos += 1,
+            _ if fields.first => {}
+            _ => return self.fail("',' or '}' in an object"),
+        }
+        fields.first = false;
+        self.skip_ws();
+        if self.buf.get(self.pos) != Some(&b'"') {
+            return self.fail("an object key");
+        }
+        let key = self.small_string()?;
+        self.eat(b':', "':' after an object key")?;
+        Ok(Some(key))
+    }
+
+    /// Consumes `[`; then call [`Scanner::next_item`] before each element.
+    pub(crate) fn begin_array(&mut self) -> ScanResult<Items> {
+        self.eat(b'[', "an array")?;
+        Ok(Items { first: true })
+    }
+
+    /// Whether another element follows (positioned at it), consuming the `]` when not.
+    pub(crate) fn next_item(&mut self, items: &mut Items) -> ScanResult<bool> {
+        self.skip_ws();
+        match self.buf.get(self.pos) {
+            Some(b']') => {
+                self.pos += 1;
+                Ok(false)
+            }
+            Some(b',') if !items.first => {
+                self.pos += 1;
+                Ok(true)
+            }
+            Some(_) if items.first => {
+                items.first = false;
+                Ok(true)
+            }
+            _ => self.fail("',' or ']' in an array"),
+        }
+    }
+
+    /// Decodes a string expected to be short (a key, a role, a type): borrowed when it has
+    /// no escapes.
+    pub(crate) fn small_string(&mut self) -> ScanResult<Cow<'a, [u8]>> {
+        self.skip_ws();
+        if self.buf.get(self.pos) != Some(&b'"') {
+            return self.fail("a string");
+        }
+        let start = self.pos + 1;
+        let rest = &self.buf[start..];
+        match memchr::memchr2(b'"', b'\\', rest) {
+            Some(n) if rest[n] == b'"' => {
+                self.pos = start + n + 1;
+                Ok(Cow::Borrowed(&rest[..n]))
+            }
+            Some(_) => {
+                let mut owned = OwnedText(Vec::new());
+                self.string(&mut owned)?;
+                Ok(Cow::Owned(owned.0))
+            }
+            None => {
+                self.pos = self.buf.len();
+                self.fail("the closing quote of a string")
+            }
+        }
+    }
+
+    /// Decodes a string into `sink`, run by run. JSON escapes are decoded; a lone surrogate
+    /// is written in its generalised UTF-8 form, so distinct escapes stay distinct.
+    pub(crate) fn string(&mut self, sink: &mut impl TextSink) -> ScanResult<()> {
+        self.eat(b'"', "a string")?;
+        loop {
+            let rest = &self.buf[self.pos..];
+            // 0xFF never occurs in UTF-8; refusing it keeps the stream's markers unforgeable.
+            let Some(n) = memchr::memchr3(b'"', b'\\', 0xFF, rest) else {
+                self.pos = self.buf.len();
+                return self.fail("the closing quote of a string");
+            };
+            if n > 0 {
+                sink.text(&rest[..n]);
+            }
+            self.pos += n;
+            match rest[n] {
+                b'"' => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                b'\\' => self.escape(sink)?,
+                _ => return self.fail("UTF-8 text"),
+            }
+        }
+    }
+
+    fn escape(&mut self, sink: &mut impl TextSink) -> ScanResult<()> {
+        let Some(&code) = self.buf.get(self.pos + 1) else {
+            return self.fail("an escape sequence");
+        };
+        let simple = match code {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            b'/' => b'/',
+            b'b' => 0x08,
+            b'f' => 0x0c,
+            b'n' => b'\n',
+            b'r' => b'\r',
+            b't' => b'\t',
+            b'u' => {
+                self.unicode_escape(sink)?;
+                return Ok(());
+            }
+            _ => return self.fail("a valid escape sequence"),
+        };
+        sink.text(&[simple]);
+        self.pos += 2;
+        Ok(())
+    }
+
+    fn hex4(&self, at: usize) -> Option<u32> {
+        let digits = self.buf.get(at..at + 4)?;
+        digits.iter().try_fold(0u32, |acc, &d| {
+            let v = char::from(d).to_digit(16)?;
+            Some(acc << 4 | v)
+        })
+    }
+
+    fn unicode_escape(&mut self, sink: &mut impl TextSink) -> ScanResult<()> {
+        let Some(first) = self.hex4(self.pos + 2) else {
+            return self.fail("four hex digits after \\u");
+        };
+        self.pos += 6;
+        let mut code = first;
+        if (0xD800..0xDC00).contains(&first)
+            && self.buf.get(self.pos..self.pos + 2) == Some(b"\\u")
+            && let Some(second) = self.hex4(self.pos + 2)
+            && (0xDC00..0xE000).contains(&second)
+        {
+            code = 0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00);
+            self.pos += 6;
+        }
+        let mut utf8 = [0u8; 4];
+        sink.text(encode_utf8_lenient(code, &mut utf8));
+        Ok(())
+    }
+
+    /// Skips a string without decoding it.
+    fn skip_string(&mut self) -> ScanResult<()> {
+        self.pos += 1;
+        loop {
+            let rest = &self.buf[self.pos..];
+            let Some(n) = memchr::memchr2(b'"', b'\\', rest) else {
+                self.pos = self.buf.len();
+                return self.fail("the closing quote of a string");
+            };
+            if rest[n] == b'"' {
+                self.pos += n + 1;
+                return Ok(());
+            }
+            self.pos += n + 2;
+        }
+    }
+
+    /// Skips one value of any kind and returns where it was.
+    ///
+    /// Containers are skipped by counting brackets outside strings; the skip checks less
+    /// than a full parse (it does not match `[` with `]`), which is enough to find where a
+    /// value ends. A value that is read later is checked then.
+    pub(crate) fn skip_value(&mut self) -> ScanResult<Span> {
+        let kind = self.peek_kind()?;
+        let start = self.pos;
+        match kind {
+            Kind::String => self.skip_string()?,
+            Kind::Object | Kind::Array => self.skip_container()?,
+            Kind::Number => self.skip_number()?,
+            Kind::Bool | Kind::Null => self.skip_literal()?,
+        }
+        Ok(Span {
+            start,
+            end: self.pos,
+        })
+    }
+
+    fn skip_container(&mut self) -> ScanResult<()> {
+        let mut depth = 0usize;
+        while let Some(&b) = self.buf.get(self.pos) {
+            match b {
+                b'"' => {
+                    self.skip_string()?;
+                    continue;
+                }
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        self.pos += 1;
+                        return Ok(());
+                    }
+                }
+                _ => {}
+            }
+            self.pos += 1;
+        }
+        self.fail("the end of an object or array")
+    }
+
+    fn skip_number(&mut self) -> ScanResult<()> {
+        let start = self.pos;
+        while let Some(b) = self.buf.get(self.pos) {
+            if matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+                self.pos += 1;
+            } else {
+                break;
+            }
+        }
+        if self.pos == start {
+            return self.fail("a number");
+        }
+        Ok(())
+    }
+
+    fn skip_literal(&mut self) -> ScanResult<()> {
+        for literal in [&b"true"[..], b"false", b"null"] {
+            if self.buf[self.pos..].starts_with(literal) {
+                self.pos += literal.len();
+                return Ok(());
+            }
+        }
+        self.fail("true, false or null")
+    }
+
+    /// Consumes `null` if it is next.
+    pub(crate) fn null(&mut self) -> ScanResult<bool> {
+        if self.peek_kind()? == Kind::Null {
+            self.skip_literal()?;
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// Reads a `true`/`false` value.
+    pub(crate) fn boolean(&mut self) -> ScanResult<bool> {
+        self.skip_ws();
+        if self.buf[self.pos..].starts_with(b"true") {
+            self.pos += 4;
+            Ok(true)
+        } else if self.buf[self.pos..].starts_with(b"false") {
+            self.pos += 5;
+            Ok(false)
+        } else {
+            self.fail("true or false")
+        }
+    }
+
+    /// The raw text of a number.
+    pub(crate) fn number(&mut self) -> ScanResult<&'a [u8]> {
+        self.skip_ws();
+        let start = self.pos;
+        self.skip_number()?;
+        Ok(&self.buf[start..self.pos])
+    }
+}
+
+/// Iteration state of an object; see [`Scanner::next_key`].
+pub(crate) struct Fields {
+    first: bool,
+}
+
+/// Iteration state of an array; see [`Scanner::next_item`].
+pub(crate) struct Items {
+    first: bool,
+}
+
+/// Collects decoded text into a vector (for short strings and re-parsed arguments).
+pub(crate) struct OwnedText(pub(crate) Vec<u8>);
+
+impl TextSink for OwnedText {
+    fn text(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+/// UTF-8 encoding that also accepts surrogate code points (generalised UTF-8), so a lone
+/// `\ud800` decodes to its own byte sequence rather than failing or aliasing U+FFFD.
+fn encode_utf8_lenient(code: u32, out: &mut [u8; 4]) -> &[u8] {
+    if code < 0x80 {
+        out[0] = code as u8;
+        &out[..1]
+    } else if code < 0x800 {
+        out[0] = 0xC0 | (code >> 6) as u8;
+        out[1] = 0x80 | (code & 0x3F) as u8;
+        &out[..2]
+    } else if code < 0x10000 {
+        out[0] = 0xE0 | (code >> 12) as u8;
+        out[1] = 0x80 | ((code >> 6) & 0x3F) as u8;
+        out[2] = 0x80 | (code & 0x3F) as u8;
+        &out[..3]
+    } else {
+        out[0] = 0xF0 | (code >> 18) as u8;
+        out[1] = 0x80 | ((code >> 12) & 0x3F) as u8;
+        out[2] = 0x80 | ((code >> 6) & 0x3F) as u8;
+        out[3] = 0x80 | (code & 0x3F) as u8;
+        &out[..4]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(json: &str) -> ScanResult<Vec<u8>> {
+        let mut out = OwnedText(Vec::new());
+        Scanner::new(json.as_bytes()).string(&mut out)?;
+        Ok(out.0)
+    }
+
+    #[test]
+    fn escapes_decode_to_the_text_they_stand_for() {
+        assert_eq!(
+            decode(r#""caf\u00e9 \/ \"q\" \n""#).unwrap(),
+            "café / \"q\" \n".as_bytes()
+        );
+        assert_eq!(decode(r#""\ud83d\ude00""#).unwrap(), "😀".as_bytes());
+    }
+
+    #[test]
+    fn a_lone_surrogate_decodes_to_its_own_bytes() {
+        assert_eq!(decode(r#""\ud800""#).unwrap(), [0xED, 0xA0, 0x80]);
+        assert_ne!(
+            decode(r#""\ud800""#).unwrap(),
+            decode(r#""\ufffd""#).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_raw_ff_byte_is_unreadable() {
+        let mut out = OwnedText(Vec::new());
+        let body = [b'"', b'a', 0xFF, b'"'];
+        assert!(Scanner::new(&body).string(&mut out).is_err());
+    }
+
+    #[test]
+    fn skipping_finds_the_end_of_nested_values() {
+        let body = br#"{"a":[1,{"b":"x]}\"y"}],"c":true} tail"#;
+        let mut s = Scanner::new(body);
+        let span = s.skip_value().unwrap();
+        assert_eq!(
+            &body[span.range()],
+            &br#"{"a":[1,{"b":"x]}\"y"}],"c":true}"#[..]
+        );
+    }
+
+    #[test]
+    fn truncated_input_is_unreadable() {
+        for body in [&br#"{"a":"#[..], br#"{"a":"x"#, b"[", br#"{"a":[1,2"#] {
+            assert!(Scanner::new(body).skip_value().is_err(), "{body:?}");
+        }
+    }
+
+    #[test]
+    fn objects_and_arrays_iterate_their_members() {
+        let body = br#" { "k" : [ 1 , "two" ] , "n" : null } "#;
+        let mut s = Scanner::new(body);
+        let mut fields = s.begin_object().unwrap();
+        assert_eq!(&*s.next_key(&mut fields).unwrap().unwrap(), b"k");
+        let mut items = s.begin_array().unwrap();
+        assert!(s.next_item(&mut items).unwrap());
+        assert_eq!(s.number().unwrap(), b"1");
+        assert!(s.next_item(&mut items).unwrap());
+        assert_eq!(&*s.small_string().unwrap(), b"two");
+        assert!(!s.next_item(&mut items).unwrap());
+        assert_eq!(&*s.next_key(&mut fields).unwrap().unwrap(), b"n");
+        assert!(s.null().unwrap());
+        assert!(s.next_key(&mut fields).unwrap().is_none());
+        s.finish().unwrap();
+    }
+}

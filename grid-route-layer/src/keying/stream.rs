@@ -1,0 +1,372 @@
+//! The canonical stream and its chained block keys.
+//!
+//! A prompt is written as a *canonical stream*: decoded text interleaved with two-byte
+//! markers `0xFF, code`. `0xFF` never occurs in UTF-8 and the scanner refuses a raw `0xFF`
+//! byte, so no text can forge a marker; a digest always follows its marker at a fixed
+//! length, so the stream reads back one way only.
+//!
+//! The stream is cut into [`BLOCK_BYTES`] blocks and each block's value is chained on the
+//! previous one with a keyed SipHash, so a value stands for the whole prefix before it.
+//! Two segments are chained separately and joined at the end:
+//!
+//! - the *preamble* (tool definitions, templates, system text, instructions), padded to a
+//!   whole block, and
+//! - the *turns* (messages, Responses input, the Completions prompt).
+//!
+//! Splitting them lets the turns be hashed as they are read even when the body puts
+//! `tools` or `model` after `messages` (the OpenAI SDKs do), without reading the
+//! messages twice. The final key of a block mixes the namespace (model and `cache_salt`),
+//! the preamble's last value and the turn chain's value, so it still stands for everything
+//! before it.
+
+use std::fmt;
+use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
+
+use super::keys::PrefixKeys;
+use super::scan::TextSink;
+
+/// Size of one block of the canonical stream.
+pub const BLOCK_BYTES: usize = 256;
+
+/// Most keys one request gets.
+pub const MAX_KEYS: usize = 512;
+
+/// Keys at every block for the first this many keys (64 KiB of stream)...
+const DENSE_KEYS: usize = 256;
+/// ...then the stride between keys doubles every this many keys.
+const KEYS_PER_STRIDE: usize = 32;
+
+/// The block index that each key ends at: one key a block for the first 256 blocks, then
+/// strides of 2, 4, …, 256 blocks, 32 keys each. The last key ends at block 16 575, about
+/// 4 MiB into the stream, so prompts that differ anywhere in their first 4 MiB get
+/// different keys while no request costs more than 512 keys.
+pub(crate) const KEY_BLOCKS: [u32; MAX_KEYS] = key_blocks();
+
+/// Blocks hashed at most: hashing stops at the block of the last key.
+pub(crate) const HASHED_BLOCKS: usize = KEY_BLOCKS[MAX_KEYS - 1] as usize + 1;
+
+const fn key_blocks() -> [u32; MAX_KEYS] {
+    let mut out = [0u32; MAX_KEYS];
+    let mut stride = 1u32;
+    let mut i = 1;
+    while i < MAX_KEYS {
+        if i >= DENSE_KEYS && (i - DENSE_KEYS).is_multiple_of(KEYS_PER_STRIDE) {
+            stride *= 2;
+        }
+        out[i] = out[i - 1] + stride;
+        i += 1;
+    }
+    out
+}
+
+/// Stream markers. The numbering is part of the key format of one process only (keys never
+/// leave a replica), so it may change between versions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Marker {
+    // Turns.
+    Message = 0x01,
+    Text = 0x02,
+    Refusal = 0x03,
+    Name = 0x04,
+    ToolCall = 0x05,
+    Arguments = 0x06,
+    ToolResult = 0x07,
+    ToolError = 0x08,
+    // Media: the marker, then a source marker, then an 8-byte digest.
+    Image = 0x10,
+    Audio = 0x11,
+    Video = 0x12,
+    File = 0x13,
+    Document = 0x14,
+    ByUuid = 0x18,
+    ByContent = 0x19,
+    // Preamble fields.
+    Tools = 0x20,
+    ChatTemplate = 0x21,
+    ChatTemplateKwargs = 0x22,
+    Documents = 0x23,
+    System = 0x24,
+    Instructions = 0x25,
+    PromptTemplate = 0x26,
+    // Canonical JSON.
+    Object = 0x30,
+    ObjectEnd = 0x31,
+    Array = 0x32,
+    ArrayEnd = 0x33,
+    Key = 0x34,
+    String = 0x35,
+    Number = 0x36,
+    True = 0x37,
+    False = 0x38,
+    Null = 0x39,
+    /// A value over the canonical limit: its raw bytes' digest follows.
+    RawDigest = 0x3A,
+}
+
+/// Writes a marker into any sink.
+pub(crate) fn marker(sink: &mut impl TextSink, marker: Marker) {
+    sink.text(&[0xFF, marker as u8]);
+}
+
+/// Writes a marker and the 8-byte digest that follows it.
+pub(crate) fn digest(sink: &mut impl TextSink, marker: Marker, digest: u64) {
+    let mut bytes = [0u8; 10];
+    bytes[0] = 0xFF;
+    bytes[1] = marker as u8;
+    bytes[2..].copy_from_slice(&digest.to_le_bytes());
+    sink.text(&bytes);
+}
+
+/// Domain separation for the keyed hash's uses.
+#[derive(Clone, Copy)]
+#[repr(u64)]
+enum Domain {
+    Preamble = 1,
+    Turns = 2,
+    Namespace = 3,
+    PreambleKey = 4,
+    TurnKey = 5,
+    TextDigest = 6,
+    RawDigest = 7,
+}
+
+/// The per-process secret that seeds every key. Keys are only comparable within one
+/// `KeySeed`; clients cannot predict them.
+#[derive(Clone)]
+pub struct KeySeed {
+    state: RandomState,
+}
+
+impl KeySeed {
+    /// A fresh random seed.
+    pub fn random() -> Self {
+        Self {
+            state: RandomState::new(),
+        }
+    }
+
+    fn hasher(&self, domain: Domain) -> DefaultHasher {
+        let mut h = self.state.build_hasher();
+        h.write_u64(domain as u64);
+        h
+    }
+
+    /// The namespace of a request: its model and `cache_salt` (each may be absent).
+    pub(crate) fn namespace(&self, model: Option<&[u8]>, salt: Option<&[u8]>) -> u64 {
+        let mut h = self.hasher(Domain::Namespace);
+        for part in [model, salt] {
+            match part {
+                Some(bytes) => {
+                    h.write_u8(1);
+                    h.write_usize(bytes.len());
+                    h.write(bytes);
+                }
+                None => h.write_u8(0),
+            }
+        }
+        h.finish()
+    }
+
+    /// A sink whose digest is a keyed hash of the decoded text written to it.
+    pub(crate) fn text_digest(&self) -> DigestSink {
+        DigestSink(self.hasher(Domain::TextDigest))
+    }
+
+    /// A keyed digest of raw bytes, as sent.
+    pub(crate) fn raw_digest(&self, bytes: &[u8]) -> u64 {
+        let mut h = self.hasher(Domain::RawDigest);
+        h.write(bytes);
+        h.finish()
+    }
+
+    fn preamble_key(&self, namespace: u64, value: u64) -> u64 {
+        let mut h = self.hasher(Domain::PreambleKey);
+        h.write_u64(namespace);
+        h.write_u64(value);
+        h.finish()
+    }
+
+    fn turn_key(&self, namespace: u64, preamble: u64, value: u64) -> u64 {
+        let mut h = self.hasher(Domain::TurnKey);
+        h.write_u64(namespace);
+        h.write_u64(preamble);
+        h.write_u64(value);
+        h.finish()
+    }
+}
+
+impl Default for KeySeed {
+    fn default() -> Self {
+        Self::random()
+    }
+}
+
+impl fmt::Debug for KeySeed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeySeed(..)")
+    }
+}
+
+/// A keyed digest of text written in runs.
+pub(crate) struct DigestSink(DefaultHasher);
+
+impl DigestSink {
+    pub(crate) fn finish(&self) -> u64 {
+        self.0.finish()
+    }
+}
+
+impl TextSink for DigestSink {
+    fn text(&mut self, bytes: &[u8]) {
+        self.0.write(bytes);
+    }
+}
+
+/// One segment of the canonical stream, hashed block by block as it is written.
+pub(crate) struct BlockChain {
+    fresh: DefaultHasher,
+    current: DefaultHasher,
+    in_block: usize,
+    values: Vec<u64>,
+    bytes: u64,
+}
+
+impl BlockChain {
+    fn new(seed: &KeySeed, domain: Domain) -> Self {
+        let fresh = seed.state.build_hasher();
+        let mut current = fresh.clone();
+        current.write_u64(domain as u64);
+        Self {
+            fresh,
+            current,
+            in_block: 0,
+            values: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    pub(crate) fn preamble(seed: &KeySeed) -> Self {
+        Self::new(seed, Domain::Preamble)
+    }
+
+    pub(crate) fn turns(seed: &KeySeed) -> Self {
+        Self::new(seed, Domain::Turns)
+    }
+
+    /// Stream bytes written so far (hashed or not).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    fn end_block(&mut self) {
+        let value = self.current.finish();
+        self.values.push(value);
+        self.current = self.fresh.clone();
+        self.current.write_u64(value);
+        self.in_block = 0;
+    }
+
+    /// The preamble's block values, its partial last block padded to a whole one.
+    fn into_padded_values(mut self) -> Vec<u64> {
+        if self.in_block > 0 && self.values.len() < HASHED_BLOCKS {
+            self.end_block();
+        }
+        self.values
+    }
+}
+
+impl TextSink for BlockChain {
+    fn text(&mut self, mut bytes: &[u8]) {
+        self.bytes += bytes.len() as u64;
+        // Once every key's block is hashed the rest only counts toward the length.
+        while !bytes.is_empty() && self.values.len() < HASHED_BLOCKS {
+            let take = (BLOCK_BYTES - self.in_block).min(bytes.len());
+            self.current.write(&bytes[..take]);
+            self.in_block += take;
+            bytes = &bytes[take..];
+            if self.in_block == BLOCK_BYTES {
+                self.end_block();
+            }
+        }
+    }
+}
+
+/// Joins the two segments into the request's keys.
+pub(crate) fn join(
+    seed: &KeySeed,
+    namespace: u64,
+    preamble: BlockChain,
+    turns: &BlockChain,
+) -> PrefixKeys {
+    let preamble = preamble.into_padded_values();
+    let preamble_blocks = preamble.len();
+    let last_preamble = preamble.last().copied().unwrap_or(0);
+    let hashed = preamble_blocks + turns.values.len();
+    let blocks = preamble_blocks as u64 + turns.bytes / BLOCK_BYTES as u64;
+    let keys = KEY_BLOCKS
+        .iter()
+        .map(|&b| b as usize)
+        .take_while(|&b| b < hashed)
+        .map(|b| {
+            if b < preamble_blocks {
+                seed.preamble_key(namespace, preamble[b])
+            } else {
+                seed.turn_key(namespace, last_preamble, turns.values[b - preamble_blocks])
+            }
+        })
+        .collect();
+    PrefixKeys::new(keys, blocks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_dense_for_64_kib_then_stride_out_to_about_4_mib() {
+        assert_eq!(KEY_BLOCKS[0], 0);
+        assert_eq!(KEY_BLOCKS[255], 255);
+        assert_eq!(KEY_BLOCKS[256], 257);
+        assert_eq!(KEY_BLOCKS[287], 319);
+        assert!(KEY_BLOCKS.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(HASHED_BLOCKS, 16_576);
+        // A key lands past the 512 KiB mark and within every 64 KiB up to 4 MiB.
+        let block_of = |kib: u32| kib * 1024 / BLOCK_BYTES as u32;
+        assert!(
+            KEY_BLOCKS
+                .iter()
+                .any(|&b| b > block_of(512) && b < block_of(520))
+        );
+        for window in 0..63 {
+            let (lo, hi) = (block_of(window * 64), block_of((window + 1) * 64));
+            assert!(KEY_BLOCKS.iter().any(|&b| lo <= b && b < hi), "{window}");
+        }
+    }
+
+    #[test]
+    fn writing_in_runs_hashes_like_writing_at_once() {
+        let seed = KeySeed::random();
+        let text: Vec<u8> = (0..2000u32).map(|i| (i % 251) as u8).collect();
+        let mut whole = BlockChain::turns(&seed);
+        whole.text(&text);
+        let mut runs = BlockChain::turns(&seed);
+        for chunk in text.chunks(7) {
+            runs.text(chunk);
+        }
+        assert_eq!(whole.values, runs.values);
+        assert_eq!(whole.values.len(), 2000 / BLOCK_BYTES);
+    }
+
+    #[test]
+    fn hashing_stops_after_the_last_key_block() {
+        let seed = KeySeed::random();
+        let mut chain = BlockChain::turns(&seed);
+        let run = vec![b'a'; 1 << 20];
+        for _ in 0..6 {
+            chain.text(&run);
+        }
+        assert_eq!(chain.values.len(), HASHED_BLOCKS);
+        assert_eq!(chain.bytes(), 6 << 20);
+    }
+}
