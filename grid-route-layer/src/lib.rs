@@ -7,5 +7,6 @@
 #![deny(missing_docs)]
 
 pub mod grid;
+pub mod index;
 pub mod keying;
 pub mod route;

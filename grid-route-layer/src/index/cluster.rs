@@ -1,0 +1,148 @@
+//! One cluster's LRU of confirmed keys.
+
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use lru::LruCache;
+
+use super::clock::{DeadlineClock, Secs};
+use super::hasher::PassThroughState;
+
+/// Expired entries a confirmation removes from the cold end before writing, at most.
+///
+/// A confirmation writes at most 512 keys, so sweeping up to twice that keeps removal ahead
+/// of insertion while bounding the time one writer holds the lock after an idle spell.
+const EXPIRED_SWEEP_PER_CONFIRM: usize = 1024;
+
+type Entries = LruCache<u64, Secs, PassThroughState>;
+
+/// The keys one cluster was confirmed for, each with its deadline, least recent first out.
+///
+/// Behind a `RwLock`: reads use `peek`, which does not touch recency, so any number of
+/// readers share the lock; only confirmations, drops and resizes take it for writing.
+pub(crate) struct ClusterLru {
+    entries: RwLock<Entries>,
+}
+
+impl ClusterLru {
+    pub(crate) fn new(capacity: NonZeroUsize) -> Self {
+        // Start empty and grow with use (the map doubles as it fills) rather than reserve
+        // `capacity` slots up front: an idle or new cluster costs nothing, and a huge
+        // configured capacity cannot fail an allocation at reload time.
+        let mut entries = LruCache::unbounded_with_hasher(PassThroughState::default());
+        entries.resize(capacity);
+        Self {
+            entries: RwLock::new(entries),
+        }
+    }
+
+    // A panic while the lock was held cannot leave the LRU half-updated in a way that
+    // matters here (every operation is a whole put/pop), so a poisoned lock is recovered
+    // rather than turned into a panic on every later request.
+    fn read(&self) -> RwLockReadGuard<'_, Entries> {
+        self.entries.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Entries> {
+        self.entries.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes `keys` tail first, all with `deadline`.
+    pub(crate) fn confirm(&self, keys: &[u64], deadline: Secs, now: Secs) {
+        let mut entries = self.write();
+        sweep_expired(&mut entries, now);
+        // Written tail first, the head ends up most recent. Only the first `cap` keys can
+        // survive their own confirmation, so the rest are not written just to be evicted
+        // (the end state is the same: the head fills the whole LRU).
+        let kept = keys.len().min(entries.cap().get());
+        for &key in keys[..kept].iter().rev() {
+            entries.put(key, deadline);
+        }
+    }
+
+    /// Removes `keys`, wherever they are.
+    pub(crate) fn drop_keys(&self, keys: &[u64]) {
+        let mut entries = self.write();
+        for key in keys {
+            entries.pop(key);
+        }
+    }
+
+    /// How many of `keys` this cluster holds as a prefix (see [`PrefixIndex::depth`]).
+    ///
+    /// [`PrefixIndex::depth`]: super::PrefixIndex::depth
+    pub(crate) fn depth(&self, keys: &[u64], now: Secs) -> usize {
+        let entries = self.read();
+        if keys.is_empty() || entries.is_empty() {
+            return 0;
+        }
+        let held = |i: usize| {
+            entries
+                .peek(&keys[i])
+                .is_some_and(|&deadline| DeadlineClock::is_live(now, deadline))
+        };
+        // The two common answers first: most clusters hold none of a prompt (one probe),
+        // and a repeated prompt is held whole (two probes).
+        if !held(0) {
+            return 0;
+        }
+        let last = keys.len() - 1;
+        if held(last) {
+            return keys.len();
+        }
+        // Invariant: key `lo - 1` is held, key `hi` is not; the answer is in [lo, hi].
+        // Tails are written first and heads are refreshed by every prompt that shares
+        // them, so the held keys of a chain are normally a prefix and this finds its end in
+        // log2(len) probes. When they are not (a middle key dropped or evicted) it still
+        // returns a depth whose last key is held, so it never overstates, but it may stop
+        // at an earlier boundary than the deepest held key.
+        let (mut lo, mut hi) = (1, last);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if held(mid) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// Sets the capacity; shrinking evicts the least recent entries.
+    pub(crate) fn resize(&self, capacity: NonZeroUsize) {
+        self.write().resize(capacity);
+    }
+
+    /// Entries stored, including expired ones not yet swept.
+    pub(crate) fn len(&self) -> usize {
+        self.read().len()
+    }
+}
+
+/// Removes expired entries from the cold end, a bounded number at a time.
+///
+/// Entries are not in deadline order when the TTL changed between confirmations, so this
+/// stops at the first live entry; anything expired behind it is skipped by reads and goes
+/// when evicted.
+fn sweep_expired(entries: &mut Entries, now: Secs) {
+    for _ in 0..EXPIRED_SWEEP_PER_CONFIRM {
+        match entries.peek_lru() {
+            Some((_, &deadline)) if !DeadlineClock::is_live(now, deadline) => {
+                entries.pop_lru();
+            }
+            _ => break,
+        }
+    }
+}
+
+impl fmt::Debug for ClusterLru {
+    // Counts only: keys stand for prompt text and never reach a log.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let entries = self.read();
+        f.debug_struct("ClusterLru")
+            .field("entries", &entries.len())
+            .field("capacity", &entries.cap())
+            .finish()
+    }
+}

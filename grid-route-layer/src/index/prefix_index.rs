@@ -1,0 +1,187 @@
+//! The index: one LRU per cluster behind a map that readers never lock.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+
+use super::clock::DeadlineClock;
+use super::cluster::ClusterLru;
+use super::settings::IndexSettings;
+use crate::grid::ClusterId;
+
+/// What this gateway replica remembers about which cluster holds which prompt prefix.
+///
+/// Each cluster has its own LRU of confirmed prefix keys, each with a deadline, so one
+/// cluster's traffic never evicts another's entries. Time is passed in (`now`), never read,
+/// so the index is plain code that tests and the simulator drive with any clock.
+///
+/// Share it behind an `Arc`: every method takes `&self`. Reads ([`depth`](Self::depth),
+/// [`depths`](Self::depths), [`entries`](Self::entries)) take no exclusive lock anywhere;
+/// writes lock only the cluster they touch.
+pub struct PrefixIndex {
+    clock: DeadlineClock,
+    /// The current settings and clusters, replaced whole by `reconfigure`. Readers load it
+    /// with an atomic read, so they never wait behind each other or behind a reload.
+    state: ArcSwap<State>,
+    /// Serialises `reconfigure` calls so that two reloads cannot interleave their resizes.
+    reconfiguring: Mutex<()>,
+}
+
+struct State {
+    settings: IndexSettings,
+    clusters: HashMap<ClusterId, Arc<ClusterLru>>,
+}
+
+impl PrefixIndex {
+    /// An empty index for `clusters`, each with an LRU of `settings.capacity()` entries.
+    pub fn new(settings: IndexSettings, clusters: impl IntoIterator<Item = ClusterId>) -> Self {
+        let clusters = clusters
+            .into_iter()
+            .map(|cluster| {
+                let lru = Arc::new(ClusterLru::new(settings.capacity_nonzero()));
+                (cluster, lru)
+            })
+            .collect();
+        Self {
+            clock: DeadlineClock::starting_at(Instant::now()),
+            state: ArcSwap::from_pointee(State { settings, clusters }),
+            reconfiguring: Mutex::new(()),
+        }
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> IndexSettings {
+        self.state.load().settings
+    }
+
+    /// Records that `cluster` answered a request with prompt `keys` with 2xx at `now`.
+    ///
+    /// Keys are written tail first (the last key first, the first key last), so the head
+    /// of the prompt is the most recent and eviction takes tails before heads. Every key
+    /// gets the deadline `now + ttl` with the TTL in force; confirming a key again refreshes
+    /// both its recency and its deadline. A cluster the index does not know (never
+    /// configured, or removed by [`reconfigure`](Self::reconfigure) while the request was
+    /// in flight) is ignored, so a late answer cannot bring a removed cluster back.
+    pub fn confirm(&self, cluster: &ClusterId, keys: &[u64], now: Instant) {
+        let state = self.state.load();
+        if let Some(lru) = state.clusters.get(cluster) {
+            let deadline = self.clock.deadline(now, state.settings.ttl());
+            lru.confirm(keys, deadline, self.clock.now(now));
+        }
+    }
+
+    /// Forgets the request's `keys` at `cluster` (after a 429, a 5xx or a failed
+    /// connection), including the head keys other prompts share with it.
+    pub fn drop_keys(&self, cluster: &ClusterId, keys: &[u64]) {
+        if let Some(lru) = self.state.load().clusters.get(cluster) {
+            lru.drop_keys(keys);
+        }
+    }
+
+    /// How many of the request's `keys` `cluster` holds as a prefix at `now`: the largest
+    /// `d` such that key `d - 1` is held and unexpired (keys chain, so holding key `i`
+    /// means the cluster was sent blocks `0..=i`). 0 for an unknown cluster.
+    ///
+    /// Found by binary search rather than by probing every key, in at most about
+    /// `log2(keys.len()) + 2` lookups: a miss costs one, a whole match two. This relies on
+    /// the held keys of a chain being a prefix, which the index maintains as far as it
+    /// can: confirmations write tails first, heads are refreshed by every prompt sharing
+    /// them and so are evicted and expire last. When a key in the middle is missing anyway
+    /// (dropped after another request's failure, or evicted while its tail was refreshed),
+    /// the answer is still a depth whose last key is held — never more than the true
+    /// depth — but it may be a shorter one. A missing first key always reads as 0.
+    pub fn depth(&self, cluster: &ClusterId, keys: &[u64], now: Instant) -> usize {
+        let now = self.clock.now(now);
+        self.state
+            .load()
+            .clusters
+            .get(cluster)
+            .map_or(0, |lru| lru.depth(keys, now))
+    }
+
+    /// [`depth`](Self::depth) for each of `clusters`, in their order, reading the cluster
+    /// map once.
+    pub fn depths<'a>(
+        &self,
+        clusters: impl IntoIterator<Item = &'a ClusterId>,
+        keys: &[u64],
+        now: Instant,
+    ) -> Vec<usize> {
+        let now = self.clock.now(now);
+        let state = self.state.load();
+        clusters
+            .into_iter()
+            .map(|cluster| {
+                state
+                    .clusters
+                    .get(cluster)
+                    .map_or(0, |lru| lru.depth(keys, now))
+            })
+            .collect()
+    }
+
+    /// Applies new settings and a new cluster list.
+    ///
+    /// Clusters that stay keep their entries, resized to the new capacity (shrinking
+    /// evicts the least recent); clusters new to the list start empty with the new
+    /// capacity; clusters not in the list are dropped with their entries. A new TTL
+    /// applies to later confirmations only: existing deadlines stay.
+    pub fn reconfigure(
+        &self,
+        settings: IndexSettings,
+        clusters: impl IntoIterator<Item = ClusterId>,
+    ) {
+        let _reconfiguring = self
+            .reconfiguring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let old = self.state.load_full();
+        let capacity = settings.capacity_nonzero();
+        let clusters = clusters
+            .into_iter()
+            .map(|cluster| {
+                let lru = match old.clusters.get(&cluster) {
+                    Some(lru) => {
+                        lru.resize(capacity);
+                        Arc::clone(lru)
+                    }
+                    None => Arc::new(ClusterLru::new(capacity)),
+                };
+                (cluster, lru)
+            })
+            .collect();
+        // A confirmation that loaded the old state may still write into a dropped
+        // cluster's LRU; it is freed when that confirmation lets go of it.
+        self.state.store(Arc::new(State { settings, clusters }));
+    }
+
+    /// Entries stored for `cluster` (0 for an unknown cluster), for the gauge
+    /// `grid_route_index_entries{cluster}`. Expired entries count until they are swept,
+    /// which confirmations do lazily from the cold end, or evicted.
+    pub fn entries(&self, cluster: &ClusterId) -> usize {
+        self.state
+            .load()
+            .clusters
+            .get(cluster)
+            .map_or(0, |lru| lru.len())
+    }
+
+    /// The clusters the index keeps an LRU for, in no particular order.
+    pub fn clusters(&self) -> Vec<ClusterId> {
+        self.state.load().clusters.keys().cloned().collect()
+    }
+}
+
+impl fmt::Debug for PrefixIndex {
+    // Counts only: keys stand for prompt text and never reach a log.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state.load();
+        f.debug_struct("PrefixIndex")
+            .field("settings", &state.settings)
+            .field("clusters", &state.clusters)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,466 @@
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::{IndexSettings, IndexSettingsError, PrefixIndex};
+use crate::grid::{ClusterId, SiteName};
+
+fn cluster(site: &str, name: &str) -> ClusterId {
+    ClusterId::new(SiteName::new(site).unwrap(), name)
+}
+
+fn settings(capacity: usize, ttl_secs: u64) -> IndexSettings {
+    IndexSettings::new(capacity, Duration::from_secs(ttl_secs)).unwrap()
+}
+
+/// splitmix64: uniformly spread keys, like the keyed SipHash output the index gets.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The keys of a prompt of `len` blocks; different seeds give unrelated prompts.
+fn chain(seed: u64, len: usize) -> Vec<u64> {
+    let mut key = mix(seed);
+    (0..len)
+        .map(|_| {
+            key = mix(key);
+            key
+        })
+        .collect()
+}
+
+#[test]
+fn a_confirmed_prompt_is_held_to_the_depth_confirmed() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
+    let prompt = chain(1, 512);
+    let now = Instant::now();
+    assert_eq!(index.depth(&east, &prompt, now), 0);
+
+    index.confirm(&east, &prompt[..200], now);
+    assert_eq!(index.depth(&east, &prompt, now), 200);
+    assert_eq!(index.depth(&east, &prompt[..150], now), 150);
+    assert_eq!(index.entries(&east), 200);
+
+    index.confirm(&east, &prompt, now);
+    assert_eq!(index.depth(&east, &prompt, now), 512);
+    assert_eq!(index.entries(&east), 512);
+    assert_eq!(index.depth(&east, &[], now), 0);
+}
+
+#[test]
+fn a_prompt_with_another_head_has_no_depth() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
+    let now = Instant::now();
+    index.confirm(&east, &chain(1, 64), now);
+    assert_eq!(index.depth(&east, &chain(2, 64), now), 0);
+}
+
+#[test]
+fn depth_counts_only_the_prefix_held_by_that_cluster() {
+    let east = cluster("east", "east-a");
+    let west = cluster("west", "west-a");
+    let unknown = cluster("north", "north-a");
+    let index = PrefixIndex::new(IndexSettings::default(), [east.clone(), west.clone()]);
+    let prompt = chain(1, 100);
+    let now = Instant::now();
+    index.confirm(&east, &prompt[..80], now);
+    index.confirm(&west, &prompt[..20], now);
+    assert_eq!(index.depth(&east, &prompt, now), 80);
+    assert_eq!(index.depth(&west, &prompt, now), 20);
+    assert_eq!(index.depth(&unknown, &prompt, now), 0);
+    assert_eq!(
+        index.depths([&west, &unknown, &east], &prompt, now),
+        [20, 0, 80]
+    );
+}
+
+#[test]
+fn one_clusters_traffic_cannot_evict_anothers_entries() {
+    let east = cluster("east", "east-a");
+    let west = cluster("west", "west-a");
+    let index = PrefixIndex::new(settings(100, 600), [east.clone(), west.clone()]);
+    let now = Instant::now();
+    let quiet = chain(1, 100);
+    index.confirm(&west, &quiet, now);
+    for seed in 2..50 {
+        index.confirm(&east, &chain(seed, 100), now);
+    }
+    assert_eq!(index.depth(&west, &quiet, now), 100);
+    assert_eq!(index.entries(&east), 100);
+}
+
+#[test]
+fn dropping_a_requests_keys_forgets_them_at_that_cluster_only() {
+    let east = cluster("east", "east-a");
+    let west = cluster("west", "west-a");
+    let index = PrefixIndex::new(IndexSettings::default(), [east.clone(), west.clone()]);
+    let prompt = chain(1, 64);
+    let now = Instant::now();
+    index.confirm(&east, &prompt, now);
+    index.confirm(&west, &prompt, now);
+
+    index.drop_keys(&east, &prompt);
+    assert_eq!(index.depth(&east, &prompt, now), 0);
+    assert_eq!(index.entries(&east), 0);
+    assert_eq!(index.depth(&west, &prompt, now), 64);
+}
+
+#[test]
+fn dropping_a_shorter_prompt_forgets_the_shared_head() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
+    let prompt = chain(1, 64);
+    let now = Instant::now();
+    index.confirm(&east, &prompt, now);
+    index.drop_keys(&east, &prompt[..10]);
+    assert_eq!(index.depth(&east, &prompt, now), 0);
+    assert_eq!(index.entries(&east), 54);
+}
+
+#[test]
+fn expired_entries_do_not_count() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(settings(16_384, 60), [east.clone()]);
+    let prompt = chain(1, 32);
+    let t0 = Instant::now();
+    index.confirm(&east, &prompt, t0);
+    assert_eq!(
+        index.depth(&east, &prompt, t0 + Duration::from_secs(59)),
+        32
+    );
+    assert_eq!(index.depth(&east, &prompt, t0 + Duration::from_secs(61)), 0);
+}
+
+#[test]
+fn reconfirming_refreshes_the_deadline() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(settings(16_384, 60), [east.clone()]);
+    let prompt = chain(1, 32);
+    let t0 = Instant::now();
+    index.confirm(&east, &prompt, t0);
+    index.confirm(&east, &prompt[..8], t0 + Duration::from_secs(50));
+    // The head was refreshed; the tail kept its first deadline.
+    assert_eq!(index.depth(&east, &prompt, t0 + Duration::from_secs(90)), 8);
+    assert_eq!(
+        index.depth(&east, &prompt, t0 + Duration::from_secs(111)),
+        0
+    );
+}
+
+#[test]
+fn reconfirming_refreshes_recency() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(settings(20, 600), [east.clone()]);
+    let (a, b, c) = (chain(1, 10), chain(2, 10), chain(3, 10));
+    let now = Instant::now();
+    index.confirm(&east, &a, now);
+    index.confirm(&east, &b, now);
+    index.confirm(&east, &a, now);
+    index.confirm(&east, &c, now);
+    assert_eq!(index.depth(&east, &a, now), 10);
+    assert_eq!(index.depth(&east, &b, now), 0);
+    assert_eq!(index.depth(&east, &c, now), 10);
+}
+
+#[test]
+fn confirmations_sweep_expired_entries() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(settings(16_384, 60), [east.clone()]);
+    let t0 = Instant::now();
+    index.confirm(&east, &chain(1, 100), t0);
+    index.confirm(&east, &chain(2, 5), t0 + Duration::from_secs(61));
+    assert_eq!(index.entries(&east), 5);
+}
+
+#[test]
+fn eviction_takes_tails_first() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(settings(100, 600), [east.clone()]);
+    let now = Instant::now();
+    let prompt = chain(1, 512);
+    index.confirm(&east, &prompt, now);
+    assert_eq!(index.entries(&east), 100);
+    assert_eq!(index.depth(&east, &prompt, now), 100);
+
+    // A second prompt sharing the first 30 blocks pushes out the first one's tail, never
+    // its head.
+    let mut other = prompt[..30].to_vec();
+    other.extend(chain(2, 40));
+    index.confirm(&east, &other, now);
+    assert_eq!(index.depth(&east, &other, now), 70);
+    assert_eq!(index.depth(&east, &prompt, now), 60);
+}
+
+#[test]
+fn a_middle_gap_never_overstates_the_depth() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
+    let now = Instant::now();
+    let prompt = chain(1, 512);
+    index.confirm(&east, &prompt, now);
+    index.drop_keys(&east, &prompt[300..301]);
+    // Key 511 is held: the cluster was sent the whole prompt.
+    assert_eq!(index.depth(&east, &prompt, now), 512);
+    index.drop_keys(&east, &prompt[511..]);
+    let depth = index.depth(&east, &prompt, now);
+    assert!(depth == 300 || depth == 511, "{depth}");
+}
+
+#[test]
+fn a_resize_keeps_the_most_recent() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(settings(100, 600), [east.clone()]);
+    let now = Instant::now();
+    let (old, recent) = (chain(1, 50), chain(2, 50));
+    index.confirm(&east, &old, now);
+    index.confirm(&east, &recent, now);
+
+    index.reconfigure(settings(50, 600), [east.clone()]);
+    assert_eq!(index.entries(&east), 50);
+    assert_eq!(index.depth(&east, &recent, now), 50);
+    assert_eq!(index.depth(&east, &old, now), 0);
+
+    index.reconfigure(settings(30, 600), [east.clone()]);
+    assert_eq!(index.depth(&east, &recent, now), 30);
+    assert_eq!(index.settings().capacity(), 30);
+}
+
+#[test]
+fn new_clusters_take_the_current_capacity() {
+    let east = cluster("east", "east-a");
+    let west = cluster("west", "west-a");
+    let index = PrefixIndex::new(settings(1_000, 600), [east.clone()]);
+    index.reconfigure(settings(10, 600), [east.clone(), west.clone()]);
+    let now = Instant::now();
+    let prompt = chain(1, 512);
+    index.confirm(&west, &prompt, now);
+    assert_eq!(index.entries(&west), 10);
+    assert_eq!(index.depth(&west, &prompt, now), 10);
+}
+
+#[test]
+fn removed_clusters_are_dropped() {
+    let east = cluster("east", "east-a");
+    let west = cluster("west", "west-a");
+    let index = PrefixIndex::new(IndexSettings::default(), [east.clone(), west.clone()]);
+    let now = Instant::now();
+    let prompt = chain(1, 64);
+    index.confirm(&east, &prompt, now);
+    index.confirm(&west, &prompt, now);
+
+    index.reconfigure(IndexSettings::default(), [east.clone()]);
+    assert_eq!(index.clusters(), std::slice::from_ref(&east));
+    assert_eq!(index.depth(&west, &prompt, now), 0);
+    assert_eq!(index.entries(&west), 0);
+    assert_eq!(index.depth(&east, &prompt, now), 64);
+
+    // A late answer from the removed cluster does not bring it back, and a cluster that
+    // returns starts empty.
+    index.confirm(&west, &prompt, now);
+    assert_eq!(index.entries(&west), 0);
+    index.reconfigure(IndexSettings::default(), [east.clone(), west.clone()]);
+    assert_eq!(index.depth(&west, &prompt, now), 0);
+}
+
+#[test]
+fn a_ttl_change_leaves_existing_deadlines() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(settings(16_384, 600), [east.clone()]);
+    let t0 = Instant::now();
+    let (before, after) = (chain(1, 16), chain(2, 16));
+    index.confirm(&east, &before, t0);
+
+    index.reconfigure(settings(16_384, 60), [east.clone()]);
+    index.confirm(&east, &after, t0);
+    let later = t0 + Duration::from_secs(120);
+    assert_eq!(index.depth(&east, &before, later), 16);
+    assert_eq!(index.depth(&east, &after, later), 0);
+
+    index.reconfigure(settings(16_384, 3_600), [east.clone()]);
+    assert_eq!(
+        index.depth(&east, &before, t0 + Duration::from_secs(601)),
+        0
+    );
+}
+
+#[test]
+fn settings_errors_name_field_and_value() {
+    let cases = [
+        (
+            IndexSettings::new(0, Duration::from_secs(600)),
+            "prefix_affinity.capacity must be at least 1, got 0",
+        ),
+        (
+            IndexSettings::new(16, Duration::ZERO),
+            "prefix_affinity.ttl_secs must be at least 1, got 0",
+        ),
+        (
+            IndexSettings::new(16, Duration::from_millis(500)),
+            "prefix_affinity.ttl_secs must be at least 1, got 0.5",
+        ),
+        (
+            IndexSettings::new(16, Duration::from_secs(u64::MAX)),
+            "prefix_affinity.ttl_secs cannot be represented, got 18446744073709551615",
+        ),
+    ];
+    for (result, message) in cases {
+        let err = result.unwrap_err();
+        assert_eq!(err.to_string(), message);
+        let _: &dyn std::error::Error = &err;
+    }
+    assert!(matches!(
+        IndexSettings::new(0, Duration::from_secs(1)),
+        Err(IndexSettingsError::CapacityTooSmall { capacity: 0 })
+    ));
+    let ok = IndexSettings::new(1, Duration::from_secs(1)).unwrap();
+    assert_eq!((ok.capacity(), ok.ttl()), (1, Duration::from_secs(1)));
+}
+
+#[test]
+fn default_settings_are_16384_entries_for_600_seconds() {
+    let settings = IndexSettings::default();
+    assert_eq!(settings.capacity(), 16_384);
+    assert_eq!(settings.ttl(), Duration::from_secs(600));
+}
+
+#[test]
+fn debug_prints_no_keys() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
+    let key: u64 = 0x0123_4567_89ab_cdef;
+    index.confirm(&east, &[key], Instant::now());
+    let debug = format!("{index:?} {index:#?}");
+    assert!(debug.contains("entries: 1"), "{debug}");
+    for form in [
+        format!("{key}"),
+        format!("{key:x}"),
+        format!("{key:X}"),
+        format!("{key:016x}"),
+        format!("{:?}", key.to_le_bytes()),
+        format!("{:?}", key.to_be_bytes()),
+    ] {
+        assert!(!debug.contains(&form), "{form} in {debug}");
+    }
+}
+
+/// A small xorshift so the stress threads do not need a random-number crate.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+#[test]
+fn concurrent_confirms_drops_reads_and_reloads_leave_a_consistent_index() {
+    let clusters: Vec<_> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|name| cluster("east", &format!("east-{name}")))
+        .collect();
+    let index = PrefixIndex::new(settings(2_048, 600), clusters.clone());
+    let prompts: Vec<_> = (0..16).map(|seed| chain(seed, 512)).collect();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for thread in 0..4_u64 {
+            let (index, clusters, prompts, stop) = (&index, &clusters, &prompts, &stop);
+            scope.spawn(move || {
+                let mut rng = Rng(mix(thread) | 1);
+                while !stop.load(Ordering::Relaxed) {
+                    let now = Instant::now();
+                    let at = &clusters[rng.below(clusters.len())];
+                    let prompt = &prompts[rng.below(prompts.len())];
+                    let keys = &prompt[..=rng.below(prompt.len())];
+                    match rng.below(10) {
+                        0..=3 => index.confirm(at, keys, now),
+                        4 => index.drop_keys(at, keys),
+                        5 if thread == 0 => {
+                            let capacity = [64, 2_048][rng.below(2)];
+                            let kept = 3 + rng.below(2);
+                            index.reconfigure(
+                                settings(capacity, 600),
+                                clusters[..kept].iter().cloned(),
+                            );
+                        }
+                        _ => {
+                            for depth in index.depths(clusters, keys, now) {
+                                assert!(depth <= keys.len());
+                            }
+                            assert!(index.entries(at) <= 2_048);
+                        }
+                    }
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(400));
+        stop.store(true, Ordering::Relaxed);
+    });
+
+    index.reconfigure(settings(2_048, 600), clusters.clone());
+    let now = Instant::now();
+    for (seed, at) in (100..).zip(&clusters) {
+        let fresh = chain(seed, 512);
+        index.confirm(at, &fresh, now);
+        assert_eq!(index.depth(at, &fresh, now), 512);
+        assert!(index.entries(at) <= 2_048);
+    }
+    for at in &clusters {
+        for prompt in &prompts {
+            assert!(index.depth(at, prompt, now) <= prompt.len());
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn depth_is_the_longest_confirmed_prefix(
+        lengths in proptest::collection::vec(0..=64_usize, 1..20),
+        probe in 0..=64_usize,
+    ) {
+        let east = cluster("east", "east-a");
+        let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
+        let prompt = chain(7, 64);
+        let now = Instant::now();
+        let mut longest = 0;
+        for length in lengths {
+            index.confirm(&east, &prompt[..length], now);
+            longest = longest.max(length);
+            prop_assert_eq!(index.depth(&east, &prompt, now), longest);
+            prop_assert_eq!(index.depth(&east, &prompt[..probe], now), longest.min(probe));
+        }
+    }
+
+    #[test]
+    fn depth_never_overstates_when_keys_are_missing(
+        dropped in proptest::collection::hash_set(0..128_usize, 0..20),
+    ) {
+        let east = cluster("east", "east-a");
+        let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
+        let prompt = chain(7, 128);
+        let now = Instant::now();
+        index.confirm(&east, &prompt, now);
+        for &i in &dropped {
+            index.drop_keys(&east, &prompt[i..=i]);
+        }
+        let dropped: HashSet<usize> = dropped;
+        let depth = index.depth(&east, &prompt, now);
+        prop_assert!(depth <= prompt.len());
+        if depth > 0 {
+            prop_assert!(!dropped.contains(&(depth - 1)));
+            prop_assert!(!dropped.contains(&0));
+        }
+        if dropped.is_empty() {
+            prop_assert_eq!(depth, 128);
+        }
+    }
+}

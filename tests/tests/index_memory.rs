@@ -1,0 +1,82 @@
+//! Measures the heap an index entry costs, with a global allocator that counts bytes.
+//!
+//! Run with `cargo test -p grid-route-tests --test index_memory -- --nocapture` to see the
+//! number. It is the bytes *requested* from the allocator; the allocator's own rounding
+//! and headers come on top (glibc serves each 32-byte LRU node from a 48-byte chunk).
+//! This binary holds one test so that no other test's allocations are counted.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use grid_route_layer::grid::{ClusterId, SiteName};
+use grid_route_layer::index::{IndexSettings, PrefixIndex};
+
+/// Bytes currently allocated through the global allocator.
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+struct CountingAllocator;
+
+// The only unsafe code in the workspace: `GlobalAlloc` is an unsafe trait. Every call is
+// forwarded unchanged to the system allocator, so its contract is the system allocator's;
+// the impl only adds and subtracts sizes.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract for `alloc` is passed through unchanged.
+        let ptr = unsafe { System.alloc(layout) };
+        if !ptr.is_null() {
+            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract for `dealloc` is passed through unchanged.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+const PROMPT_KEYS: usize = 512;
+
+fn prompt(seed: u64) -> Vec<u64> {
+    // splitmix64, spread like the keyed SipHash keys the index gets.
+    let mut z = seed;
+    (0..PROMPT_KEYS)
+        .map(|_| {
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            x ^ (x >> 31)
+        })
+        .collect()
+}
+
+#[test]
+fn a_full_cluster_costs_under_80_heap_bytes_an_entry() {
+    let east = ClusterId::new(SiteName::new("east").unwrap(), "east-a");
+    let capacity = IndexSettings::DEFAULT_CAPACITY;
+    let prompts: Vec<_> = (0..(capacity / PROMPT_KEYS) as u64).map(prompt).collect();
+    let now = Instant::now();
+    let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
+
+    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    for keys in &prompts {
+        index.confirm(&east, keys, now);
+    }
+    let grown = LIVE_BYTES.load(Ordering::Relaxed) - before;
+
+    let entries = index.entries(&east);
+    assert_eq!(entries, capacity);
+    let per_entry = grown as f64 / entries as f64;
+    println!("index: {entries} entries, {grown} heap bytes, {per_entry:.1} bytes per entry");
+    // A 32-byte LRU node (u64 key, u32 deadline, two links) plus a 16-byte map slot and
+    // its control byte at the map's load factor: about 66 bytes when the table is full.
+    assert!(per_entry < 80.0, "{per_entry:.1} bytes per entry");
+    assert!(per_entry >= 48.0, "{per_entry:.1} bytes per entry");
+}
