@@ -1,1 +1,119 @@
-//! Criterion benchmarks for grid-route live in `benches/`; this library holds shared inputs.
+//! Inputs shared by the grid-route benchmarks: realistic request bodies, built
+//! deterministically so every run measures the same bytes.
+
+use serde_json::{Value, json};
+
+/// Deterministic filler text: words from a small vocabulary picked by a linear congruential
+/// generator, with the punctuation, quotes and newlines real prompts carry.
+pub fn prose(seed: u64, bytes: usize) -> String {
+    const WORDS: [&str; 24] = [
+        "the", "model", "cache", "prefix", "request", "gateway", "site", "cluster", "engine",
+        "queue", "token", "prompt", "latency", "block", "key", "route", "answer", "with",
+        "\"quoted\"", "café", "and", "of", "is", "a",
+    ];
+    let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    let mut out = String::with_capacity(bytes + 16);
+    let mut words_in_line = 0;
+    while out.len() < bytes {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        out.push_str(WORDS[(state >> 33) as usize % WORDS.len()]);
+        words_in_line += 1;
+        if words_in_line == 14 {
+            out.push_str(".\n");
+            words_in_line = 0;
+        } else {
+            out.push(' ');
+        }
+    }
+    out
+}
+
+fn chat_tools() -> Value {
+    let tool = |name: &str| {
+        json!({"type":"function","function":{"name":name,"description":prose(name.len() as u64, 200),
+            "parameters":{"type":"object","properties":{"city":{"type":"string","description":"A city"},
+            "days":{"type":"integer","minimum":1,"maximum":14},"units":{"type":"string","enum":["c","f"]}},
+            "required":["city"]}}})
+    };
+    json!([tool("get_weather"), tool("search_web"), tool("read_file"), tool("run_query"), tool("send_mail")])
+}
+
+/// About 100 KiB of multi-turn Chat Completions with tool calls and tool results, `tools`
+/// and `model` after `messages` as the OpenAI SDKs send them.
+pub fn chat_100k() -> Vec<u8> {
+    let mut messages = vec![json!({"role":"system","content":prose(1, 4000)})];
+    for turn in 0..24u64 {
+        messages.push(json!({"role":"user","content":prose(100 + turn, 1800)}));
+        if turn % 3 == 0 {
+            messages.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":format!("call_{turn}"),
+                "type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\",\"days\":3}"}}]}));
+            messages.push(json!({"role":"tool","tool_call_id":format!("call_{turn}"),"content":prose(200 + turn, 600)}));
+        }
+        messages.push(json!({"role":"assistant","content":prose(300 + turn, 1500)}));
+    }
+    serde_json::to_vec(&json!({"messages":messages,"model":"demo-model","temperature":0.7,
+        "stream":true,"tools":chat_tools(),"tool_choice":"auto"}))
+    .expect("serialising a Value")
+}
+
+/// Anthropic Messages, tool-heavy: ten tool definitions and turns of `tool_use` and
+/// `tool_result` blocks, about 100 KiB.
+pub fn messages_tools() -> Vec<u8> {
+    let tools: Vec<Value> = (0..10u64)
+        .map(|i| {
+            json!({"name":format!("tool_{i}"),"description":prose(i, 300),"input_schema":{"type":"object",
+            "properties":{"path":{"type":"string"},"limit":{"type":"integer"},"flags":{"type":"array","items":{"type":"string"}}},
+            "required":["path"]},"cache_control":{"type":"ephemeral"}})
+        })
+        .collect();
+    let mut messages = Vec::new();
+    for turn in 0..20u64 {
+        messages.push(json!({"role":"user","content":[{"type":"text","text":prose(10 + turn, 1200)}]}));
+        messages.push(json!({"role":"assistant","content":[
+            {"type":"thinking","thinking":prose(20 + turn, 300),"signature":"sig"},
+            {"type":"text","text":prose(30 + turn, 400)},
+            {"type":"tool_use","id":format!("toolu_{turn}"),"name":format!("tool_{}", turn % 10),
+             "input":{"path":format!("/src/file_{turn}.rs"),"limit":100,"flags":["a","b"]}}]}));
+        messages.push(json!({"role":"user","content":[{"type":"tool_result","tool_use_id":format!("toolu_{turn}"),
+            "content":[{"type":"text","text":prose(40 + turn, 2000)}]}]}));
+    }
+    serde_json::to_vec(&json!({"model":"claude-demo","max_tokens":1024,"system":prose(2, 3000),
+        "messages":messages,"tools":tools}))
+    .expect("serialising a Value")
+}
+
+/// OpenAI Responses with an `input` array of messages, function calls, their outputs and
+/// reasoning items, about 100 KiB.
+pub fn responses_items() -> Vec<u8> {
+    let mut input = Vec::new();
+    for turn in 0..22u64 {
+        input.push(json!({"type":"message","role":"user","content":[{"type":"input_text","text":prose(50 + turn, 1500)}]}));
+        input.push(json!({"type":"reasoning","id":format!("rs_{turn}"),"summary":[{"type":"summary_text","text":prose(60 + turn, 200)}]}));
+        input.push(json!({"type":"function_call","id":format!("fc_{turn}"),"call_id":format!("call_{turn}"),
+            "name":"search_web","arguments":"{\"query\":\"kv cache\",\"top_k\":5}"}));
+        input.push(json!({"type":"function_call_output","call_id":format!("call_{turn}"),"output":prose(70 + turn, 1200)}));
+        input.push(json!({"type":"message","role":"assistant","content":[{"type":"output_text","text":prose(80 + turn, 1000),"annotations":[]}]}));
+    }
+    let tools: Vec<Value> = (0..4u64)
+        .map(|i| json!({"type":"function","name":format!("fn_{i}"),"description":prose(i, 200),"parameters":{"type":"object","properties":{"q":{"type":"string"}}}}))
+        .collect();
+    serde_json::to_vec(&json!({"model":"demo-model","input":input,"instructions":prose(3, 2000),"tools":tools,"store":true}))
+        .expect("serialising a Value")
+}
+
+/// A chat turn carrying a 4 MiB base64 image inline.
+pub fn chat_image_4m() -> Vec<u8> {
+    let data = format!("data:image/png;base64,{}", "iVBORw0KGgoAAAANSUhEUgAA".repeat((4 << 20) / 24));
+    serde_json::to_vec(&json!({"model":"demo-model","messages":[
+        {"role":"system","content":prose(4, 2000)},
+        {"role":"user","content":[{"type":"image_url","image_url":{"url":data}},{"type":"text","text":prose(5, 1000)}]}]}))
+    .expect("serialising a Value")
+}
+
+/// A chat turn whose prompt is 20 MiB of text.
+pub fn chat_20m() -> Vec<u8> {
+    serde_json::to_vec(&json!({"model":"demo-model","messages":[{"role":"user","content":prose(6, 20 << 20)}]}))
+        .expect("serialising a Value")
+}

@@ -224,9 +224,14 @@ impl TextSink for DigestSink {
 }
 
 /// One segment of the canonical stream, hashed block by block as it is written.
+///
+/// Text arrives in short runs (between escapes, around markers); runs are copied into a
+/// block buffer and each full block is hashed with one call, which costs far less than
+/// feeding the hasher run by run.
 pub(crate) struct BlockChain {
     fresh: DefaultHasher,
-    current: DefaultHasher,
+    previous: u64,
+    block: [u8; BLOCK_BYTES],
     in_block: usize,
     values: Vec<u64>,
     bytes: u64,
@@ -234,12 +239,10 @@ pub(crate) struct BlockChain {
 
 impl BlockChain {
     fn new(seed: &KeySeed, domain: Domain) -> Self {
-        let fresh = seed.state.build_hasher();
-        let mut current = fresh.clone();
-        current.write_u64(domain as u64);
         Self {
-            fresh,
-            current,
+            fresh: seed.state.build_hasher(),
+            previous: domain as u64,
+            block: [0; BLOCK_BYTES],
             in_block: 0,
             values: Vec::new(),
             bytes: 0,
@@ -260,16 +263,19 @@ impl BlockChain {
     }
 
     fn end_block(&mut self) {
-        let value = self.current.finish();
-        self.values.push(value);
-        self.current = self.fresh.clone();
-        self.current.write_u64(value);
+        let mut h = self.fresh.clone();
+        h.write_u64(self.previous);
+        h.write(&self.block[..self.in_block]);
+        self.previous = h.finish();
+        self.values.push(self.previous);
         self.in_block = 0;
     }
 
     /// The preamble's block values, its partial last block padded to a whole one.
     fn into_padded_values(mut self) -> Vec<u64> {
         if self.in_block > 0 && self.values.len() < HASHED_BLOCKS {
+            self.block[self.in_block..].fill(0);
+            self.in_block = BLOCK_BYTES;
             self.end_block();
         }
         self.values
@@ -282,7 +288,7 @@ impl TextSink for BlockChain {
         // Once every key's block is hashed the rest only counts toward the length.
         while !bytes.is_empty() && self.values.len() < HASHED_BLOCKS {
             let take = (BLOCK_BYTES - self.in_block).min(bytes.len());
-            self.current.write(&bytes[..take]);
+            self.block[self.in_block..self.in_block + take].copy_from_slice(&bytes[..take]);
             self.in_block += take;
             bytes = &bytes[take..];
             if self.in_block == BLOCK_BYTES {
