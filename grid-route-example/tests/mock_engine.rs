@@ -345,6 +345,65 @@ async fn requests_beyond_max_running_wait_and_show_in_the_queue_metric() {
     assert_eq!(metric(&engine, "vllm:num_requests_running").await, 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_stops_counting_as_waiting() {
+    // The first request holds the only running slot for about 20 s (2000 bytes at
+    // 100 tokens/s); the test ends long before.
+    let engine = start(MockEngineConfig {
+        max_running: 1,
+        prefill_tokens_per_second: 100,
+        ..MockEngineConfig::named("east-a")
+    })
+    .await;
+    let url = engine.url();
+    let send_for = |body: Value, patience: Duration| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            let request = Request::post(format!("{url}/v1/chat/completions"))
+                .body(Full::new(Bytes::from(body.to_string())))
+                .unwrap();
+            let _ = tokio::time::timeout(patience, async {
+                let response = client().request(request).await.unwrap();
+                response.into_body().collect().await.map(|_| ())
+            })
+            .await;
+        })
+    };
+    let holder = send_for(chat(&"h".repeat(2000)), Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(&engine, "vllm:num_requests_running").await == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut streaming = chat("second");
+    streaming["stream"] = true.into();
+    let quitters = [
+        send_for(chat("first"), Duration::from_millis(300)),
+        send_for(streaming, Duration::from_millis(300)),
+    ];
+    let mut waiting = Vec::new();
+    while Instant::now() < deadline {
+        let now = reported_waiting(&engine).await;
+        if waiting.last() != Some(&now) {
+            waiting.push(now);
+        }
+        if now == 0 && waiting.contains(&2) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(waiting.contains(&2), "both quitters waited: {waiting:?}");
+    assert_eq!(
+        waiting.last(),
+        Some(&0),
+        "and stopped waiting when they left: {waiting:?}"
+    );
+    assert_eq!(metric(&engine, "vllm:num_requests_running").await, 1);
+    for quitter in quitters {
+        quitter.await.unwrap();
+    }
+    holder.abort();
+}
+
 #[tokio::test]
 async fn the_queue_override_shows_in_the_metrics() {
     let engine = start_named("east-a").await;

@@ -17,7 +17,10 @@ use super::store::Store;
 use super::{BodySummary, MockEngineConfig, MockStats, WaitingOverride};
 
 /// Raw request bodies kept for `GET /mock/last_body`.
-pub(crate) const KEPT_BODIES: usize = 16;
+const KEPT_BODIES: usize = 16;
+/// Bytes of raw request bodies kept at most (the last body is always kept), so a test that
+/// sends large bodies does not hold 16 of them.
+const KEPT_BODY_BYTES: usize = 64 << 20;
 
 /// Prompt bytes per token, for counting tokens without a tokenizer.
 const BYTES_PER_TOKEN: usize = 4;
@@ -251,10 +254,15 @@ impl Engine {
     /// Keeps a raw request body for `GET /mock/last_body`.
     pub(crate) fn keep_body(&self, path: String, body: Bytes) {
         let mut tally = lock(&self.tally);
-        if tally.bodies.len() == KEPT_BODIES {
-            tally.bodies.pop_front();
-        }
         tally.bodies.push_back((path, body));
+        let mut kept_bytes: usize = tally.bodies.iter().map(|(_, body)| body.len()).sum();
+        while tally.bodies.len() > KEPT_BODIES
+            || (tally.bodies.len() > 1 && kept_bytes > KEPT_BODY_BYTES)
+        {
+            if let Some((_, dropped)) = tally.bodies.pop_front() {
+                kept_bytes -= dropped.len();
+            }
+        }
     }
 
     /// The `back`-th most recent raw body (0 = the last) and its path.
