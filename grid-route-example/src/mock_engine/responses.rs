@@ -239,14 +239,12 @@ fn response_fields(
     fields.insert("object".into(), "response".into());
     fields.insert("created_at".into(), generation.created.into());
     for (field, default) in [
-        ("background", false.into()),
         ("instructions", Value::Null),
         ("max_output_tokens", Value::Null),
         ("metadata", json!({})),
         ("parallel_tool_calls", true.into()),
         ("previous_response_id", Value::Null),
         ("reasoning", json!({"effort": null, "summary": null})),
-        ("store", true.into()),
         ("temperature", 1.0.into()),
         ("text", json!({"format": {"type": "text"}})),
         ("tool_choice", "auto".into()),
@@ -304,7 +302,9 @@ pub(crate) async fn create(
         );
     }
     let id = engine.new_id("resp_");
-    let fields = response_fields(&body, &id, &generation, conversation_id.as_deref());
+    let mut fields = response_fields(&body, &id, &generation, conversation_id.as_deref());
+    fields.insert("store".into(), store.into());
+    fields.insert("background".into(), background.into());
     let draft = Draft {
         message_id: engine.new_id("msg_"),
         id,
