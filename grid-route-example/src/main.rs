@@ -1,14 +1,19 @@
 //! The example gateway built from the grid-route layers.
 //!
-//! Subcommands: `keys` prints a body's prefix keys.
+//! Subcommands: `keys` prints a body's prefix keys; `mock-engine` runs a mock inference
+//! engine.
 
 use std::process::ExitCode;
+
+use grid_route_example::mock_engine;
 
 const USAGE: &str = "usage: grid-route-example <command> [args]
 
 commands:
   keys --api chat|completions|messages|responses FILE...
                         print each body's prefix keys as one JSON line
+  mock-engine --listen ADDR --name NAME [options]
+                        run a mock OpenAI-compatible engine (see mock-engine --help)
 ";
 
 fn main() -> ExitCode {
@@ -22,10 +27,54 @@ fn main() -> ExitCode {
             print!("{USAGE}");
             ExitCode::SUCCESS
         }
+        "mock-engine" => run_mock_engine(rest),
         other => {
             eprintln!("unknown command {other:?}; {rest:?} not run\n");
             eprint!("{USAGE}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn run_mock_engine(args: &[String]) -> ExitCode {
+    if args.iter().any(|arg| arg == "-h" || arg == "--help") {
+        print!("{}", mock_engine::USAGE);
+        return ExitCode::SUCCESS;
+    }
+    let args = match mock_engine::parse_args(args) {
+        Ok(args) => args,
+        Err(error) => {
+            eprintln!("mock-engine: {error}\n");
+            eprint!("{}", mock_engine::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("mock-engine: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(mock_engine::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "mock engine failed");
+            ExitCode::FAILURE
         }
     }
 }

@@ -1,0 +1,9 @@
+//! The example gateway built from the grid-route layers, as a library for the binary, the
+//! integration tests and the in-process demo.
+//!
+//! - [`mock_engine`]: an OpenAI-compatible mock inference engine (vLLM-like: block prefix
+//!   cache, prefill-time model, queue metric, Responses and Conversations store), started
+//!   in process with [`mock_engine::MockEngine::start`] or from the command line with
+//!   `grid-route-example mock-engine`.
+
+pub mod mock_engine;

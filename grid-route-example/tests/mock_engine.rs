@@ -1,0 +1,965 @@
+//! The mock engine over real sockets, driven by a plain hyper client.
+
+// The helpers below are test code too: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use http_body_util::{BodyExt, Full};
+use hyper::header::HeaderMap;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|error| {
+            panic!(
+                "not JSON ({error}): {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8(self.body.to_vec()).unwrap()
+    }
+
+    /// The server-sent events of a stream: (event name or "", data).
+    fn events(&self) -> Vec<(String, String)> {
+        self.text()
+            .split("\n\n")
+            .filter(|event| !event.trim().is_empty())
+            .map(|event| {
+                let mut name = String::new();
+                let mut data = String::new();
+                for line in event.lines() {
+                    if let Some(value) = line.strip_prefix("event: ") {
+                        value.clone_into(&mut name);
+                    } else if let Some(value) = line.strip_prefix("data: ") {
+                        value.clone_into(&mut data);
+                    }
+                }
+                (name, data)
+            })
+            .collect()
+    }
+
+    fn event_data(&self) -> Vec<Value> {
+        self.events()
+            .into_iter()
+            .filter(|(_, data)| data != "[DONE]")
+            .map(|(_, data)| serde_json::from_str(&data).unwrap())
+            .collect()
+    }
+}
+
+/// Sends a request; returns the answer and the time from sending to its first body frame.
+async fn timed(
+    engine: &MockEngine,
+    method: Method,
+    path: &str,
+    body: impl Into<Bytes>,
+) -> (Answer, Duration) {
+    let request = Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", engine.url()))
+        .header("content-type", "application/json")
+        .body(Full::new(body.into()))
+        .unwrap();
+    let started = Instant::now();
+    let response = client().request(request).await.unwrap();
+    let (parts, mut body) = response.into_parts();
+    let mut bytes = Vec::new();
+    let mut first_frame = None;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            first_frame.get_or_insert_with(|| started.elapsed());
+            bytes.extend_from_slice(&data);
+        }
+    }
+    let answer = Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: bytes.into(),
+    };
+    (answer, first_frame.unwrap_or_else(|| started.elapsed()))
+}
+
+async fn send(engine: &MockEngine, method: Method, path: &str, body: impl Into<Bytes>) -> Answer {
+    timed(engine, method, path, body).await.0
+}
+
+async fn post(engine: &MockEngine, path: &str, body: &Value) -> Answer {
+    send(engine, Method::POST, path, body.to_string()).await
+}
+
+async fn get(engine: &MockEngine, path: &str) -> Answer {
+    send(engine, Method::GET, path, Bytes::new()).await
+}
+
+async fn delete(engine: &MockEngine, path: &str) -> Answer {
+    send(engine, Method::DELETE, path, Bytes::new()).await
+}
+
+async fn start(config: MockEngineConfig) -> MockEngine {
+    MockEngine::start("127.0.0.1:0", config).await.unwrap()
+}
+
+async fn start_named(name: &str) -> MockEngine {
+    start(MockEngineConfig::named(name)).await
+}
+
+fn chat(text: &str) -> Value {
+    json!({"model": "demo-model", "messages": [{"role": "user", "content": text}]})
+}
+
+/// The reported waiting count of `demo-model` on `/metrics`.
+async fn reported_waiting(engine: &MockEngine) -> u64 {
+    metric(engine, "vllm:num_requests_waiting").await
+}
+
+async fn metric(engine: &MockEngine, name: &str) -> u64 {
+    let text = get(engine, "/metrics").await.text();
+    let prefix = format!("{name}{{model_name=\"demo-model\"}} ");
+    let line = text
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {name} in {text}"));
+    line.parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_chat_completion_is_in_openai_shape_and_names_the_engine() {
+    let engine = start_named("east-a").await;
+    let answer = post(&engine, "/v1/chat/completions", &chat("hello there")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.headers["x-mock-engine"], "east-a");
+    let body = answer.json();
+    assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], "demo-model");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "[east-a] hello there"
+    );
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let usage = &body["usage"];
+    assert!(usage["prompt_tokens"].as_u64().unwrap() >= 1);
+    assert_eq!(usage["completion_tokens"], 3);
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 0);
+}
+
+#[tokio::test]
+async fn a_chat_stream_sends_deltas_then_usage_then_done() {
+    let engine = start_named("east-a").await;
+    let mut body = chat("one two three");
+    body["stream"] = true.into();
+    body["stream_options"] = json!({"include_usage": true});
+    let answer = post(&engine, "/v1/chat/completions", &body).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.headers["content-type"], "text/event-stream");
+    assert_eq!(answer.events().last().unwrap().1, "[DONE]");
+    let chunks = answer.event_data();
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "[east-a] one two three");
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"]["completion_tokens"], 4);
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+}
+
+#[tokio::test]
+async fn a_chat_stream_carries_usage_only_when_asked() {
+    let engine = start_named("east-a").await;
+    let mut body = chat("one two");
+    body["stream"] = true.into();
+    let answer = post(&engine, "/v1/chat/completions", &body).await;
+    assert!(answer.event_data().iter().all(|c| c.get("usage").is_none()));
+}
+
+#[tokio::test]
+async fn completions_answer_text_completions_streamed_or_not() {
+    let engine = start_named("west-b").await;
+    let body = json!({"model": "demo-model", "prompt": "say this", "max_tokens": 2});
+    let answer = post(&engine, "/v1/completions", &body).await.json();
+    assert!(answer["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(answer["object"], "text_completion");
+    assert_eq!(answer["choices"][0]["text"], "[west-b] say");
+    assert_eq!(answer["choices"][0]["finish_reason"], "length");
+    assert_eq!(answer["usage"]["prompt_tokens"], 2);
+
+    let mut body = body;
+    body["stream"] = true.into();
+    let answer = post(&engine, "/v1/completions", &body).await;
+    let text: String = answer
+        .event_data()
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(text, "[west-b] say");
+    assert_eq!(answer.events().last().unwrap().1, "[DONE]");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_prompt_is_cached_and_reaches_its_first_token_sooner() {
+    // 40 KiB of prompt at 40,000 tokens/s: about 256 ms of prefill the first time, about
+    // 2 ms (one block) the second.
+    let engine = start(MockEngineConfig {
+        prefill_tokens_per_second: 40_000,
+        ..MockEngineConfig::named("east-a")
+    })
+    .await;
+    let long = "token ".repeat(40 * 1024 / 6);
+    let mut body = chat(&long);
+    body["stream"] = true.into();
+    body["stream_options"] = json!({"include_usage": true});
+    let body = body.to_string();
+
+    let (first, first_ttft) =
+        timed(&engine, Method::POST, "/v1/chat/completions", body.clone()).await;
+    let (second, second_ttft) = timed(&engine, Method::POST, "/v1/chat/completions", body).await;
+
+    let usage = |answer: &Answer| answer.event_data().last().unwrap()["usage"].clone();
+    assert_eq!(usage(&first)["prompt_tokens_details"]["cached_tokens"], 0);
+    let prompt_tokens = usage(&second)["prompt_tokens"].as_u64().unwrap();
+    let cached = usage(&second)["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached > 0 && cached < prompt_tokens,
+        "{cached} of {prompt_tokens}"
+    );
+    assert!(
+        prompt_tokens - cached <= 128,
+        "all but the last block or two are cached"
+    );
+    assert!(first_ttft >= Duration::from_millis(250), "{first_ttft:?}");
+    assert!(
+        second_ttft * 3 <= first_ttft
+            && first_ttft.saturating_sub(second_ttft) >= Duration::from_millis(50),
+        "first {first_ttft:?}, second {second_ttft:?}"
+    );
+    let stats = engine.stats();
+    assert_eq!(stats.cached_tokens, cached);
+}
+
+#[tokio::test]
+async fn models_and_cache_salts_do_not_share_cached_blocks() {
+    let engine = start(MockEngineConfig {
+        models: vec!["demo-model".into(), "other-model".into()],
+        prefill_tokens_per_second: 0,
+        ..MockEngineConfig::named("east-a")
+    })
+    .await;
+    let long = "x".repeat(4096);
+    let cached =
+        |answer: Answer| answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"].clone();
+    let mut body = chat(&long);
+    post(&engine, "/v1/chat/completions", &body).await;
+    body["model"] = "other-model".into();
+    assert_eq!(
+        cached(post(&engine, "/v1/chat/completions", &body).await),
+        0
+    );
+    body["cache_salt"] = "tenant-1".into();
+    assert_eq!(
+        cached(post(&engine, "/v1/chat/completions", &body).await),
+        0
+    );
+    assert!(
+        cached(post(&engine, "/v1/chat/completions", &body).await)
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_beyond_max_running_wait_and_show_in_the_queue_metric() {
+    // Each prompt is about 500 tokens: half a second of prefill at 1000 tokens/s.
+    let engine = start(MockEngineConfig {
+        max_running: 1,
+        prefill_tokens_per_second: 1000,
+        ..MockEngineConfig::named("east-a")
+    })
+    .await;
+    let url = engine.url();
+    let requests: Vec<_> = (0..3)
+        .map(|i| {
+            let body = chat(&format!("{i} {}", "y".repeat(2000))).to_string();
+            let url = url.clone();
+            tokio::spawn(async move {
+                let request = Request::post(format!("{url}/v1/chat/completions"))
+                    .body(Full::new(Bytes::from(body)))
+                    .unwrap();
+                client().request(request).await.unwrap().status()
+            })
+        })
+        .collect();
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut seen = (0, 0);
+    while Instant::now() < deadline {
+        seen = (
+            reported_waiting(&engine).await,
+            metric(&engine, "vllm:num_requests_running").await,
+        );
+        if seen.0 == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(seen, (2, 1), "(waiting, running) while all three are in");
+    for request in requests {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(reported_waiting(&engine).await, 0);
+    assert_eq!(metric(&engine, "vllm:num_requests_running").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_stops_counting_as_waiting() {
+    // The first request holds the only running slot for about 20 s (2000 bytes at
+    // 100 tokens/s); the test ends long before.
+    let engine = start(MockEngineConfig {
+        max_running: 1,
+        prefill_tokens_per_second: 100,
+        ..MockEngineConfig::named("east-a")
+    })
+    .await;
+    let url = engine.url();
+    let send_for = |body: Value, patience: Duration| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            let request = Request::post(format!("{url}/v1/chat/completions"))
+                .body(Full::new(Bytes::from(body.to_string())))
+                .unwrap();
+            let _ = tokio::time::timeout(patience, async {
+                let response = client().request(request).await.unwrap();
+                response.into_body().collect().await.map(|_| ())
+            })
+            .await;
+        })
+    };
+    let holder = send_for(chat(&"h".repeat(2000)), Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(&engine, "vllm:num_requests_running").await == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut streaming = chat("second");
+    streaming["stream"] = true.into();
+    let quitters = [
+        send_for(chat("first"), Duration::from_millis(300)),
+        send_for(streaming, Duration::from_millis(300)),
+    ];
+    let mut waiting = Vec::new();
+    while Instant::now() < deadline {
+        let now = reported_waiting(&engine).await;
+        if waiting.last() != Some(&now) {
+            waiting.push(now);
+        }
+        if now == 0 && waiting.contains(&2) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(waiting.contains(&2), "both quitters waited: {waiting:?}");
+    assert_eq!(
+        waiting.last(),
+        Some(&0),
+        "and stopped waiting when they left: {waiting:?}"
+    );
+    assert_eq!(metric(&engine, "vllm:num_requests_running").await, 1);
+    for quitter in quitters {
+        quitter.await.unwrap();
+    }
+    holder.abort();
+}
+
+#[tokio::test]
+async fn the_queue_override_shows_in_the_metrics() {
+    let engine = start_named("east-a").await;
+    let metrics = get(&engine, "/metrics").await;
+    assert!(
+        metrics
+            .text()
+            .contains("# TYPE vllm:num_requests_waiting gauge")
+    );
+    assert!(metrics.text().contains("# HELP vllm:num_requests_waiting "));
+    assert_eq!(reported_waiting(&engine).await, 0);
+
+    let answer = post(&engine, "/mock/queue", &json!({"waiting": 7})).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(reported_waiting(&engine).await, 7);
+    post(
+        &engine,
+        "/mock/queue",
+        &json!({"waiting": 3, "exact": true}),
+    )
+    .await;
+    assert_eq!(reported_waiting(&engine).await, 3);
+    post(&engine, "/mock/queue", &json!({"waiting": 0})).await;
+    assert_eq!(reported_waiting(&engine).await, 0);
+
+    let refused = post(&engine, "/mock/queue", &json!({"waiting": -1})).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn the_fail_knob_fails_the_next_requests_then_recovers() {
+    let engine = start_named("east-a").await;
+    let knob = json!({"status": 503, "count": 2, "retry_after": 1});
+    assert_eq!(
+        post(&engine, "/mock/fail", &knob).await.status,
+        StatusCode::OK
+    );
+
+    // Endpoints that do not generate are not affected.
+    assert_eq!(get(&engine, "/v1/models").await.status, StatusCode::OK);
+    for _ in 0..2 {
+        let failed = post(&engine, "/v1/chat/completions", &chat("hi")).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(failed.headers["retry-after"], "1");
+        assert_eq!(failed.headers["x-mock-engine"], "east-a");
+        let error = &failed.json()["error"];
+        assert_eq!(error["type"], "server_error");
+        assert!(error["message"].as_str().unwrap().contains("injected"));
+    }
+    let recovered = post(&engine, "/v1/chat/completions", &chat("hi")).await;
+    assert_eq!(recovered.status, StatusCode::OK);
+    assert_eq!(engine.stats().injected_failures, 2);
+
+    post(&engine, "/mock/fail", &json!({"status": 429})).await;
+    let body = json!({"model": "demo-model", "max_tokens": 5,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let failed = post(&engine, "/v1/messages", &body).await;
+    assert_eq!(failed.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(failed.json()["type"], "error");
+    assert_eq!(failed.json()["error"]["type"], "rate_limit_error");
+    assert_eq!(
+        post(&engine, "/v1/messages", &body).await.status,
+        StatusCode::OK
+    );
+
+    let refused = post(&engine, "/mock/fail", &json!({"status": 200})).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn bad_requests_are_400s_with_error_bodies_never_panics() {
+    let engine = start_named("east-a").await;
+    for (path, body) in [
+        ("/v1/chat/completions", "{not json"),
+        ("/v1/chat/completions", "[1, 2]"),
+        ("/v1/chat/completions", r#"{"messages": "nope"}"#),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"content": "no role"}]}"#,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [], "max_tokens": -3}"#,
+        ),
+        ("/v1/completions", r#"{"prompt": {"a": 1}}"#),
+        ("/v1/completions", r#"{"prompt": [99999999999]}"#),
+        ("/v1/responses", r#"{"model": "demo-model"}"#),
+        ("/v1/responses", r#"{"input": 7}"#),
+        (
+            "/v1/responses",
+            r#"{"input": "x", "previous_response_id": "resp_1", "conversation": "conv_1"}"#,
+        ),
+        ("/v1/conversations", r#"{"items": 3}"#),
+        ("/mock/fail", "{}"),
+    ] {
+        let answer = send(&engine, Method::POST, path, body).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path} {body}");
+        assert_eq!(
+            answer.json()["error"]["type"],
+            "invalid_request_error",
+            "{path} {body}"
+        );
+    }
+    let answer = send(&engine, Method::POST, "/v1/messages", "{oops").await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
+    assert_eq!(answer.json()["type"], "error");
+
+    let answer = get(&engine, "/no/such/path").await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    assert!(answer.json()["error"]["message"].is_string());
+}
+
+#[tokio::test]
+async fn models_lists_the_served_models_and_others_are_404() {
+    let engine = start(MockEngineConfig {
+        models: vec!["a".into(), "b".into()],
+        ..MockEngineConfig::named("east-a")
+    })
+    .await;
+    let models = get(&engine, "/v1/models").await.json();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["a", "b"]);
+
+    let mut body = chat("hi");
+    body["model"] = "c".into();
+    let answer = post(&engine, "/v1/chat/completions", &body).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    assert_eq!(answer.json()["error"]["code"], "model_not_found");
+    body.as_object_mut().unwrap().remove("model");
+    let answer = post(&engine, "/v1/chat/completions", &body).await;
+    assert_eq!(
+        answer.json()["model"],
+        "a",
+        "a request naming no model gets the first"
+    );
+}
+
+#[tokio::test]
+async fn anthropic_messages_answer_with_cache_reads_and_stream_the_event_sequence() {
+    let engine = start_named("east-a").await;
+    let long = "z ".repeat(1024);
+    let body = json!({"model": "demo-model", "max_tokens": 64, "system": "be brief",
+                      "messages": [{"role": "user", "content": [{"type": "text", "text": long}]}]});
+    let first = post(&engine, "/v1/messages", &body).await.json();
+    assert!(first["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(first["type"], "message");
+    assert_eq!(first["content"][0]["type"], "text");
+    assert_eq!(first["stop_reason"], "end_turn");
+    assert_eq!(first["usage"]["cache_read_input_tokens"], 0);
+    let again = post(&engine, "/v1/messages", &body).await.json();
+    let cache_read = again["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(cache_read > 0);
+    assert_eq!(
+        again["usage"]["input_tokens"].as_u64().unwrap() + cache_read,
+        first["usage"]["input_tokens"].as_u64().unwrap(),
+        "input_tokens counts only what was not read from the cache"
+    );
+
+    let mut body = body;
+    body["stream"] = true.into();
+    let answer = post(&engine, "/v1/messages", &body).await;
+    let names: Vec<String> = answer.events().into_iter().map(|(name, _)| name).collect();
+    let mut expected = vec!["message_start", "content_block_start", "ping"];
+    expected.extend(["content_block_delta"; 7]);
+    expected.extend(["content_block_stop", "message_delta", "message_stop"]);
+    assert_eq!(names, expected);
+    let data = answer.event_data();
+    for (name, event) in names.iter().zip(&data) {
+        assert_eq!(&event["type"], name.as_str());
+    }
+    assert!(
+        data[0]["message"]["usage"]["cache_read_input_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(data[names.len() - 2]["delta"]["stop_reason"], "end_turn");
+}
+
+#[tokio::test]
+async fn responses_are_stored_retrievable_and_deletable() {
+    let engine = start_named("east-a").await;
+    let created = post(
+        &engine,
+        "/v1/responses",
+        &json!({"model": "demo-model", "input": "hello"}),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::OK);
+    let created = created.json();
+    let id = created["id"].as_str().unwrap();
+    assert!(id.starts_with("resp_") && id[5..].chars().all(|c| c.is_ascii_hexdigit()));
+    assert_eq!(created["object"], "response");
+    assert_eq!(created["status"], "completed");
+    assert!(
+        created["output"][0]["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("msg_")
+    );
+    assert_eq!(created["output"][0]["content"][0]["text"], "[east-a] hello");
+    assert_eq!(created["usage"]["input_tokens_details"]["cached_tokens"], 0);
+    assert!(created.get("conversation").is_none());
+
+    assert_eq!(
+        get(&engine, &format!("/v1/responses/{id}")).await.json(),
+        created
+    );
+    let items = get(&engine, &format!("/v1/responses/{id}/input_items"))
+        .await
+        .json();
+    assert_eq!(items["object"], "list");
+    assert_eq!(items["data"][0]["role"], "user");
+    assert_eq!(items["data"][0]["content"][0]["text"], "hello");
+
+    let deleted = delete(&engine, &format!("/v1/responses/{id}")).await.json();
+    assert_eq!(deleted["deleted"], true);
+    for path in [
+        format!("/v1/responses/{id}"),
+        format!("/v1/responses/{id}/input_items"),
+    ] {
+        let answer = get(&engine, &path).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND);
+        assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
+    }
+    assert_eq!(
+        delete(&engine, &format!("/v1/responses/{id}")).await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn a_response_with_store_false_is_not_kept() {
+    let engine = start_named("east-a").await;
+    let created = post(
+        &engine,
+        "/v1/responses",
+        &json!({"input": "hello", "store": false}),
+    )
+    .await
+    .json();
+    let answer = get(
+        &engine,
+        &format!("/v1/responses/{}", created["id"].as_str().unwrap()),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn previous_response_id_chains_turns_and_reuses_their_cached_prefix() {
+    let engine = start_named("east-a").await;
+    let long = "a long shared context ".repeat(100);
+    let first = post(&engine, "/v1/responses", &json!({"input": long}))
+        .await
+        .json();
+    let first_id = first["id"].as_str().unwrap();
+    let second = post(
+        &engine,
+        "/v1/responses",
+        &json!({"input": "and then?", "previous_response_id": first_id}),
+    )
+    .await
+    .json();
+    assert_eq!(second["previous_response_id"], first_id);
+    assert_ne!(second["id"], first["id"]);
+    let usage = &second["usage"];
+    assert!(
+        usage["input_tokens"].as_u64().unwrap() > first["usage"]["input_tokens"].as_u64().unwrap()
+    );
+    assert!(
+        usage["input_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    let items = get(
+        &engine,
+        &format!(
+            "/v1/responses/{}/input_items",
+            second["id"].as_str().unwrap()
+        ),
+    )
+    .await
+    .json();
+    assert_eq!(
+        items["data"].as_array().unwrap().len(),
+        1,
+        "only the new turn's input"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_previous_response_id_is_a_404_with_its_code() {
+    let engine = start_named("east-a").await;
+    let answer = post(
+        &engine,
+        "/v1/responses",
+        &json!({"input": "hi", "previous_response_id": "resp_0123abcd"}),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    let error = &answer.json()["error"];
+    assert_eq!(error["type"], "invalid_request_error");
+    assert_eq!(error["param"], "previous_response_id");
+    assert_eq!(error["code"], "previous_response_not_found");
+    assert!(error["message"].as_str().unwrap().contains("resp_0123abcd"));
+}
+
+#[tokio::test]
+async fn responses_stream_their_events_in_order_with_sequence_numbers() {
+    let engine = start_named("east-a").await;
+    let answer = post(
+        &engine,
+        "/v1/responses",
+        &json!({"input": "one two", "stream": true}),
+    )
+    .await;
+    let names: Vec<String> = answer.events().into_iter().map(|(name, _)| name).collect();
+    let mut expected = vec![
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ];
+    expected.extend(["response.output_text.delta"; 3]);
+    expected.extend([
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]);
+    assert_eq!(names, expected);
+    let data = answer.event_data();
+    for (n, (name, event)) in names.iter().zip(&data).enumerate() {
+        assert_eq!(&event["type"], name.as_str());
+        assert_eq!(event["sequence_number"], n);
+    }
+    let completed = &data.last().unwrap()["response"];
+    assert_eq!(completed["status"], "completed");
+    assert_eq!(data[0]["response"]["id"], completed["id"]);
+    let stored = get(
+        &engine,
+        &format!("/v1/responses/{}", completed["id"].as_str().unwrap()),
+    )
+    .await;
+    assert_eq!(&stored.json(), completed);
+}
+
+#[tokio::test]
+async fn conversations_hold_items_and_responses_append_their_turns() {
+    let engine = start_named("east-a").await;
+    let created = post(
+        &engine,
+        "/v1/conversations",
+        &json!({"items": [{"type": "message", "role": "user", "content": "first"}],
+                "metadata": {"topic": "demo"}}),
+    )
+    .await
+    .json();
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("conv_"));
+    assert_eq!(created["object"], "conversation");
+    assert_eq!(created["metadata"]["topic"], "demo");
+    assert_eq!(
+        get(&engine, &format!("/v1/conversations/{id}"))
+            .await
+            .json(),
+        created
+    );
+
+    let added = post(
+        &engine,
+        &format!("/v1/conversations/{id}/items"),
+        &json!({"items": [{"role": "assistant", "content": "second"}]}),
+    )
+    .await
+    .json();
+    let added_id = added["data"][0]["id"].as_str().unwrap().to_owned();
+    let item = get(&engine, &format!("/v1/conversations/{id}/items/{added_id}"))
+        .await
+        .json();
+    assert_eq!(item["content"][0]["text"], "second");
+
+    let response = post(
+        &engine,
+        "/v1/responses",
+        &json!({"input": "third", "conversation": id}),
+    )
+    .await
+    .json();
+    assert_eq!(response["conversation"], json!({"id": id}));
+    let items = get(&engine, &format!("/v1/conversations/{id}/items?order=asc"))
+        .await
+        .json();
+    let texts: Vec<&str> = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item["content"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["first", "second", "third", "[east-a] third"]);
+    let newest = get(&engine, &format!("/v1/conversations/{id}/items?limit=1"))
+        .await
+        .json();
+    assert_eq!(newest["data"][0]["content"][0]["text"], "[east-a] third");
+    assert_eq!(newest["has_more"], true);
+
+    let after_delete = delete(&engine, &format!("/v1/conversations/{id}/items/{added_id}")).await;
+    assert_eq!(after_delete.json()["id"], id.as_str());
+    let gone = get(&engine, &format!("/v1/conversations/{id}/items/{added_id}")).await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND);
+
+    let deleted = delete(&engine, &format!("/v1/conversations/{id}"))
+        .await
+        .json();
+    assert_eq!(deleted["deleted"], true);
+    assert_eq!(
+        get(&engine, &format!("/v1/conversations/{id}"))
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn unknown_conversations_are_404s() {
+    let engine = start_named("east-a").await;
+    for answer in [
+        get(&engine, "/v1/conversations/conv_nope").await,
+        get(&engine, "/v1/conversations/conv_nope/items").await,
+        get(&engine, "/v1/conversations/conv_nope/items/msg_x").await,
+        delete(&engine, "/v1/conversations/conv_nope").await,
+        post(
+            &engine,
+            "/v1/conversations/conv_nope/items",
+            &json!({"items": []}),
+        )
+        .await,
+        post(
+            &engine,
+            "/v1/responses",
+            &json!({"input": "hi", "conversation": {"id": "conv_nope"}}),
+        )
+        .await,
+    ] {
+        assert_eq!(answer.status, StatusCode::NOT_FOUND);
+        assert!(
+            answer.json()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("conv_nope")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_background_response_can_be_cancelled_and_a_synchronous_one_cannot() {
+    let engine = start(MockEngineConfig {
+        prefill_tokens_per_second: 10,
+        ..MockEngineConfig::named("east-a")
+    })
+    .await;
+    let queued = post(
+        &engine,
+        "/v1/responses",
+        &json!({"input": "a prompt that takes seconds to prefill", "background": true}),
+    )
+    .await
+    .json();
+    assert_eq!(queued["status"], "queued");
+    let id = queued["id"].as_str().unwrap();
+    let cancelled = post(&engine, &format!("/v1/responses/{id}/cancel"), &json!({})).await;
+    assert_eq!(cancelled.status, StatusCode::OK);
+    assert_eq!(cancelled.json()["status"], "cancelled");
+    assert_eq!(
+        get(&engine, &format!("/v1/responses/{id}")).await.json()["status"],
+        "cancelled"
+    );
+
+    let quick = start_named("east-b").await;
+    let done = post(&quick, "/v1/responses", &json!({"input": "hi"}))
+        .await
+        .json();
+    let refused = post(
+        &quick,
+        &format!("/v1/responses/{}/cancel", done["id"].as_str().unwrap()),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn last_body_returns_the_exact_bytes_received() {
+    let engine = start_named("east-a").await;
+    assert_eq!(
+        get(&engine, "/mock/last_body").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let first = r#"{"model":"demo-model","prompt":"x"}"#;
+    let second =
+        "{ \"messages\" : [ {\"content\":\"caf\\u00e9 \\/ \u{1F600}\", \"role\":\"user\"} ] }\n";
+    send(&engine, Method::POST, "/v1/completions", first).await;
+    assert_eq!(
+        send(&engine, Method::POST, "/v1/chat/completions", second)
+            .await
+            .status,
+        StatusCode::OK
+    );
+
+    let last = get(&engine, "/mock/last_body").await;
+    assert_eq!(last.body, second.as_bytes());
+    assert_eq!(last.headers["x-mock-path"], "/v1/chat/completions");
+    let before = get(&engine, "/mock/last_body?back=1").await;
+    assert_eq!(before.body, first.as_bytes());
+    assert_eq!(before.headers["x-mock-path"], "/v1/completions");
+
+    let stats = get(&engine, "/mock/stats").await.json();
+    assert_eq!(stats["last_body"]["len"], second.len());
+    assert_eq!(stats["requests"]["POST /v1/chat/completions"], 1);
+    assert_eq!(stats["requests"]["POST /v1/completions"], 1);
+}
+
+#[tokio::test]
+async fn reset_forgets_the_cache_the_stores_and_the_counters() {
+    let engine = start_named("east-a").await;
+    let body = chat(&"r".repeat(2048));
+    post(&engine, "/v1/chat/completions", &body).await;
+    let response = post(&engine, "/v1/responses", &json!({"input": "hi"}))
+        .await
+        .json();
+    post(&engine, "/mock/queue", &json!({"waiting": 5})).await;
+
+    assert_eq!(
+        post(&engine, "/mock/reset", &json!({})).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(reported_waiting(&engine).await, 0);
+    let path = format!("/v1/responses/{}", response["id"].as_str().unwrap());
+    assert_eq!(get(&engine, &path).await.status, StatusCode::NOT_FOUND);
+    let again = post(&engine, "/v1/chat/completions", &body).await.json();
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(engine.stats().requests.get("POST /v1/responses"), None);
+}
+
+#[tokio::test]
+async fn a_stopped_engine_refuses_connections() {
+    let engine = start_named("east-a").await;
+    let addr = engine.local_addr();
+    engine.shutdown().await.unwrap();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
