@@ -15,17 +15,30 @@ use serde_json::Value;
 
 fn keying(c: &mut Criterion) {
     let seed = KeySeed::random();
-    let cases: [(&str, Api, Vec<u8>); 5] = [
+    let cases: [(&str, Api, Vec<u8>); 6] = [
         ("chat_100k", Api::ChatCompletions, bodies::chat_100k()),
+        (
+            "chat_100k_sorted",
+            Api::ChatCompletions,
+            bodies::chat_100k_sorted(),
+        ),
         ("messages_tools", Api::Messages, bodies::messages_tools()),
         ("responses_items", Api::Responses, bodies::responses_items()),
-        ("chat_image_4m", Api::ChatCompletions, bodies::chat_image_4m()),
+        (
+            "chat_image_4m",
+            Api::ChatCompletions,
+            bodies::chat_image_4m(),
+        ),
         ("chat_20m", Api::ChatCompletions, bodies::chat_20m()),
     ];
     let mut group = c.benchmark_group("keying");
     for (name, api, body) in &cases {
         let prompt = key_body(&seed, *api, body).expect("bench bodies have no duplicates");
-        assert!(prompt.keys().is_ok(), "{name} must get keys: {:?}", prompt.keys().err());
+        assert!(
+            prompt.keys().is_ok(),
+            "{name} must get keys: {:?}",
+            prompt.keys().err()
+        );
         group.throughput(Throughput::Bytes(body.len() as u64));
         if body.len() > 1 << 20 {
             group.sample_size(20);

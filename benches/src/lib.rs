@@ -7,9 +7,30 @@ use serde_json::{Value, json};
 /// generator, with the punctuation, quotes and newlines real prompts carry.
 pub fn prose(seed: u64, bytes: usize) -> String {
     const WORDS: [&str; 24] = [
-        "the", "model", "cache", "prefix", "request", "gateway", "site", "cluster", "engine",
-        "queue", "token", "prompt", "latency", "block", "key", "route", "answer", "with",
-        "\"quoted\"", "café", "and", "of", "is", "a",
+        "the",
+        "model",
+        "cache",
+        "prefix",
+        "request",
+        "gateway",
+        "site",
+        "cluster",
+        "engine",
+        "queue",
+        "token",
+        "prompt",
+        "latency",
+        "block",
+        "key",
+        "route",
+        "answer",
+        "with",
+        "\"quoted\"",
+        "café",
+        "and",
+        "of",
+        "is",
+        "a",
     ];
     let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
     let mut out = String::with_capacity(bytes + 16);
@@ -30,32 +51,105 @@ pub fn prose(seed: u64, bytes: usize) -> String {
     out
 }
 
-fn chat_tools() -> Value {
-    let tool = |name: &str| {
-        json!({"type":"function","function":{"name":name,"description":prose(name.len() as u64, 200),
-            "parameters":{"type":"object","properties":{"city":{"type":"string","description":"A city"},
-            "days":{"type":"integer","minimum":1,"maximum":14},"units":{"type":"string","enum":["c","f"]}},
-            "required":["city"]}}})
-    };
-    json!([tool("get_weather"), tool("search_web"), tool("read_file"), tool("run_query"), tool("send_mail")])
+/// A JSON object with its fields in the order given, as the OpenAI and Anthropic Python
+/// SDKs send the dicts users write (`role` before `content`). serde_json's `Value` would
+/// sort the keys; [`chat_100k_sorted`] measures that order.
+fn obj(fields: &[(&str, String)]) -> String {
+    let fields: Vec<String> = fields
+        .iter()
+        .map(|(k, v)| format!("{}:{v}", str_json(k)))
+        .collect();
+    format!("{{{}}}", fields.join(","))
 }
 
-/// About 100 KiB of multi-turn Chat Completions with tool calls and tool results, `tools`
-/// and `model` after `messages` as the OpenAI SDKs send them.
-pub fn chat_100k() -> Vec<u8> {
-    let mut messages = vec![json!({"role":"system","content":prose(1, 4000)})];
+fn arr(items: &[String]) -> String {
+    format!("[{}]", items.join(","))
+}
+
+fn str_json(text: &str) -> String {
+    serde_json::to_string(text).expect("serialising a str")
+}
+
+fn chat_tools() -> String {
+    let tool = |name: &str| {
+        let params = json!({"type":"object","properties":{"city":{"type":"string","description":"A city"},
+            "days":{"type":"integer","minimum":1,"maximum":14},"units":{"type":"string","enum":["c","f"]}},
+            "required":["city"]});
+        obj(&[
+            ("type", str_json("function")),
+            (
+                "function",
+                obj(&[
+                    ("name", str_json(name)),
+                    ("description", str_json(&prose(name.len() as u64, 200))),
+                    ("parameters", params.to_string()),
+                ]),
+            ),
+        ])
+    };
+    arr(&[
+        "get_weather",
+        "search_web",
+        "read_file",
+        "run_query",
+        "send_mail",
+    ]
+    .map(tool))
+}
+
+fn chat_messages() -> Vec<String> {
+    let msg = |role: &str, content: String| obj(&[("role", str_json(role)), ("content", content)]);
+    let mut messages = vec![msg("system", str_json(&prose(1, 4000)))];
     for turn in 0..24u64 {
-        messages.push(json!({"role":"user","content":prose(100 + turn, 1800)}));
+        messages.push(msg("user", str_json(&prose(100 + turn, 1800))));
         if turn % 3 == 0 {
-            messages.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":format!("call_{turn}"),
-                "type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\",\"days\":3}"}}]}));
-            messages.push(json!({"role":"tool","tool_call_id":format!("call_{turn}"),"content":prose(200 + turn, 600)}));
+            let call = obj(&[
+                ("id", str_json(&format!("call_{turn}"))),
+                ("type", str_json("function")),
+                (
+                    "function",
+                    obj(&[
+                        ("name", str_json("get_weather")),
+                        ("arguments", str_json(r#"{"city":"Paris","days":3}"#)),
+                    ]),
+                ),
+            ]);
+            messages.push(obj(&[
+                ("role", str_json("assistant")),
+                ("content", "null".into()),
+                ("tool_calls", arr(&[call])),
+            ]));
+            messages.push(obj(&[
+                ("role", str_json("tool")),
+                ("tool_call_id", str_json(&format!("call_{turn}"))),
+                ("content", str_json(&prose(200 + turn, 600))),
+            ]));
         }
-        messages.push(json!({"role":"assistant","content":prose(300 + turn, 1500)}));
+        messages.push(msg("assistant", str_json(&prose(300 + turn, 1500))));
     }
-    serde_json::to_vec(&json!({"messages":messages,"model":"demo-model","temperature":0.7,
-        "stream":true,"tools":chat_tools(),"tool_choice":"auto"}))
-    .expect("serialising a Value")
+    messages
+}
+
+/// About 100 KiB of multi-turn Chat Completions with tool calls and tool results, in the
+/// order the OpenAI Python SDK sends it: `messages` first, `model` and `tools` after, each
+/// message's `role` before its `content`.
+pub fn chat_100k() -> Vec<u8> {
+    obj(&[
+        ("messages", arr(&chat_messages())),
+        ("model", str_json("demo-model")),
+        ("stream", "true".into()),
+        ("temperature", "0.7".into()),
+        ("tool_choice", str_json("auto")),
+        ("tools", chat_tools()),
+    ])
+    .into_bytes()
+}
+
+/// [`chat_100k`] with every object's keys sorted, as serde_json's `Value` and Go maps
+/// write them: each message's `content` comes before its `role`.
+pub fn chat_100k_sorted() -> Vec<u8> {
+    let value: Value = serde_json::from_slice(&chat_100k()).expect("chat_100k is JSON");
+    serde_json::to_vec(&value).expect("serialising a Value")
 }
 
 /// Anthropic Messages, tool-heavy: ten tool definitions and turns of `tool_use` and
@@ -70,7 +164,8 @@ pub fn messages_tools() -> Vec<u8> {
         .collect();
     let mut messages = Vec::new();
     for turn in 0..20u64 {
-        messages.push(json!({"role":"user","content":[{"type":"text","text":prose(10 + turn, 1200)}]}));
+        messages
+            .push(json!({"role":"user","content":[{"type":"text","text":prose(10 + turn, 1200)}]}));
         messages.push(json!({"role":"assistant","content":[
             {"type":"thinking","thinking":prose(20 + turn, 300),"signature":"sig"},
             {"type":"text","text":prose(30 + turn, 400)},
@@ -79,8 +174,10 @@ pub fn messages_tools() -> Vec<u8> {
         messages.push(json!({"role":"user","content":[{"type":"tool_result","tool_use_id":format!("toolu_{turn}"),
             "content":[{"type":"text","text":prose(40 + turn, 2000)}]}]}));
     }
-    serde_json::to_vec(&json!({"model":"claude-demo","max_tokens":1024,"system":prose(2, 3000),
-        "messages":messages,"tools":tools}))
+    serde_json::to_vec(
+        &json!({"model":"claude-demo","max_tokens":1024,"system":prose(2, 3000),
+        "messages":messages,"tools":tools}),
+    )
     .expect("serialising a Value")
 }
 
@@ -105,7 +202,10 @@ pub fn responses_items() -> Vec<u8> {
 
 /// A chat turn carrying a 4 MiB base64 image inline.
 pub fn chat_image_4m() -> Vec<u8> {
-    let data = format!("data:image/png;base64,{}", "iVBORw0KGgoAAAANSUhEUgAA".repeat((4 << 20) / 24));
+    let data = format!(
+        "data:image/png;base64,{}",
+        "iVBORw0KGgoAAAANSUhEUgAA".repeat((4 << 20) / 24)
+    );
     serde_json::to_vec(&json!({"model":"demo-model","messages":[
         {"role":"system","content":prose(4, 2000)},
         {"role":"user","content":[{"type":"image_url","image_url":{"url":data}},{"type":"text","text":prose(5, 1000)}]}]}))
@@ -114,6 +214,8 @@ pub fn chat_image_4m() -> Vec<u8> {
 
 /// A chat turn whose prompt is 20 MiB of text.
 pub fn chat_20m() -> Vec<u8> {
-    serde_json::to_vec(&json!({"model":"demo-model","messages":[{"role":"user","content":prose(6, 20 << 20)}]}))
-        .expect("serialising a Value")
+    serde_json::to_vec(
+        &json!({"model":"demo-model","messages":[{"role":"user","content":prose(6, 20 << 20)}]}),
+    )
+    .expect("serialising a Value")
 }

@@ -30,7 +30,6 @@ pub(crate) fn json_value(
     }
     let mut s = Scanner::at(buf, span);
     Canonical {
-        buf,
         drop_key_at_depth_1,
     }
     .value(&mut s, 0, out)
@@ -59,7 +58,6 @@ pub(crate) fn arguments(
     let mut canonical = OwnedText(Vec::new());
     let mut inner = Scanner::new(&text);
     let parsed = Canonical {
-        buf: &text,
         drop_key_at_depth_1: None,
     }
     .value(&mut inner, 0, &mut canonical)
@@ -74,7 +72,6 @@ pub(crate) fn arguments(
 }
 
 struct Canonical<'a> {
-    buf: &'a [u8],
     drop_key_at_depth_1: Option<&'a [u8]>,
 }
 
@@ -88,21 +85,26 @@ impl Canonical<'_> {
         }
         match s.peek_kind()? {
             Kind::Object => {
+                // Each value is rendered once, into one buffer, then the entries are
+                // written in key order.
+                let mut rendered = OwnedText(Vec::new());
                 let mut entries = Vec::new();
                 let mut fields = s.begin_object()?;
                 while let Some(key) = s.next_key(&mut fields)? {
-                    let span = s.skip_value()?;
                     if depth == 1 && self.drop_key_at_depth_1 == Some(&*key) {
+                        s.skip_value()?;
                         continue;
                     }
-                    entries.push((key, span));
+                    let start = rendered.0.len();
+                    self.value(s, depth + 1, &mut rendered)?;
+                    entries.push((key, start..rendered.0.len()));
                 }
                 entries.sort_by(|a, b| a.0.cmp(&b.0));
                 marker(out, Marker::Object);
-                for (key, span) in entries {
+                for (key, range) in entries {
                     marker(out, Marker::Key);
                     out.text(&key);
-                    self.value(&mut Scanner::at(self.buf, span), depth + 1, out)?;
+                    out.text(&rendered.0[range]);
                 }
                 marker(out, Marker::ObjectEnd);
             }

@@ -4,7 +4,10 @@ use super::canonical;
 use super::keys::NoKeys;
 use super::scan::{Kind, Scanner, TextSink};
 use super::stream::{KeySeed, Marker, marker};
-use super::walk::{Found, marked_string, media, open_message, read_object, unknown};
+use super::walk::{
+    Found, Rendered, defer, marked, marked_string, media, media_digest, open_message, read_object,
+    unknown, write_rendered,
+};
 
 const ROLE: usize = 0;
 const CONTENT: usize = 1;
@@ -21,7 +24,7 @@ const MESSAGE_FIELDS: [&[u8]; 5] = [
 
 /// Writes each message: role, content, then `name`, tool calls and the legacy
 /// `function_call`. `tool_call_id`, `reasoning_content`/`reasoning` and unknown fields are
-/// ignored.
+/// ignored. Content met before the role is rendered aside and written after it.
 pub(super) fn messages(
     seed: &KeySeed,
     s: &mut Scanner<'_>,
@@ -30,18 +33,23 @@ pub(super) fn messages(
     let buf = s.buf();
     let mut items = s.begin_array()?;
     while s.next_item(&mut items)? {
+        let mut early: Option<Rendered> = None;
         let found = read_object(s, MESSAGE_FIELDS, |i, found: &Found<5>, s| {
-            if i == CONTENT && found.seen(ROLE) {
+            if i != CONTENT {
+                return Ok(false);
+            }
+            if found.seen(ROLE) {
                 open_message(buf, found.span(ROLE), out)?;
                 content(seed, s, out)?;
-                return Ok(true);
+            } else {
+                early = Some(defer(s, |s, d| content(seed, s, d))?);
             }
-            Ok(false)
+            Ok(true)
         })?;
-        if !found.streamed(CONTENT) {
+        if !found.seen(CONTENT) || early.is_some() {
             open_message(buf, found.span(ROLE), out)?;
-            if let Some(span) = found.span(CONTENT) {
-                content(seed, &mut Scanner::at(buf, span), out)?;
+            if let Some(rendered) = early {
+                write_rendered(rendered, out)?;
             }
         }
         if let Some(span) = found.span(NAME) {
@@ -79,11 +87,9 @@ const TYPE: usize = 0;
 const TEXT: usize = 1;
 const REFUSAL: usize = 2;
 const UUID: usize = 3;
-const IMAGE_URL: usize = 4;
-const INPUT_AUDIO: usize = 5;
-const AUDIO_URL: usize = 6;
-const VIDEO_URL: usize = 7;
-const FILE: usize = 8;
+/// Media fields, in the order of [`MEDIA`]: each part type keeps its source under a field
+/// of the same name.
+const FIRST_MEDIA: usize = 4;
 const PART_FIELDS: [&[u8]; 9] = [
     b"type",
     b"text",
@@ -95,84 +101,57 @@ const PART_FIELDS: [&[u8]; 9] = [
     b"video_url",
     b"file",
 ];
+/// Media part types: their stream marker and where in their source object the content is.
+const MEDIA: [(Marker, &[&[u8]]); 5] = [
+    (Marker::Image, &[b"url"]),
+    (Marker::Audio, &[b"data"]),
+    (Marker::Audio, &[b"url"]),
+    (Marker::Video, &[b"url"]),
+    (Marker::File, &[b"file_id", b"file_data"]),
+];
 
 fn part(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<(), NoKeys> {
     let buf = s.buf();
+    let mut early: Option<Rendered> = None;
+    let mut sources = [None; MEDIA.len()];
     let found = read_object(s, PART_FIELDS, |i, found: &Found<9>, s| {
-        if i == TEXT && found.small_string(buf, TYPE).as_deref() == Some(b"text") {
-            marker(out, Marker::Text);
-            super::walk::string(s, out)?;
-            return Ok(true);
+        let kind = found.small_string(buf, TYPE);
+        match i {
+            TEXT => match kind.as_deref() {
+                Some(b"text") => marked(s, Marker::Text, out)?,
+                None => early = Some(defer(s, |s, d| marked(s, Marker::Text, d))?),
+                Some(_) => return Ok(false),
+            },
+            i if i >= FIRST_MEDIA => {
+                sources[i - FIRST_MEDIA] = Some(media_digest(seed, s, MEDIA[i - FIRST_MEDIA].1)?);
+            }
+            _ => return Ok(false),
         }
-        Ok(false)
+        Ok(true)
     })?;
     let kind = found.small_string(buf, TYPE);
-    let uuid = found.span(UUID);
-    match kind.as_deref() {
-        Some(b"text") => {
-            if !found.streamed(TEXT) {
-                let text = found
-                    .span(TEXT)
-                    .ok_or(NoKeys::unreadable("a text part's text"))?;
-                marked_string(buf, Marker::Text, text, out)?;
-            }
+    let kind = kind.as_deref();
+    if kind == Some(b"text") {
+        match early {
+            Some(rendered) => write_rendered(rendered, out)?,
+            None if found.seen(TEXT) => {}
+            None => return Err(NoKeys::unreadable("a text part's text")),
         }
-        Some(b"refusal") => {
-            let text = found
-                .span(REFUSAL)
-                .ok_or(NoKeys::unreadable("a refusal part's text"))?;
-            marked_string(buf, Marker::Refusal, text, out)?;
-        }
-        Some(b"image_url") => media(
-            seed,
-            buf,
-            Marker::Image,
-            uuid,
-            found.span(IMAGE_URL),
-            &[b"url"],
-            out,
-        )?,
-        Some(b"input_audio") => {
-            media(
-                seed,
-                buf,
-                Marker::Audio,
-                uuid,
-                found.span(INPUT_AUDIO),
-                &[b"data"],
-                out,
-            )?;
-        }
-        Some(b"audio_url") => media(
-            seed,
-            buf,
-            Marker::Audio,
-            uuid,
-            found.span(AUDIO_URL),
-            &[b"url"],
-            out,
-        )?,
-        Some(b"video_url") => media(
-            seed,
-            buf,
-            Marker::Video,
-            uuid,
-            found.span(VIDEO_URL),
-            &[b"url"],
-            out,
-        )?,
-        Some(b"file") => media(
-            seed,
-            buf,
-            Marker::File,
-            uuid,
-            found.span(FILE),
-            &[b"file_id", b"file_data"],
-            out,
-        )?,
-        other => return Err(unknown("content part", other)),
+        return Ok(());
     }
-    Ok(())
+    if kind == Some(b"refusal") {
+        let text = found
+            .span(REFUSAL)
+            .ok_or(NoKeys::unreadable("a refusal part's text"))?;
+        return marked_string(buf, Marker::Refusal, text, out);
+    }
+    let Some(m) = PART_FIELDS[FIRST_MEDIA..]
+        .iter()
+        .position(|name| Some(*name) == kind)
+    else {
+        return Err(unknown("content part", kind));
+    };
+    media(seed, buf, MEDIA[m].0, found.span(UUID), sources[m], out)
 }
 
 const CALL_TYPE: usize = 0;

@@ -320,7 +320,7 @@ struct TopLevel {
 /// extra memory is a few bytes per block plus the largest canonicalised value.
 pub fn key_body(seed: &KeySeed, api: Api, body: &[u8]) -> Result<Prompt, DuplicateField> {
     let mut top = TopLevel::default();
-    let mut turns = BlockChain::turns(seed);
+    let mut turns = BlockChain::turns_for(seed, body.len());
     let read = read_top_level(seed, api, body, &mut top, &mut turns);
     let model = top.model.and_then(|span| decode(body, span));
     let model_arc: Option<Arc<str>> = model

@@ -4,12 +4,15 @@ use super::canonical;
 use super::keys::NoKeys;
 use super::scan::{Kind, Scanner, TextSink};
 use super::stream::{KeySeed, Marker, marker};
-use super::walk::{Found, marked_string, media, open_message, read_object, unknown};
+use super::walk::{
+    Found, Rendered, defer, marked, marked_string, media, media_digest, open_message, read_object,
+    unknown, write_rendered,
+};
 
 const ROLE: usize = 0;
 const CONTENT: usize = 1;
 
-/// Writes each message: its role, then its content.
+/// Writes each message: its role, then its content (rendered aside when it comes first).
 pub(super) fn messages(
     seed: &KeySeed,
     s: &mut Scanner<'_>,
@@ -18,18 +21,23 @@ pub(super) fn messages(
     let buf = s.buf();
     let mut items = s.begin_array()?;
     while s.next_item(&mut items)? {
+        let mut early: Option<Rendered> = None;
         let found = read_object(s, [b"role", b"content"], |i, found: &Found<2>, s| {
-            if i == CONTENT && found.seen(ROLE) {
+            if i != CONTENT {
+                return Ok(false);
+            }
+            if found.seen(ROLE) {
                 open_message(buf, found.span(ROLE), out)?;
                 content(seed, s, out)?;
-                return Ok(true);
+            } else {
+                early = Some(defer(s, |s, d| content(seed, s, d))?);
             }
-            Ok(false)
+            Ok(true)
         })?;
-        if !found.streamed(CONTENT) {
+        if !found.seen(CONTENT) || early.is_some() {
             open_message(buf, found.span(ROLE), out)?;
-            if let Some(span) = found.span(CONTENT) {
-                content(seed, &mut Scanner::at(buf, span), out)?;
+            if let Some(rendered) = early {
+                write_rendered(rendered, out)?;
             }
         }
     }
@@ -47,19 +55,11 @@ pub(super) fn system_blocks(
             "a string or an array of text blocks as system",
         ));
     }
-    let buf = s.buf();
     let mut items = s.begin_array()?;
     while s.next_item(&mut items)? {
-        let start = s.position();
-        let found = read_object(s, BLOCK_FIELDS, |_, _: &Found<7>, _| Ok(false))?;
-        if found.small_string(buf, TYPE).as_deref() != Some(b"text") {
-            return Err(unknown(
-                "system block",
-                found.small_string(buf, TYPE).as_deref(),
-            ));
+        if block(seed, s, out)? != BlockKind::Text {
+            return Err(unknown("system block", Some(b"(not text)")));
         }
-        s.seek(start);
-        block(seed, s, out)?;
     }
     Ok(())
 }
@@ -99,58 +99,59 @@ const BLOCK_FIELDS: [&[u8]; 7] = [
     b"is_error",
 ];
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BlockKind {
+    Text,
+    Other,
+}
+
 /// One content block. `thinking` and `redacted_thinking` blocks are ignored, as are ids
 /// (`id`, `tool_use_id`), `cache_control` and `citations`.
 ///
 /// A `tool_result` is framed as the result marker, its content (a string or blocks), then
 /// an error marker when `is_error` is true, so a failed and a successful result with the
 /// same text key apart.
-fn block(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<(), NoKeys> {
+fn block(
+    seed: &KeySeed,
+    s: &mut Scanner<'_>,
+    out: &mut impl TextSink,
+) -> Result<BlockKind, NoKeys> {
     let buf = s.buf();
+    let mut early: Option<Rendered> = None;
+    let mut source = None;
     let found = read_object(s, BLOCK_FIELDS, |i, found: &Found<7>, s| {
         let kind = found.small_string(buf, TYPE);
         match (i, kind.as_deref()) {
-            (TEXT, Some(b"text")) => {
-                marker(out, Marker::Text);
-                super::walk::string(s, out)?;
-                Ok(true)
-            }
+            (TEXT, Some(b"text")) => marked(s, Marker::Text, out)?,
+            (TEXT, None) => early = Some(defer(s, |s, d| marked(s, Marker::Text, d))?),
             (RESULT, Some(b"tool_result")) => {
                 marker(out, Marker::ToolResult);
                 content(seed, s, out)?;
-                Ok(true)
             }
-            _ => Ok(false),
+            (RESULT, None) => {
+                early = Some(defer(s, |s, d| {
+                    marker(d, Marker::ToolResult);
+                    content(seed, s, d)
+                })?);
+            }
+            (SOURCE, _) => source = Some(media_digest(seed, s, &[b"data", b"url", b"file_id"])?),
+            _ => return Ok(false),
         }
+        Ok(true)
     })?;
     let kind = found.small_string(buf, TYPE);
+    let write_early = |early: Option<Rendered>, out: &mut _, what| match early {
+        Some(rendered) => write_rendered(rendered, out),
+        None if found.seen(what) => Ok(()),
+        None => Err(NoKeys::unreadable("a text block's text")),
+    };
     match kind.as_deref() {
         Some(b"text") => {
-            if !found.streamed(TEXT) {
-                let text = found
-                    .span(TEXT)
-                    .ok_or(NoKeys::unreadable("a text block's text"))?;
-                marked_string(buf, Marker::Text, text, out)?;
-            }
+            write_early(early, out, TEXT)?;
+            return Ok(BlockKind::Text);
         }
-        Some(b"image") => media(
-            seed,
-            buf,
-            Marker::Image,
-            None,
-            found.span(SOURCE),
-            &[b"data", b"url", b"file_id"],
-            out,
-        )?,
-        Some(b"document") => media(
-            seed,
-            buf,
-            Marker::Document,
-            None,
-            found.span(SOURCE),
-            &[b"data", b"url", b"file_id"],
-            out,
-        )?,
+        Some(b"image") => media(seed, buf, Marker::Image, None, source, out)?,
+        Some(b"document") => media(seed, buf, Marker::Document, None, source, out)?,
         Some(b"tool_use") => {
             let name = found
                 .span(NAME)
@@ -162,11 +163,10 @@ fn block(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result
             }
         }
         Some(b"tool_result") => {
-            if !found.streamed(RESULT) {
+            if found.seen(RESULT) {
+                write_early(early, out, RESULT)?;
+            } else {
                 marker(out, Marker::ToolResult);
-                if let Some(span) = found.span(RESULT) {
-                    content(seed, &mut Scanner::at(buf, span), out)?;
-                }
             }
             if let Some(span) = found.span(IS_ERROR)
                 && Scanner::at(buf, span).boolean()?
@@ -177,5 +177,5 @@ fn block(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result
         Some(b"thinking" | b"redacted_thinking") => {}
         other => return Err(unknown("content block", other)),
     }
-    Ok(())
+    Ok(BlockKind::Other)
 }

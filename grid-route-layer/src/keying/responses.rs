@@ -4,7 +4,10 @@ use super::canonical;
 use super::keys::NoKeys;
 use super::scan::{Kind, Scanner, TextSink};
 use super::stream::{KeySeed, Marker, marker};
-use super::walk::{Found, marked_string, media, open_message, read_object, unknown};
+use super::walk::{
+    Found, Rendered, defer, marked, marked_string, media, media_digest, open_message, read_object,
+    unknown, write_rendered,
+};
 
 /// Writes the input: a string keys as one user message holding it; an array is read item
 /// by item.
@@ -58,21 +61,30 @@ const ITEM_FIELDS: [&[u8]; 6] = [
 /// - Any other type: no keys. Item ids and statuses are ignored.
 fn item(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<(), NoKeys> {
     let buf = s.buf();
+    let mut early: Option<Rendered> = None;
+    let mut streamed_message = false;
     let found = read_object(s, ITEM_FIELDS, |i, found: &Found<6>, s| {
         let kind = found.small_string(buf, TYPE);
         match (i, kind.as_deref()) {
             (CONTENT, None | Some(b"message")) if found.seen(ROLE) => {
                 open_message(buf, found.span(ROLE), out)?;
                 content(seed, s, out)?;
-                Ok(true)
+                streamed_message = true;
             }
+            (CONTENT, None) => early = Some(defer(s, |s, d| content(seed, s, d))?),
             (OUTPUT, Some(b"function_call_output")) => {
                 marker(out, Marker::ToolResult);
                 content(seed, s, out)?;
-                Ok(true)
             }
-            _ => Ok(false),
+            (OUTPUT, None) => {
+                early = Some(defer(s, |s, d| {
+                    marker(d, Marker::ToolResult);
+                    content(seed, s, d)
+                })?);
+            }
+            _ => return Ok(false),
         }
+        Ok(true)
     })?;
     let kind = found.small_string(buf, TYPE);
     let kind = match kind.as_deref() {
@@ -80,15 +92,15 @@ fn item(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<
         None => return Err(unknown("input item", None)),
         Some(kind) => kind,
     };
-    if found.streamed(CONTENT) && kind != b"message" {
+    if streamed_message && kind != b"message" {
         return Err(NoKeys::unreadable("message content only in a message item"));
     }
     match kind {
         b"message" => {
-            if !found.streamed(CONTENT) {
+            if !streamed_message {
                 open_message(buf, found.span(ROLE), out)?;
-                if let Some(span) = found.span(CONTENT) {
-                    content(seed, &mut Scanner::at(buf, span), out)?;
+                if let Some(rendered) = early {
+                    write_rendered(rendered, out)?;
                 }
             }
         }
@@ -102,14 +114,11 @@ fn item(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<
                 canonical::arguments(seed, buf, args, out)?;
             }
         }
-        b"function_call_output" => {
-            if !found.streamed(OUTPUT) {
-                marker(out, Marker::ToolResult);
-                if let Some(span) = found.span(OUTPUT) {
-                    content(seed, &mut Scanner::at(buf, span), out)?;
-                }
-            }
-        }
+        b"function_call_output" => match early {
+            Some(rendered) => write_rendered(rendered, out)?,
+            None if found.seen(OUTPUT) => {}
+            None => marker(out, Marker::ToolResult),
+        },
         b"reasoning" => {}
         b"item_reference" => {
             return Err(NoKeys::StoredState {
@@ -142,6 +151,9 @@ fn content(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Resu
 const PART_TYPE: usize = 0;
 const TEXT: usize = 1;
 const REFUSAL: usize = 2;
+/// Media sources, digested as they are met: `image_url`, `file_id`, `file_data`,
+/// `file_url`, `input_audio`.
+const FIRST_SOURCE: usize = 3;
 const IMAGE_URL: usize = 3;
 const FILE_ID: usize = 4;
 const FILE_DATA: usize = 5;
@@ -162,62 +174,50 @@ const PART_FIELDS: [&[u8]; 8] = [
 /// as input is the same text); annotations and logprobs are ignored.
 fn part(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<(), NoKeys> {
     let buf = s.buf();
+    let mut early: Option<Rendered> = None;
+    let mut sources = [None; PART_FIELDS.len() - FIRST_SOURCE];
     let found = read_object(s, PART_FIELDS, |i, found: &Found<8>, s| {
         let kind = found.small_string(buf, PART_TYPE);
-        if i == TEXT && matches!(kind.as_deref(), Some(b"input_text" | b"output_text")) {
-            marker(out, Marker::Text);
-            super::walk::string(s, out)?;
-            return Ok(true);
-        }
-        Ok(false)
-    })?;
-    let first = |fields: &[usize]| fields.iter().find_map(|&f| found.span(f));
-    match found.small_string(buf, PART_TYPE).as_deref() {
-        Some(b"input_text" | b"output_text") => {
-            if !found.streamed(TEXT) {
-                let text = found
-                    .span(TEXT)
-                    .ok_or(NoKeys::unreadable("a text part's text"))?;
-                marked_string(buf, Marker::Text, text, out)?;
+        match (i, kind.as_deref()) {
+            (TEXT, Some(b"input_text" | b"output_text")) => marked(s, Marker::Text, out)?,
+            (TEXT, None) => early = Some(defer(s, |s, d| marked(s, Marker::Text, d))?),
+            (TEXT | REFUSAL | PART_TYPE, _) => return Ok(false),
+            (source, _) => {
+                sources[source - FIRST_SOURCE] = Some(media_digest(seed, s, &[b"data"])?);
             }
         }
+        Ok(true)
+    })?;
+    let source = |fields: &[usize]| fields.iter().find_map(|&f| sources[f - FIRST_SOURCE]);
+    match found.small_string(buf, PART_TYPE).as_deref() {
+        Some(b"input_text" | b"output_text") => match early {
+            Some(rendered) => write_rendered(rendered, out)?,
+            None if found.seen(TEXT) => {}
+            None => return Err(NoKeys::unreadable("a text part's text")),
+        },
         Some(b"refusal") => {
             let text = found
                 .span(REFUSAL)
                 .ok_or(NoKeys::unreadable("a refusal part's text"))?;
             marked_string(buf, Marker::Refusal, text, out)?;
         }
-        Some(b"input_image") => {
-            media(
-                seed,
-                buf,
-                Marker::Image,
-                None,
-                first(&[IMAGE_URL, FILE_ID]),
-                &[],
-                out,
-            )?;
-        }
+        Some(b"input_image") => media(
+            seed,
+            buf,
+            Marker::Image,
+            None,
+            source(&[IMAGE_URL, FILE_ID]),
+            out,
+        )?,
         Some(b"input_file") => media(
             seed,
             buf,
             Marker::File,
             None,
-            first(&[FILE_ID, FILE_DATA, FILE_URL]),
-            &[],
+            source(&[FILE_ID, FILE_DATA, FILE_URL]),
             out,
         )?,
-        Some(b"input_audio") => {
-            media(
-                seed,
-                buf,
-                Marker::Audio,
-                None,
-                found.span(INPUT_AUDIO),
-                &[b"data"],
-                out,
-            )?;
-        }
+        Some(b"input_audio") => media(seed, buf, Marker::Audio, None, source(&[INPUT_AUDIO]), out)?,
         other => return Err(unknown("content part", other)),
     }
     Ok(())

@@ -38,6 +38,18 @@ pub(crate) type ScanResult<T> = Result<T, Unreadable>;
 /// Receives decoded string text, run by run.
 pub(crate) trait TextSink {
     fn text(&mut self, bytes: &[u8]);
+
+    /// Whether the sink keeps nothing more and only counts bytes (a block chain that has
+    /// every key): strings are then measured, not copied.
+    fn counting_only(&self) -> bool {
+        false
+    }
+
+    /// Counts `n` bytes of text without their content; only called when
+    /// [`TextSink::counting_only`] holds.
+    fn count(&mut self, n: u64) {
+        let _ = n;
+    }
 }
 
 /// The kind of the next value, from its first byte.
@@ -198,7 +210,7 @@ impl<'a> Scanner<'a> {
         }
         let start = self.pos + 1;
         let rest = &self.buf[start..];
-        match memchr::memchr2(b'"', b'\\', rest) {
+        match find_quote_or_escape(rest) {
             Some(n) if rest[n] == b'"' => {
                 self.pos = start + n + 1;
                 Ok(Cow::Borrowed(&rest[..n]))
@@ -215,33 +227,131 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// Decodes a string into `sink`, run by run. JSON escapes are decoded; a lone surrogate
-    /// is written in its generalised UTF-8 form, so distinct escapes stay distinct.
+    /// Decodes a string into `sink`. JSON escapes are decoded; a lone surrogate is written
+    /// in its generalised UTF-8 form, so distinct escapes stay distinct.
+    ///
+    /// The loop reads eight bytes at a time and stores them into a small buffer as it
+    /// checks them, so finding the end of a run and copying it are one step; the sink sees
+    /// one write per [`Gather::BYTES`]. Prompts escape a quote or a newline every few dozen
+    /// bytes, where a search-then-copy pays its setup again for every run.
     pub(crate) fn string(&mut self, sink: &mut impl TextSink) -> ScanResult<()> {
+        if sink.counting_only() {
+            return self.count_string(sink);
+        }
+        self.eat(b'"', "a string")?;
+        let buf = self.buf;
+        let mut pos = self.pos;
+        // Short plain strings (roles, names, types) go to the sink as they are.
+        let head = &buf[pos..buf.len().min(pos + SHORT_RUN_BYTES)];
+        if let Some(n) = find_quote_escape_or_ff(head)
+            && head[n] == b'"'
+        {
+            sink.text(&head[..n]);
+            self.pos = pos + n + 1;
+            return Ok(());
+        }
+        let mut gather = Gather::default();
+        loop {
+            // Pairs of words without a special byte are copied whole.
+            while let Some(bytes) = buf
+                .get(pos..pos + 16)
+                .and_then(|w| <[u8; 16]>::try_from(w).ok())
+            {
+                let pair = u128::from_le_bytes(bytes);
+                if quote_escape_or_ff(pair as u64) | quote_escape_or_ff((pair >> 64) as u64) != 0 {
+                    break;
+                }
+                gather.pair(pair, sink);
+                pos += 16;
+            }
+            // The word holding a special byte is stored whole and trimmed to the bytes
+            // before it.
+            let mut found = false;
+            while let Some(bytes) = buf
+                .get(pos..pos + 8)
+                .and_then(|w| <[u8; 8]>::try_from(w).ok())
+            {
+                let word = u64::from_le_bytes(bytes);
+                let hits = quote_escape_or_ff(word);
+                gather.word(word, sink);
+                if hits != 0 {
+                    let n = (hits.trailing_zeros() / 8) as usize;
+                    gather.drop_last(8 - n);
+                    pos += n;
+                    found = true;
+                    break;
+                }
+                pos += 8;
+            }
+            if !found {
+                // Fewer than eight bytes are left: look at them one by one.
+                let rest = &buf[pos..];
+                let Some(n) = rest.iter().position(|&b| matches!(b, b'"' | b'\\' | 0xFF)) else {
+                    self.pos = buf.len();
+                    return self.fail("the closing quote of a string");
+                };
+                gather.push(&rest[..n], sink);
+                pos += n;
+            }
+            match buf[pos] {
+                b'"' => {
+                    self.pos = pos + 1;
+                    gather.flush(sink);
+                    return Ok(());
+                }
+                b'\\' => {
+                    let code = buf.get(pos + 1).copied().unwrap_or_default();
+                    let simple = SIMPLE_ESCAPES[usize::from(code)];
+                    if simple != 0 {
+                        gather.byte(simple, sink);
+                        pos += 2;
+                    } else {
+                        self.pos = pos;
+                        let mut decoded = [0u8; 4];
+                        let len = self.escape(&mut decoded)?;
+                        gather.push(&decoded[..len], sink);
+                        pos = self.pos;
+                    }
+                }
+                // 0xFF never occurs in UTF-8; refusing it keeps the markers unforgeable.
+                _ => {
+                    self.pos = pos;
+                    return self.fail("UTF-8 text");
+                }
+            }
+        }
+    }
+
+    /// Measures a string's decoded length for a sink that only counts: runs are found with
+    /// the fast search and not copied.
+    fn count_string(&mut self, sink: &mut impl TextSink) -> ScanResult<()> {
         self.eat(b'"', "a string")?;
         loop {
             let rest = &self.buf[self.pos..];
-            // 0xFF never occurs in UTF-8; refusing it keeps the stream's markers unforgeable.
-            let Some(n) = memchr::memchr3(b'"', b'\\', 0xFF, rest) else {
+            let Some(n) = find_quote_escape_or_ff(rest) else {
                 self.pos = self.buf.len();
                 return self.fail("the closing quote of a string");
             };
-            if n > 0 {
-                sink.text(&rest[..n]);
-            }
+            sink.count(n as u64);
             self.pos += n;
             match rest[n] {
                 b'"' => {
                     self.pos += 1;
                     return Ok(());
                 }
-                b'\\' => self.escape(sink)?,
+                b'\\' => {
+                    let mut decoded = [0u8; 4];
+                    let len = self.escape(&mut decoded)?;
+                    sink.count(len as u64);
+                }
                 _ => return self.fail("UTF-8 text"),
             }
         }
     }
 
-    fn escape(&mut self, sink: &mut impl TextSink) -> ScanResult<()> {
+    /// Decodes the escape at the position into `out`, returning its length.
+    #[inline]
+    fn escape(&mut self, out: &mut [u8; 4]) -> ScanResult<usize> {
         let Some(&code) = self.buf.get(self.pos + 1) else {
             return self.fail("an escape sequence");
         };
@@ -254,15 +364,12 @@ impl<'a> Scanner<'a> {
             b'n' => b'\n',
             b'r' => b'\r',
             b't' => b'\t',
-            b'u' => {
-                self.unicode_escape(sink)?;
-                return Ok(());
-            }
+            b'u' => return self.unicode_escape(out),
             _ => return self.fail("a valid escape sequence"),
         };
-        sink.text(&[simple]);
+        out[0] = simple;
         self.pos += 2;
-        Ok(())
+        Ok(1)
     }
 
     fn hex4(&self, at: usize) -> Option<u32> {
@@ -273,7 +380,7 @@ impl<'a> Scanner<'a> {
         })
     }
 
-    fn unicode_escape(&mut self, sink: &mut impl TextSink) -> ScanResult<()> {
+    fn unicode_escape(&mut self, out: &mut [u8; 4]) -> ScanResult<usize> {
         let Some(first) = self.hex4(self.pos + 2) else {
             return self.fail("four hex digits after \\u");
         };
@@ -287,9 +394,7 @@ impl<'a> Scanner<'a> {
             code = 0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00);
             self.pos += 6;
         }
-        let mut utf8 = [0u8; 4];
-        sink.text(encode_utf8_lenient(code, &mut utf8));
-        Ok(())
+        Ok(encode_utf8_lenient(code, out).len())
     }
 
     /// Skips a string without decoding it.
@@ -297,7 +402,7 @@ impl<'a> Scanner<'a> {
         self.pos += 1;
         loop {
             let rest = &self.buf[self.pos..];
-            let Some(n) = memchr::memchr2(b'"', b'\\', rest) else {
+            let Some(n) = find_quote_or_escape(rest) else {
                 self.pos = self.buf.len();
                 return self.fail("the closing quote of a string");
             };
@@ -410,6 +515,91 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// What each single-character escape (`\\n`, `\\"`, ...) decodes to; 0 for `\\u` and
+/// invalid escapes.
+const SIMPLE_ESCAPES: [u8; 256] = {
+    let mut table = [0u8; 256];
+    table[b'"' as usize] = b'"';
+    table[b'\\' as usize] = b'\\';
+    table[b'/' as usize] = b'/';
+    table[b'b' as usize] = 0x08;
+    table[b'f' as usize] = 0x0c;
+    table[b'n' as usize] = b'\n';
+    table[b'r' as usize] = b'\r';
+    table[b't' as usize] = b'\t';
+    table
+};
+
+/// How far into a string the word-at-a-time search looks before handing the rest to
+/// `memchr`'s vector search. Prompts escape a quote or a newline every few dozen bytes, and
+/// for runs that short the vector search's setup costs more than it saves.
+const SHORT_RUN_BYTES: usize = 32;
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// High bit set in each byte of `word` that is zero (exact for the lowest such byte, which
+/// is the only one used).
+#[inline]
+fn zero_bytes(word: u64) -> u64 {
+    word.wrapping_sub(ONES) & !word & HIGHS
+}
+
+/// Finds the first byte of `hay` for which `is_special` holds, testing words with `mask`.
+fn find_special(
+    hay: &[u8],
+    mask: impl Fn(u64) -> u64,
+    is_special: impl Fn(u8) -> bool,
+    long: impl Fn(&[u8]) -> Option<usize>,
+) -> Option<usize> {
+    let head = &hay[..hay.len().min(SHORT_RUN_BYTES)];
+    let mut words = head.chunks_exact(8);
+    for (i, word) in words.by_ref().enumerate() {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(word);
+        let hits = mask(u64::from_le_bytes(bytes));
+        if hits != 0 {
+            return Some(i * 8 + (hits.trailing_zeros() / 8) as usize);
+        }
+    }
+    let checked = head.len() - words.remainder().len();
+    if let Some(n) = words.remainder().iter().position(|&b| is_special(b)) {
+        return Some(checked + n);
+    }
+    if head.len() < hay.len() {
+        return long(&hay[head.len()..]).map(|n| head.len() + n);
+    }
+    None
+}
+
+/// The first `"` or `\`.
+fn find_quote_or_escape(hay: &[u8]) -> Option<usize> {
+    find_special(
+        hay,
+        |w| zero_bytes(w ^ (ONES * u64::from(b'"'))) | zero_bytes(w ^ (ONES * u64::from(b'\\'))),
+        |b| b == b'"' || b == b'\\',
+        |rest| memchr::memchr2(b'"', b'\\', rest),
+    )
+}
+
+/// High bits marking the `"`, `\` and `0xFF` bytes of a word.
+#[inline]
+fn quote_escape_or_ff(word: u64) -> u64 {
+    zero_bytes(word ^ (ONES * u64::from(b'"')))
+        | zero_bytes(word ^ (ONES * u64::from(b'\\')))
+        | zero_bytes(!word)
+}
+
+/// The first `"`, `\` or `0xFF`.
+fn find_quote_escape_or_ff(hay: &[u8]) -> Option<usize> {
+    find_special(
+        hay,
+        quote_escape_or_ff,
+        |b| b == b'"' || b == b'\\' || b == 0xFF,
+        |rest| memchr::memchr3(b'"', b'\\', 0xFF, rest),
+    )
+}
+
 /// Iteration state of an object; see [`Scanner::next_key`].
 pub(crate) struct Fields {
     first: bool,
@@ -418,6 +608,80 @@ pub(crate) struct Fields {
 /// Iteration state of an array; see [`Scanner::next_item`].
 pub(crate) struct Items {
     first: bool,
+}
+
+/// Gathers decoded text into writes of [`Gather::BYTES`]. Sixteen bytes of slack let a
+/// whole word or pair be stored before knowing how much of it is text.
+struct Gather {
+    bytes: [u8; Gather::BYTES + 16],
+    len: usize,
+}
+
+impl Gather {
+    const BYTES: usize = 256;
+
+    /// Stores a whole word; [`Gather::drop_last`] takes back what was not text.
+    #[inline]
+    fn word(&mut self, word: u64, sink: &mut impl TextSink) {
+        if self.len >= Self::BYTES {
+            self.flush(sink);
+        }
+        self.bytes[self.len..self.len + 8].copy_from_slice(&word.to_le_bytes());
+        self.len += 8;
+    }
+
+    /// Stores sixteen bytes of text.
+    #[inline]
+    fn pair(&mut self, pair: u128, sink: &mut impl TextSink) {
+        if self.len >= Self::BYTES {
+            self.flush(sink);
+        }
+        self.bytes[self.len..self.len + 16].copy_from_slice(&pair.to_le_bytes());
+        self.len += 16;
+    }
+
+    #[inline]
+    fn byte(&mut self, byte: u8, sink: &mut impl TextSink) {
+        if self.len >= Self::BYTES {
+            self.flush(sink);
+        }
+        self.bytes[self.len] = byte;
+        self.len += 1;
+    }
+
+    #[inline]
+    fn drop_last(&mut self, n: usize) {
+        self.len -= n;
+    }
+
+    #[inline]
+    fn push(&mut self, run: &[u8], sink: &mut impl TextSink) {
+        if self.len + run.len() > Self::BYTES {
+            self.flush(sink);
+            if run.len() >= Self::BYTES {
+                sink.text(run);
+                return;
+            }
+        }
+        self.bytes[self.len..self.len + run.len()].copy_from_slice(run);
+        self.len += run.len();
+    }
+
+    fn flush(&mut self, sink: &mut impl TextSink) {
+        if self.len > 0 {
+            sink.text(&self.bytes[..self.len]);
+            self.len = 0;
+        }
+    }
+}
+
+impl Default for Gather {
+    fn default() -> Self {
+        Self {
+            bytes: [0; Self::BYTES + 16],
+            len: 0,
+        }
+    }
 }
 
 /// Collects decoded text into a vector (for short strings and re-parsed arguments).
@@ -479,6 +743,30 @@ mod tests {
             decode(r#""\ud800""#).unwrap(),
             decode(r#""\ufffd""#).unwrap()
         );
+    }
+
+    #[test]
+    fn special_bytes_are_found_at_every_offset() {
+        for len in 0..80 {
+            for at in 0..len {
+                for special in [b'"', b'\\', 0xFF] {
+                    let mut hay = vec![b'a'; len];
+                    hay[at] = special;
+                    let expect_plain = (special != 0xFF).then_some(at);
+                    assert_eq!(
+                        find_quote_or_escape(&hay),
+                        expect_plain,
+                        "{len} {at} {special}"
+                    );
+                    assert_eq!(
+                        find_quote_escape_or_ff(&hay),
+                        Some(at),
+                        "{len} {at} {special}"
+                    );
+                }
+            }
+            assert_eq!(find_quote_escape_or_ff(&vec![0x7F; len]), None);
+        }
     }
 
     #[test]

@@ -129,6 +129,8 @@ enum Domain {
     TurnKey = 5,
     TextDigest = 6,
     RawDigest = 7,
+    NhKey = 8,
+    Block = 9,
 }
 
 /// The per-process secret that seeds every key. Keys are only comparable within one
@@ -136,14 +138,24 @@ enum Domain {
 #[derive(Clone)]
 pub struct KeySeed {
     state: RandomState,
+    nh_key: [u64; NH_KEY_WORDS],
 }
+
+/// Words of the NH key: one per word of a block.
+const NH_KEY_WORDS: usize = BLOCK_BYTES / 8;
 
 impl KeySeed {
     /// A fresh random seed.
     pub fn random() -> Self {
-        Self {
-            state: RandomState::new(),
+        let state = RandomState::new();
+        let mut nh_key = [0u64; NH_KEY_WORDS];
+        for (i, word) in nh_key.iter_mut().enumerate() {
+            let mut h = state.build_hasher();
+            h.write_u64(Domain::NhKey as u64);
+            h.write_usize(i);
+            *word = h.finish();
         }
+        Self { state, nh_key }
     }
 
     fn hasher(&self, domain: Domain) -> DefaultHasher {
@@ -180,18 +192,13 @@ impl KeySeed {
         h.finish()
     }
 
-    fn preamble_key(&self, namespace: u64, value: u64) -> u64 {
-        let mut h = self.hasher(Domain::PreambleKey);
-        h.write_u64(namespace);
-        h.write_u64(value);
-        h.finish()
-    }
-
-    fn turn_key(&self, namespace: u64, preamble: u64, value: u64) -> u64 {
-        let mut h = self.hasher(Domain::TurnKey);
+    /// The mask that turns a segment's block values into one request's keys: keyed by
+    /// the namespace and (for turns) the preamble's last value. Block values are already
+    /// keyed SipHash outputs, so one masking per request is enough to keep namespaces apart.
+    fn key_mask(&self, domain: Domain, namespace: u64, preamble: u64) -> u64 {
+        let mut h = self.hasher(domain);
         h.write_u64(namespace);
         h.write_u64(preamble);
-        h.write_u64(value);
         h.finish()
     }
 }
@@ -225,11 +232,15 @@ impl TextSink for DigestSink {
 
 /// One segment of the canonical stream, hashed block by block as it is written.
 ///
-/// Text arrives in short runs (between escapes, around markers); runs are copied into a
-/// block buffer and each full block is hashed with one call, which costs far less than
-/// feeding the hasher run by run.
+/// Text arrives in runs (between escapes, around markers) and is copied into a block
+/// buffer. A full block is compressed with NH — the universal hash of UMAC, here with
+/// 64-bit halves under the per-process key, so two different blocks collide with
+/// probability at most 2⁻⁶⁴ for a key the client does not know — and the 128-bit sum is
+/// chained onto the previous block's value with keyed SipHash. NH costs one multiply per
+/// sixteen bytes, a fraction of running SipHash over every byte.
 pub(crate) struct BlockChain {
     fresh: DefaultHasher,
+    nh_key: [u64; NH_KEY_WORDS],
     previous: u64,
     block: [u8; BLOCK_BYTES],
     in_block: usize,
@@ -240,7 +251,8 @@ pub(crate) struct BlockChain {
 impl BlockChain {
     fn new(seed: &KeySeed, domain: Domain) -> Self {
         Self {
-            fresh: seed.state.build_hasher(),
+            fresh: seed.hasher(Domain::Block),
+            nh_key: seed.nh_key,
             previous: domain as u64,
             block: [0; BLOCK_BYTES],
             in_block: 0,
@@ -257,15 +269,40 @@ impl BlockChain {
         Self::new(seed, Domain::Turns)
     }
 
+    /// A turn chain sized for a body of `body_bytes`: the stream is at most about the
+    /// body's size, so the block values never reallocate while it is read.
+    pub(crate) fn turns_for(seed: &KeySeed, body_bytes: usize) -> Self {
+        let mut chain = Self::turns(seed);
+        chain.values = Vec::with_capacity((body_bytes / BLOCK_BYTES + 1).min(HASHED_BLOCKS));
+        chain
+    }
+
     /// Stream bytes written so far (hashed or not).
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 
+    fn full(&self) -> bool {
+        self.values.len() >= HASHED_BLOCKS
+    }
+
     fn end_block(&mut self) {
+        if self.in_block < BLOCK_BYTES {
+            // A short (padded) block is zero-filled; its length goes into the chain below.
+            self.block[self.in_block..].fill(0);
+        }
+        let sum = nh(&self.block, &self.nh_key);
+        let mut link = [0u8; 32];
+        for (slot, word) in link.chunks_exact_mut(8).zip([
+            self.previous,
+            sum as u64,
+            (sum >> 64) as u64,
+            self.in_block as u64,
+        ]) {
+            slot.copy_from_slice(&word.to_le_bytes());
+        }
         let mut h = self.fresh.clone();
-        h.write_u64(self.previous);
-        h.write(&self.block[..self.in_block]);
+        h.write(&link);
         self.previous = h.finish();
         self.values.push(self.previous);
         self.in_block = 0;
@@ -273,20 +310,37 @@ impl BlockChain {
 
     /// The preamble's block values, its partial last block padded to a whole one.
     fn into_padded_values(mut self) -> Vec<u64> {
-        if self.in_block > 0 && self.values.len() < HASHED_BLOCKS {
-            self.block[self.in_block..].fill(0);
-            self.in_block = BLOCK_BYTES;
+        if self.in_block > 0 && !self.full() {
             self.end_block();
         }
         self.values
     }
 }
 
+/// NH over one block with 64-bit halves: the sum, mod 2¹²⁸, of
+/// `(m[2i] + k[2i]) * (m[2i+1] + k[2i+1])` over the block's 64-bit words, additions mod
+/// 2⁶⁴. For two different blocks and a random key the sums collide with probability at
+/// most 2⁻⁶⁴, at one 64×64→128 multiply per sixteen bytes.
+fn nh(block: &[u8; BLOCK_BYTES], key: &[u64; NH_KEY_WORDS]) -> u128 {
+    let mut sum = 0u128;
+    for (pair, k) in block.chunks_exact(16).zip(key.chunks_exact(2)) {
+        let mut lo = [0u8; 8];
+        let mut hi = [0u8; 8];
+        lo.copy_from_slice(&pair[..8]);
+        hi.copy_from_slice(&pair[8..]);
+        let a = u64::from_le_bytes(lo).wrapping_add(k[0]);
+        let b = u64::from_le_bytes(hi).wrapping_add(k[1]);
+        sum = sum.wrapping_add(u128::from(a) * u128::from(b));
+    }
+    sum
+}
+
 impl TextSink for BlockChain {
+    #[inline]
     fn text(&mut self, mut bytes: &[u8]) {
         self.bytes += bytes.len() as u64;
         // Once every key's block is hashed the rest only counts toward the length.
-        while !bytes.is_empty() && self.values.len() < HASHED_BLOCKS {
+        while !bytes.is_empty() && !self.full() {
             let take = (BLOCK_BYTES - self.in_block).min(bytes.len());
             self.block[self.in_block..self.in_block + take].copy_from_slice(&bytes[..take]);
             self.in_block += take;
@@ -295,6 +349,14 @@ impl TextSink for BlockChain {
                 self.end_block();
             }
         }
+    }
+
+    fn counting_only(&self) -> bool {
+        self.full()
+    }
+
+    fn count(&mut self, n: u64) {
+        self.bytes += n;
     }
 }
 
@@ -310,15 +372,17 @@ pub(crate) fn join(
     let last_preamble = preamble.last().copied().unwrap_or(0);
     let hashed = preamble_blocks + turns.values.len();
     let blocks = preamble_blocks as u64 + turns.bytes / BLOCK_BYTES as u64;
+    let preamble_mask = seed.key_mask(Domain::PreambleKey, namespace, 0);
+    let turn_mask = seed.key_mask(Domain::TurnKey, namespace, last_preamble);
     let keys = KEY_BLOCKS
         .iter()
         .map(|&b| b as usize)
         .take_while(|&b| b < hashed)
         .map(|b| {
             if b < preamble_blocks {
-                seed.preamble_key(namespace, preamble[b])
+                preamble[b] ^ preamble_mask
             } else {
-                seed.turn_key(namespace, last_preamble, turns.values[b - preamble_blocks])
+                turns.values[b - preamble_blocks] ^ turn_mask
             }
         })
         .collect();

@@ -1,5 +1,5 @@
 //! Pieces shared by the four request formats: reading an object's fields in one pass,
-//! messages, text and media parts.
+//! deferring what arrives before its place in the stream, messages, text and media.
 
 use std::borrow::Cow;
 
@@ -12,8 +12,8 @@ use super::stream::{KeySeed, Marker, digest, marker};
 enum Slot {
     Absent,
     At(Span),
-    /// The field was read as it was met (it arrived in canonical order).
-    Streamed,
+    /// The field's value was consumed as it was met.
+    Taken,
 }
 
 /// The fields of one object that a format reads, found in one pass.
@@ -22,7 +22,7 @@ pub(crate) struct Found<const N: usize> {
 }
 
 impl<const N: usize> Found<N> {
-    /// Where field `i` is, when it was given, not null, and not already read.
+    /// Where field `i` is, when it was given, not null, and not taken as it was met.
     pub(crate) fn span(&self, i: usize) -> Option<Span> {
         match self.slots[i] {
             Slot::At(span) => Some(span),
@@ -34,10 +34,6 @@ impl<const N: usize> Found<N> {
         self.slots[i] != Slot::Absent
     }
 
-    pub(crate) fn streamed(&self, i: usize) -> bool {
-        self.slots[i] == Slot::Streamed
-    }
-
     /// Field `i` decoded as a short string (a type or a role); `None` when absent or not
     /// a string.
     pub(crate) fn small_string<'a>(&self, buf: &'a [u8], i: usize) -> Option<Cow<'a, [u8]>> {
@@ -47,17 +43,16 @@ impl<const N: usize> Found<N> {
 }
 
 /// Reads one object, noting where each field in `names` is. Each named field is first
-/// offered to `stream` with what was found so far; when `stream` returns `true` it has
-/// read the value itself. This lets the common field order (role before content, type
-/// before text) be read in a single pass while any other order is still read correctly,
-/// from the recorded spans, afterwards.
+/// offered to `take` with what was found so far; when `take` returns `true` it consumed the
+/// value itself (streamed it, deferred it or digested it), otherwise its span is kept for
+/// later. So every value is read once, whatever the field order.
 ///
 /// Null values count as absent. A named field given twice makes the body unreadable for
 /// keying rather than guessing which one the engine will use.
 pub(crate) fn read_object<'a, const N: usize>(
     s: &mut Scanner<'a>,
     names: [&[u8]; N],
-    mut stream: impl FnMut(usize, &Found<N>, &mut Scanner<'a>) -> Result<bool, NoKeys>,
+    mut take: impl FnMut(usize, &Found<N>, &mut Scanner<'a>) -> Result<bool, NoKeys>,
 ) -> Result<Found<N>, NoKeys> {
     let mut found = Found {
         slots: [Slot::Absent; N],
@@ -74,13 +69,83 @@ pub(crate) fn read_object<'a, const N: usize>(
         if found.slots[i] != Slot::Absent {
             return Err(NoKeys::unreadable("each field of an object at most once"));
         }
-        found.slots[i] = if stream(i, &found, s)? {
-            Slot::Streamed
+        found.slots[i] = if take(i, &found, s)? {
+            Slot::Taken
         } else {
             Slot::At(s.skip_value()?)
         };
     }
     Ok(found)
+}
+
+/// Size of the deferred buffer's chunks once it has grown.
+const DEFERRED_CHUNK_BYTES: usize = 32 * 1024;
+
+/// Canonical bytes rendered before their place in the stream is reached, e.g. a message's
+/// content met before its role. Keeping the rendering instead of re-reading the value later
+/// reads every byte of the body once. Chunks never reallocate, so a deferred value costs
+/// its own size plus at most one chunk.
+#[derive(Default)]
+pub(crate) struct Deferred {
+    chunks: Vec<Vec<u8>>,
+}
+
+impl Deferred {
+    pub(crate) fn write_to(&self, out: &mut impl TextSink) {
+        for chunk in &self.chunks {
+            out.text(chunk);
+        }
+    }
+}
+
+impl TextSink for Deferred {
+    fn text(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let room = self.chunks.last().map_or(0, |c| c.capacity() - c.len());
+            if room == 0 {
+                let grown = self.chunks.last().map_or(256, |c| c.capacity() * 2);
+                let capacity =
+                    grown.clamp(bytes.len().min(DEFERRED_CHUNK_BYTES), DEFERRED_CHUNK_BYTES);
+                self.chunks.push(Vec::with_capacity(capacity));
+                continue;
+            }
+            let take = room.min(bytes.len());
+            if let Some(chunk) = self.chunks.last_mut() {
+                chunk.extend_from_slice(&bytes[..take]);
+            }
+            bytes = &bytes[take..];
+        }
+    }
+}
+
+/// A value rendered ahead of its place, or why it gets no keys.
+///
+/// The reason is kept, not raised: the object's type, read later, may make the value
+/// irrelevant (reasoning content, say). Unreadable JSON is raised at once.
+pub(crate) type Rendered = Result<Deferred, NoKeys>;
+
+/// Renders the value at the scanner into a [`Deferred`] buffer.
+pub(crate) fn defer<'a>(
+    s: &mut Scanner<'a>,
+    render: impl FnOnce(&mut Scanner<'a>, &mut Deferred) -> Result<(), NoKeys>,
+) -> Result<Rendered, NoKeys> {
+    let start = s.position();
+    let mut deferred = Deferred::default();
+    match render(s, &mut deferred) {
+        Ok(()) => Ok(Ok(deferred)),
+        Err(unreadable @ NoKeys::Unreadable { .. }) => Err(unreadable),
+        Err(reason) => {
+            s.seek(start);
+            s.skip_value()?;
+            Ok(Err(reason))
+        }
+    }
+}
+
+/// Writes a deferred rendering, or raises why it has no keys.
+pub(crate) fn write_rendered(rendered: Rendered, out: &mut impl TextSink) -> Result<(), NoKeys> {
+    rendered?.write_to(out);
+    Ok(())
 }
 
 /// Starts a message: the marker, then the role's text (a message without a role has none).
@@ -105,6 +170,16 @@ pub(crate) fn string(s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<(),
     Ok(())
 }
 
+/// Writes a marker and then the string at the scanner.
+pub(crate) fn marked(
+    s: &mut Scanner<'_>,
+    marker_: Marker,
+    out: &mut impl TextSink,
+) -> Result<(), NoKeys> {
+    marker(out, marker_);
+    string(s, out)
+}
+
 /// Writes a marker and then the string at `span`.
 pub(crate) fn marked_string(
     buf: &[u8],
@@ -112,22 +187,64 @@ pub(crate) fn marked_string(
     span: Span,
     out: &mut impl TextSink,
 ) -> Result<(), NoKeys> {
-    marker(out, marker_);
-    string(&mut Scanner::at(buf, span), out)
+    marked(&mut Scanner::at(buf, span), marker_, out)
+}
+
+/// The digest of a media source at the scanner: a string (a URL, a data URL, a file id)
+/// or an object holding one under one of `nested` (the earliest name in `nested` wins,
+/// whatever the field order); any other shape is digested as sent. The text is decoded
+/// and digested as it is read, so an inline 4 MiB image is read once.
+pub(crate) fn media_digest(
+    seed: &KeySeed,
+    s: &mut Scanner<'_>,
+    nested: &[&[u8]],
+) -> Result<u64, NoKeys> {
+    match s.peek_kind()? {
+        Kind::String => {
+            let mut sink = seed.text_digest();
+            s.string(&mut sink)?;
+            Ok(sink.finish())
+        }
+        Kind::Object => {
+            let start = s.position();
+            let mut best: Option<(usize, u64)> = None;
+            let mut fields = s.begin_object()?;
+            while let Some(key) = s.next_key(&mut fields)? {
+                let rank = nested.iter().position(|name| **name == *key);
+                match rank {
+                    Some(rank)
+                        if s.peek_kind()? == Kind::String && best.is_none_or(|(r, _)| rank < r) =>
+                    {
+                        let mut sink = seed.text_digest();
+                        s.string(&mut sink)?;
+                        best = Some((rank, sink.finish()));
+                    }
+                    _ => {
+                        s.skip_value()?;
+                    }
+                }
+            }
+            Ok(best.map_or_else(
+                || seed.raw_digest(&s.buf()[start..s.position()]),
+                |(_, d)| d,
+            ))
+        }
+        _ => {
+            let span = s.skip_value()?;
+            Ok(seed.raw_digest(&s.buf()[span.range()]))
+        }
+    }
 }
 
 /// Writes a media part as its kind and one fixed-size digest: of the part's `uuid` when it
-/// has one (vLLM's stable media id), else of its source. The source is a string (a URL, a
-/// data URL, a file id) or an object holding one under the first of `nested` that is
-/// present; any other shape is digested as sent. So an inline 4 MiB image costs the same
-/// ten stream bytes as a URL.
+/// has one (vLLM's stable media id), else of its source. So an inline 4 MiB image costs the
+/// same ten stream bytes as a URL.
 pub(crate) fn media(
     seed: &KeySeed,
     buf: &[u8],
     kind: Marker,
     uuid: Option<Span>,
-    source: Option<Span>,
-    nested: &[&[u8]],
+    source: Option<u64>,
     out: &mut impl TextSink,
 ) -> Result<(), NoKeys> {
     marker(out, kind);
@@ -137,42 +254,9 @@ pub(crate) fn media(
         digest(out, Marker::ByUuid, sink.finish());
         return Ok(());
     }
-    let Some(source) = source else {
-        return Err(NoKeys::unreadable("a media part with its source"));
-    };
-    let text = match Scanner::at(buf, source).peek_kind()? {
-        Kind::String => Some(source),
-        Kind::Object => nested_string(buf, source, nested)?,
-        _ => None,
-    };
-    let value = match text {
-        Some(span) => {
-            let mut sink = seed.text_digest();
-            Scanner::at(buf, span).string(&mut sink)?;
-            sink.finish()
-        }
-        None => seed.raw_digest(&buf[source.range()]),
-    };
-    digest(out, Marker::ByContent, value);
+    let source = source.ok_or(NoKeys::unreadable("a media part with its source"))?;
+    digest(out, Marker::ByContent, source);
     Ok(())
-}
-
-/// The first of `names` that the object at `span` holds as a string.
-fn nested_string(buf: &[u8], span: Span, names: &[&[u8]]) -> Result<Option<Span>, NoKeys> {
-    let mut best: Option<(usize, Span)> = None;
-    let mut s = Scanner::at(buf, span);
-    let mut fields = s.begin_object()?;
-    while let Some(key) = s.next_key(&mut fields)? {
-        let is_string = s.peek_kind()? == Kind::String;
-        let value = s.skip_value()?;
-        if let Some(rank) = names.iter().position(|name| **name == *key)
-            && is_string
-            && best.is_none_or(|(r, _)| rank < r)
-        {
-            best = Some((rank, value));
-        }
-    }
-    Ok(best.map(|(_, span)| span))
 }
 
 /// A reason naming an unknown `type` value. The name is clipped: it is client text.
@@ -183,5 +267,24 @@ pub(crate) fn unknown(place: &'static str, name: Option<&[u8]>) -> NoKeys {
     NoKeys::UnknownType {
         place,
         name: name.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deferred_text_reads_back_whole_whatever_the_run_sizes() {
+        let text: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let mut deferred = Deferred::default();
+        for run in text.chunks(997) {
+            deferred.text(run);
+        }
+        let mut back = super::super::scan::OwnedText(Vec::new());
+        deferred.write_to(&mut back);
+        assert_eq!(back.0, text);
+        let capacity: usize = deferred.chunks.iter().map(Vec::capacity).sum();
+        assert!(capacity <= text.len() + DEFERRED_CHUNK_BYTES, "{capacity}");
     }
 }
