@@ -1,23 +1,33 @@
-//! Keys `chat_100k` in a loop, for a profiler: `cargo run --release -p grid-route-benches
-//! --example profile_keying -- 20000`.
+//! Runs one keying workload in a loop, for profilers and instruction counters:
+//! `cargo run --release -p grid-route-benches --example profile_keying -- keys 20000`
+//! (the first argument is `keys`, `skip` or `value`: keying `chat_100k`, or parsing it with
+//! serde_json as `IgnoredAny` or `Value`).
 
 use grid_route_layer::keying::{Api, KeySeed, key_body};
 
 fn main() {
-    let rounds: usize = std::env::args()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(20_000);
-    let body = grid_route_benches::chat_100k();
+    let mut args = std::env::args().skip(1);
+    let what = args.next().unwrap_or_else(|| "keys".into());
+    let rounds: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(20_000);
+    let body = match std::env::var("BODY").as_deref() {
+        Ok("sorted") => grid_route_benches::chat_100k_sorted(),
+        _ => grid_route_benches::chat_100k(),
+    };
     let seed = KeySeed::random();
     let mut total = 0usize;
     for _ in 0..rounds {
-        let prompt = key_body(&seed, Api::ChatCompletions, std::hint::black_box(&body))
-            .expect("no duplicates");
-        total += prompt
-            .keys()
-            .map(grid_route_layer::keying::PrefixKeys::len)
-            .unwrap_or_default();
+        let body = std::hint::black_box(&body);
+        total += match what.as_str() {
+            "skip" => usize::from(serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()),
+            "value" => usize::from(serde_json::from_slice::<serde_json::Value>(body).is_ok()),
+            _ => key_body(&seed, Api::ChatCompletions, body)
+                .map(|p| {
+                    p.keys()
+                        .map(grid_route_layer::keying::PrefixKeys::len)
+                        .unwrap_or_default()
+                })
+                .unwrap_or_default(),
+        };
     }
-    println!("{total}");
+    println!("{what}: {total}");
 }

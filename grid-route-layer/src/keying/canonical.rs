@@ -28,11 +28,10 @@ pub(crate) fn json_value(
         digest(out, Marker::RawDigest, seed.raw_digest(&buf[span.range()]));
         return Ok(());
     }
-    let mut s = Scanner::at(buf, span);
-    Canonical {
-        drop_key_at_depth_1,
-    }
-    .value(&mut s, 0, out)
+    let mut canonical = Canonical::new(drop_key_at_depth_1, span.len());
+    canonical.value(&mut Scanner::at(buf, span), 0)?;
+    out.text(&canonical.arena.0);
+    Ok(())
 }
 
 /// Writes tool-call arguments: the canonical form of the JSON a string holds, the string's
@@ -52,18 +51,14 @@ pub(crate) fn arguments(
         digest(out, Marker::RawDigest, seed.raw_digest(&buf[span.range()]));
         return Ok(());
     }
-    let mut text = OwnedText(Vec::new());
+    let mut text = OwnedText(Vec::with_capacity(span.len()));
     s.string(&mut text)?;
     let text = text.0;
-    let mut canonical = OwnedText(Vec::new());
+    let mut canonical = Canonical::new(None, text.len());
     let mut inner = Scanner::new(&text);
-    let parsed = Canonical {
-        drop_key_at_depth_1: None,
-    }
-    .value(&mut inner, 0, &mut canonical)
-    .and_then(|()| inner.finish());
+    let parsed = canonical.value(&mut inner, 0).and_then(|()| inner.finish());
     if parsed.is_ok() {
-        out.text(&canonical.0);
+        out.text(&canonical.arena.0);
     } else {
         marker(out, Marker::Text);
         out.text(&text);
@@ -71,23 +66,32 @@ pub(crate) fn arguments(
     Ok(())
 }
 
-struct Canonical<'a> {
-    drop_key_at_depth_1: Option<&'a [u8]>,
+/// Renders canonical JSON into one arena: an object's entries are rendered in the order
+/// they come, then copied out in key order to the end of the arena and moved down over the
+/// unsorted copies. One buffer (and one entry list) serves the whole value.
+struct Canonical<'k> {
+    drop_key_at_depth_1: Option<&'k [u8]>,
+    arena: OwnedText,
 }
 
-impl Canonical<'_> {
-    fn value(&self, s: &mut Scanner<'_>, depth: usize, out: &mut impl TextSink) -> ScanResult<()> {
+impl<'k> Canonical<'k> {
+    fn new(drop_key_at_depth_1: Option<&'k [u8]>, raw_len: usize) -> Self {
+        Self {
+            drop_key_at_depth_1,
+            arena: OwnedText(Vec::with_capacity(raw_len * 2)),
+        }
+    }
+
+    fn value(&mut self, s: &mut Scanner<'_>, depth: usize) -> ScanResult<()> {
         if depth > MAX_DEPTH {
             return Err(Unreadable {
-                offset: 0,
+                offset: s.position(),
                 expected: "JSON nested at most 64 deep",
             });
         }
         match s.peek_kind()? {
             Kind::Object => {
-                // Each value is rendered once, into one buffer, then the entries are
-                // written in key order.
-                let mut rendered = OwnedText(Vec::new());
+                let start = self.arena.0.len();
                 let mut entries = Vec::new();
                 let mut fields = s.begin_object()?;
                 while let Some(key) = s.next_key(&mut fields)? {
@@ -95,46 +99,50 @@ impl Canonical<'_> {
                         s.skip_value()?;
                         continue;
                     }
-                    let start = rendered.0.len();
-                    self.value(s, depth + 1, &mut rendered)?;
-                    entries.push((key, start..rendered.0.len()));
+                    let value_start = self.arena.0.len();
+                    self.value(s, depth + 1)?;
+                    entries.push((key, value_start..self.arena.0.len()));
                 }
                 entries.sort_by(|a, b| a.0.cmp(&b.0));
-                marker(out, Marker::Object);
+                let unsorted_end = self.arena.0.len();
+                marker(&mut self.arena, Marker::Object);
                 for (key, range) in entries {
-                    marker(out, Marker::Key);
-                    out.text(&key);
-                    out.text(&rendered.0[range]);
+                    marker(&mut self.arena, Marker::Key);
+                    self.arena.0.extend_from_slice(&key);
+                    self.arena.0.extend_from_within(range);
                 }
-                marker(out, Marker::ObjectEnd);
+                marker(&mut self.arena, Marker::ObjectEnd);
+                let sorted_len = self.arena.0.len() - unsorted_end;
+                self.arena.0.copy_within(unsorted_end.., start);
+                self.arena.0.truncate(start + sorted_len);
             }
             Kind::Array => {
-                marker(out, Marker::Array);
+                marker(&mut self.arena, Marker::Array);
                 let mut items = s.begin_array()?;
                 while s.next_item(&mut items)? {
-                    self.value(s, depth + 1, out)?;
+                    self.value(s, depth + 1)?;
                 }
-                marker(out, Marker::ArrayEnd);
+                marker(&mut self.arena, Marker::ArrayEnd);
             }
             Kind::String => {
-                marker(out, Marker::String);
-                s.string(out)?;
+                marker(&mut self.arena, Marker::String);
+                s.string(&mut self.arena)?;
             }
             Kind::Number => {
-                marker(out, Marker::Number);
-                out.text(s.number()?);
+                marker(&mut self.arena, Marker::Number);
+                self.arena.0.extend_from_slice(s.number()?);
             }
-            Kind::Bool => marker(
-                out,
-                if s.boolean()? {
+            Kind::Bool => {
+                let value = if s.boolean()? {
                     Marker::True
                 } else {
                     Marker::False
-                },
-            ),
+                };
+                marker(&mut self.arena, value);
+            }
             Kind::Null => {
                 s.null()?;
-                marker(out, Marker::Null);
+                marker(&mut self.arena, Marker::Null);
             }
         }
         Ok(())

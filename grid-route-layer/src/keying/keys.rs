@@ -319,6 +319,15 @@ struct TopLevel {
 /// (the preamble fields, usually small, a second time), without building a JSON tree;
 /// extra memory is a few bytes per block plus the largest canonicalised value.
 pub fn key_body(seed: &KeySeed, api: Api, body: &[u8]) -> Result<Prompt, DuplicateField> {
+    // 0xFF never occurs in UTF-8 and starts the stream's markers; a body holding one is not
+    // text, and refusing it here means no decoded text can forge a marker.
+    if let Some(offset) = memchr::memchr(0xFF, body) {
+        let reason = NoKeys::Unreadable {
+            offset,
+            expected: "UTF-8 text",
+        };
+        return Ok(Prompt::new(None, Err(reason)));
+    }
     let mut top = TopLevel::default();
     let mut turns = BlockChain::turns_for(seed, body.len());
     let read = read_top_level(seed, api, body, &mut top, &mut turns);

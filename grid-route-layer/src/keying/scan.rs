@@ -2,9 +2,11 @@
 //! formats without building a value tree.
 //!
 //! Strings are decoded straight into a [`TextSink`] (no intermediate `String`), values the
-//! keying does not read are skipped with `memchr`, and every value can be handed back as a
-//! [`Span`] so that fields met out of canonical order are read again later instead of being
-//! copied.
+//! keying does not read are skipped, and every value can be handed back as a [`Span`].
+//!
+//! The input must hold no `0xFF` byte (`key_body` refuses such a body before reading it):
+//! `0xFF` never occurs in UTF-8, and the canonical stream uses it to start its markers, so
+//! decoded text can never forge one.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -243,7 +245,7 @@ impl<'a> Scanner<'a> {
         let mut pos = self.pos;
         // Short plain strings (roles, names, types) go to the sink as they are.
         let head = &buf[pos..buf.len().min(pos + SHORT_RUN_BYTES)];
-        if let Some(n) = find_quote_escape_or_ff(head)
+        if let Some(n) = find_quote_or_escape(head)
             && head[n] == b'"'
         {
             sink.text(&head[..n]);
@@ -258,7 +260,7 @@ impl<'a> Scanner<'a> {
                 .and_then(|w| <[u8; 16]>::try_from(w).ok())
             {
                 let pair = u128::from_le_bytes(bytes);
-                if quote_escape_or_ff(pair as u64) | quote_escape_or_ff((pair >> 64) as u64) != 0 {
+                if quote_or_escape(pair as u64) | quote_or_escape((pair >> 64) as u64) != 0 {
                     break;
                 }
                 gather.pair(pair, sink);
@@ -272,7 +274,7 @@ impl<'a> Scanner<'a> {
                 .and_then(|w| <[u8; 8]>::try_from(w).ok())
             {
                 let word = u64::from_le_bytes(bytes);
-                let hits = quote_escape_or_ff(word);
+                let hits = quote_or_escape(word);
                 gather.word(word, sink);
                 if hits != 0 {
                     let n = (hits.trailing_zeros() / 8) as usize;
@@ -286,38 +288,30 @@ impl<'a> Scanner<'a> {
             if !found {
                 // Fewer than eight bytes are left: look at them one by one.
                 let rest = &buf[pos..];
-                let Some(n) = rest.iter().position(|&b| matches!(b, b'"' | b'\\' | 0xFF)) else {
+                let Some(n) = rest.iter().position(|&b| matches!(b, b'"' | b'\\')) else {
                     self.pos = buf.len();
                     return self.fail("the closing quote of a string");
                 };
                 gather.push(&rest[..n], sink);
                 pos += n;
             }
-            match buf[pos] {
-                b'"' => {
-                    self.pos = pos + 1;
-                    gather.flush(sink);
-                    return Ok(());
-                }
-                b'\\' => {
-                    let code = buf.get(pos + 1).copied().unwrap_or_default();
-                    let simple = SIMPLE_ESCAPES[usize::from(code)];
-                    if simple != 0 {
-                        gather.byte(simple, sink);
-                        pos += 2;
-                    } else {
-                        self.pos = pos;
-                        let mut decoded = [0u8; 4];
-                        let len = self.escape(&mut decoded)?;
-                        gather.push(&decoded[..len], sink);
-                        pos = self.pos;
-                    }
-                }
-                // 0xFF never occurs in UTF-8; refusing it keeps the markers unforgeable.
-                _ => {
-                    self.pos = pos;
-                    return self.fail("UTF-8 text");
-                }
+            // The search stops only at a quote or a backslash.
+            if buf[pos] == b'"' {
+                self.pos = pos + 1;
+                gather.flush(sink);
+                return Ok(());
+            }
+            let code = buf.get(pos + 1).copied().unwrap_or_default();
+            let simple = SIMPLE_ESCAPES[usize::from(code)];
+            if simple != 0 {
+                gather.byte(simple, sink);
+                pos += 2;
+            } else {
+                self.pos = pos;
+                let mut decoded = [0u8; 4];
+                let len = self.escape(&mut decoded)?;
+                gather.push(&decoded[..len], sink);
+                pos = self.pos;
             }
         }
     }
@@ -328,24 +322,19 @@ impl<'a> Scanner<'a> {
         self.eat(b'"', "a string")?;
         loop {
             let rest = &self.buf[self.pos..];
-            let Some(n) = find_quote_escape_or_ff(rest) else {
+            let Some(n) = find_quote_or_escape(rest) else {
                 self.pos = self.buf.len();
                 return self.fail("the closing quote of a string");
             };
             sink.count(n as u64);
             self.pos += n;
-            match rest[n] {
-                b'"' => {
-                    self.pos += 1;
-                    return Ok(());
-                }
-                b'\\' => {
-                    let mut decoded = [0u8; 4];
-                    let len = self.escape(&mut decoded)?;
-                    sink.count(len as u64);
-                }
-                _ => return self.fail("UTF-8 text"),
+            if rest[n] == b'"' {
+                self.pos += 1;
+                return Ok(());
             }
+            let mut decoded = [0u8; 4];
+            let len = self.escape(&mut decoded)?;
+            sink.count(len as u64);
         }
     }
 
@@ -572,31 +561,19 @@ fn find_special(
     None
 }
 
-/// The first `"` or `\`.
+/// High bits marking the `"` and `\\` bytes of a word (exact for the lowest one).
+#[inline]
+fn quote_or_escape(word: u64) -> u64 {
+    zero_bytes(word ^ (ONES * u64::from(b'"'))) | zero_bytes(word ^ (ONES * u64::from(b'\\')))
+}
+
+/// The first `"` or `\\`.
 fn find_quote_or_escape(hay: &[u8]) -> Option<usize> {
     find_special(
         hay,
-        |w| zero_bytes(w ^ (ONES * u64::from(b'"'))) | zero_bytes(w ^ (ONES * u64::from(b'\\'))),
+        quote_or_escape,
         |b| b == b'"' || b == b'\\',
         |rest| memchr::memchr2(b'"', b'\\', rest),
-    )
-}
-
-/// High bits marking the `"`, `\` and `0xFF` bytes of a word.
-#[inline]
-fn quote_escape_or_ff(word: u64) -> u64 {
-    zero_bytes(word ^ (ONES * u64::from(b'"')))
-        | zero_bytes(word ^ (ONES * u64::from(b'\\')))
-        | zero_bytes(!word)
-}
-
-/// The first `"`, `\` or `0xFF`.
-fn find_quote_escape_or_ff(hay: &[u8]) -> Option<usize> {
-    find_special(
-        hay,
-        quote_escape_or_ff,
-        |b| b == b'"' || b == b'\\' || b == 0xFF,
-        |rest| memchr::memchr3(b'"', b'\\', 0xFF, rest),
     )
 }
 
@@ -746,34 +723,17 @@ mod tests {
     }
 
     #[test]
-    fn special_bytes_are_found_at_every_offset() {
+    fn quotes_and_escapes_are_found_at_every_offset() {
         for len in 0..80 {
             for at in 0..len {
-                for special in [b'"', b'\\', 0xFF] {
-                    let mut hay = vec![b'a'; len];
+                for special in [b'"', b'\\'] {
+                    let mut hay = vec![0xFF; len];
                     hay[at] = special;
-                    let expect_plain = (special != 0xFF).then_some(at);
-                    assert_eq!(
-                        find_quote_or_escape(&hay),
-                        expect_plain,
-                        "{len} {at} {special}"
-                    );
-                    assert_eq!(
-                        find_quote_escape_or_ff(&hay),
-                        Some(at),
-                        "{len} {at} {special}"
-                    );
+                    assert_eq!(find_quote_or_escape(&hay), Some(at), "{len} {at} {special}");
                 }
             }
-            assert_eq!(find_quote_escape_or_ff(&vec![0x7F; len]), None);
+            assert_eq!(find_quote_or_escape(&vec![0x7F; len]), None);
         }
-    }
-
-    #[test]
-    fn a_raw_ff_byte_is_unreadable() {
-        let mut out = OwnedText(Vec::new());
-        let body = [b'"', b'a', 0xFF, b'"'];
-        assert!(Scanner::new(&body).string(&mut out).is_err());
     }
 
     #[test]
