@@ -10,3 +10,6 @@ pub mod grid;
 pub mod index;
 pub mod keying;
 pub mod route;
+
+#[cfg(test)]
+mod test_support;
