@@ -9,6 +9,7 @@
 pub mod grid;
 pub mod index;
 pub mod keying;
+pub mod metrics;
 pub mod route;
 
 #[cfg(test)]
