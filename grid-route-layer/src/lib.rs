@@ -6,6 +6,8 @@
 //! concept with a runnable example.
 #![deny(missing_docs)]
 
+pub mod affinity;
+pub mod config;
 pub mod grid;
 pub mod index;
 pub mod keying;
