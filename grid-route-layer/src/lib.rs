@@ -8,6 +8,7 @@
 
 pub mod affinity;
 pub mod config;
+pub mod confirm;
 pub mod grid;
 pub mod index;
 pub mod keying;
