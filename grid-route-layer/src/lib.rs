@@ -14,6 +14,7 @@ pub mod index;
 pub mod keying;
 pub mod metrics;
 pub mod route;
+pub mod select;
 
 #[cfg(test)]
 mod test_support;
