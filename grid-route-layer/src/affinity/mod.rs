@@ -144,6 +144,8 @@ mod service;
 mod settings;
 
 pub use decide::{Affinity, Decision, Narrowing, Outcome, narrow};
+#[cfg(test)]
+pub(crate) use draw::random_draw;
 pub use layer::AffinityLayer;
 pub use service::AffinityService;
 pub use settings::{AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
