@@ -3,10 +3,32 @@
 //! stored it.
 //!
 //! See the crate README and `DESIGN.md` for the request path; each module documents one
-//! concept with a runnable example.
+//! concept with a runnable example. The layers talk only through the extensions in
+//! [`route`] and the shared [`grid::Grid`] handle:
+//!
+//! ```text
+//! KeyingLayer    -> Prompt      (keying)
+//! PinLayer       -> Pinned      (pin)
+//! ConfirmLayer   2xx confirms, 429/5xx/failed connection drops   (confirm)
+//! AffinityLayer  -> Candidates  (affinity)
+//! Select         -> Served      (select: the default balancer, or your own)
+//! ```
+//!
+//! [`select`] shows a cluster service built from `tower::balance` p2c over its endpoints,
+//! and a balancer of your own in place of [`select::Select`].
 #![deny(missing_docs)]
 
+pub mod affinity;
+pub mod config;
+pub mod confirm;
 pub mod grid;
 pub mod index;
 pub mod keying;
+pub mod metrics;
 pub mod route;
+pub mod select;
+
+#[cfg(test)]
+mod stack_tests;
+#[cfg(test)]
+mod test_support;

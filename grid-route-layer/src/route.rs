@@ -4,14 +4,28 @@
 //! [`http::Extensions`]. A gateway that swaps one layer for its own code only has to honour
 //! the extensions listed here.
 //!
-//! | extension | written by | read by |
-//! |---|---|---|
-//! | [`Prompt`] (request) | `KeyingLayer` | affinity, confirmation, the balancer (its model) |
+//! | seam | kind | written by | read by |
+//! |---|---|---|---|
+//! | [`Prompt`] | request extension | `KeyingLayer` | [`AffinityLayer`], [`ConfirmLayer`], [`Select`] (its model) |
+//! | [`Pinned`] | request extension | `PinLayer` | [`AffinityLayer`], [`Select`] |
+//! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
+//! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], `PinLayer` |
+//! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
+//! | [`NoCandidate`] | error | [`Select`] | the gateway (a 503 answer) |
+//!
+//! [`AffinityLayer`]: crate::affinity::AffinityLayer
+//! [`ConfirmLayer`]: crate::confirm::ConfirmLayer
+//! [`Select`]: crate::select::Select
 
+use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::grid::{ClusterId, SiteName};
 use crate::keying::{NoKeys, PrefixKeys};
+
+/// The error type at Tower boundaries: any error, boxed.
+pub type BoxError = Box<dyn Error + Send + Sync>;
 
 /// What keying made of a request body: its model and its prefix keys, or why it has none.
 ///
@@ -57,3 +71,175 @@ impl fmt::Debug for Prompt {
         d.finish()
     }
 }
+
+/// The request names stored state that lives on one cluster, so it must go there.
+///
+/// Set by `PinLayer` once it has checked the tag and that the cluster is in the grid and
+/// admits requests. Affinity then offers this cluster alone, and counts nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pinned {
+    cluster: ClusterId,
+}
+
+impl Pinned {
+    /// Pins the request to `cluster`.
+    pub fn new(cluster: ClusterId) -> Self {
+        Self { cluster }
+    }
+
+    /// The cluster the request must go to.
+    pub fn cluster(&self) -> &ClusterId {
+        &self.cluster
+    }
+}
+
+/// The clusters the inner balancer may pick among, as narrowed by affinity.
+///
+/// In the grid's config order; the order carries no preference — the balancer picks by
+/// load. Every id was an admitted cluster serving the request's model when affinity ran
+/// (or, for a [`Pinned`] request, its cluster alone); a balancer should still skip ids
+/// that have left the grid or stopped admitting since. Empty when no admitted cluster
+/// serves the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidates {
+    clusters: Arc<[ClusterId]>,
+}
+
+impl Candidates {
+    /// These clusters, in this order.
+    pub fn new(clusters: impl Into<Arc<[ClusterId]>>) -> Self {
+        Self {
+            clusters: clusters.into(),
+        }
+    }
+
+    /// The clusters.
+    pub fn as_slice(&self) -> &[ClusterId] {
+        &self.clusters
+    }
+
+    /// Whether `cluster` is among them.
+    pub fn contains(&self, cluster: &ClusterId) -> bool {
+        self.clusters.contains(cluster)
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.clusters.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.clusters.is_empty()
+    }
+}
+
+/// Which cluster answered: set on the response by the balancer that dispatched it.
+///
+/// Confirmation records the request's prompt at this cluster; pinning tags the ids in the
+/// answer with it. A response without it changes nothing in the index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    cluster: ClusterId,
+}
+
+impl Served {
+    /// The response came from `cluster`.
+    pub fn new(cluster: ClusterId) -> Self {
+        Self { cluster }
+    }
+
+    /// The serving cluster's site.
+    pub fn site(&self) -> &SiteName {
+        self.cluster.site()
+    }
+
+    /// The serving cluster.
+    pub fn cluster(&self) -> &ClusterId {
+        &self.cluster
+    }
+}
+
+/// A request sent to a cluster failed before any response head: the connection failed,
+/// timed out or was refused. Confirmation drops the request's keys from `cluster`.
+///
+/// A balancer returns it (boxed, possibly wrapped by outer layers: confirmation looks
+/// through the whole [`source`](Error::source) chain) for any error of a cluster's service.
+#[derive(Debug)]
+pub struct DispatchError {
+    cluster: ClusterId,
+    source: BoxError,
+}
+
+impl DispatchError {
+    /// `cluster`'s service failed with `source`.
+    pub fn new(cluster: ClusterId, source: impl Into<BoxError>) -> Self {
+        Self {
+            cluster,
+            source: source.into(),
+        }
+    }
+
+    /// The cluster the request was sent to.
+    pub fn cluster(&self) -> &ClusterId {
+        &self.cluster
+    }
+
+    /// Finds a `DispatchError` in `error` or its chain of sources.
+    pub fn find_in<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a DispatchError> {
+        let mut next = Some(error);
+        while let Some(error) = next {
+            if let Some(found) = error.downcast_ref::<DispatchError>() {
+                return Some(found);
+            }
+            next = error.source();
+        }
+        None
+    }
+}
+
+impl fmt::Display for DispatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "request to cluster {} failed: {}",
+            self.cluster, self.source
+        )
+    }
+}
+
+impl Error for DispatchError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// No admitted cluster may take the request: none serves its model, all are drained or
+/// unhealthy, or the one it is pinned to stopped admitting. A gateway answers 503.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoCandidate {
+    model: Option<Arc<str>>,
+}
+
+impl NoCandidate {
+    /// No cluster for `model` (or for any model, when `None`).
+    pub fn new(model: Option<Arc<str>>) -> Self {
+        Self { model }
+    }
+
+    /// The request's model, when it named one.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+}
+
+impl fmt::Display for NoCandidate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.model {
+            Some(model) => write!(f, "no admitted backend cluster serves model {model:?}"),
+            None => f.write_str("no admitted backend cluster"),
+        }
+    }
+}
+
+impl Error for NoCandidate {}

@@ -25,6 +25,18 @@ impl fmt::Display for InvalidName {
 
 impl std::error::Error for InvalidName {}
 
+impl InvalidName {
+    /// The refused name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Why it was refused, e.g. `may hold only lowercase letters, digits and '-'`.
+    pub fn reason(&self) -> &'static str {
+        self.why
+    }
+}
+
 impl SiteName {
     /// Longest DNS-1123 label.
     pub const MAX_LEN: usize = 63;
@@ -58,6 +70,11 @@ impl SiteName {
 
     /// The name as text.
     pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name as a shared string (a cheap clone, e.g. for a metric label).
+    pub fn as_arc(&self) -> &Arc<str> {
         &self.0
     }
 }
@@ -166,6 +183,11 @@ impl ClusterId {
 
     /// The cluster's name.
     pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The cluster's name as a shared string (a cheap clone, e.g. for a metric label).
+    pub fn name_arc(&self) -> &Arc<str> {
         &self.name
     }
 

@@ -1,0 +1,256 @@
+//! The affinity rule as plain code: depths and queues in, the sticky set (or not) out.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+
+use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
+use crate::grid::Cluster;
+use crate::index::PrefixIndex;
+use crate::keying::PrefixKeys;
+
+/// What affinity decided for a request, the `outcome` label of
+/// `grid_route_prefix_affinity_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The deepest holders of the prompt are the only candidates.
+    Sticky,
+    /// No candidate holds enough of the prompt: every candidate stays.
+    NoMatch,
+    /// A holder's queue outweighs what its match saves: every candidate stays.
+    LoadOverride,
+    /// The random exploration share: affinity skipped, every candidate stays.
+    Exploration,
+    /// The request has no keys (unreadable, token ids, stored state, ...): every
+    /// candidate stays.
+    NotApplicable,
+}
+
+impl Outcome {
+    /// Every outcome, in the order of the metric's documentation.
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Sticky,
+        Outcome::NoMatch,
+        Outcome::LoadOverride,
+        Outcome::Exploration,
+        Outcome::NotApplicable,
+    ];
+
+    /// The metric label value: `sticky`, `no_match`, `load_override`, `exploration`,
+    /// `not_applicable`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Sticky => "sticky",
+            Outcome::NoMatch => "no_match",
+            Outcome::LoadOverride => "load_override",
+            Outcome::Exploration => "exploration",
+            Outcome::NotApplicable => "not_applicable",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The result of [`narrow`]: the outcome and the deepest match it was decided on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Narrowing {
+    outcome: Outcome,
+    deepest: usize,
+}
+
+impl Narrowing {
+    /// [`Outcome::Sticky`], [`Outcome::NoMatch`] or [`Outcome::LoadOverride`].
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// The largest depth among the candidates.
+    pub fn deepest(&self) -> usize {
+        self.deepest
+    }
+
+    /// Whether a candidate with `depth` stays a candidate: every one does, unless the
+    /// outcome is sticky, when only the deepest holders do.
+    pub fn keeps(&self, depth: usize) -> bool {
+        self.outcome != Outcome::Sticky || depth == self.deepest
+    }
+}
+
+/// Steps 2 to 4 of the affinity rule for a keyed request with at least two candidates:
+/// `depths[i]` is candidate `i`'s depth for `keys`, `queue(i)` its windowed worst queue
+/// depth (read only when the load gate needs it).
+///
+/// - `deepest` is the largest depth. It is a match worth sticking to when it covers at
+///   least [`STICKY_MATCH_BYTES`] or at least `threshold` of the bytes the keys cover —
+///   never when `deepest < MIN_STICKY_DEPTH`. Otherwise [`Outcome::NoMatch`].
+/// - The load gate: with `gap` = the least queue among the deepest holders minus the least
+///   among the others, [`Outcome::LoadOverride`] when `gap` exceeds
+///   [`AffinitySettings::match_worth`] of the covered bytes. An unmeasured (`+inf`) holder
+///   thus gives way to a measured other; two unmeasured ones give `inf - inf = NaN`, which
+///   exceeds nothing, so the match holds. When every candidate is a deepest holder there
+///   is nothing to weigh.
+/// - Otherwise [`Outcome::Sticky`].
+pub fn narrow(
+    settings: &AffinitySettings,
+    keys: &PrefixKeys,
+    depths: &[usize],
+    mut queue: impl FnMut(usize) -> f64,
+) -> Narrowing {
+    let deepest = depths.iter().copied().max().unwrap_or(0);
+    let decided = |outcome| Narrowing { outcome, deepest };
+    let covered = keys.covered_bytes(deepest);
+    let long_enough = covered >= STICKY_MATCH_BYTES
+        || covered as f64 >= settings.threshold() * keys.total_covered_bytes() as f64;
+    if deepest < MIN_STICKY_DEPTH || !long_enough {
+        return decided(Outcome::NoMatch);
+    }
+    let (mut holders, mut others) = (f64::INFINITY, None::<f64>);
+    for (i, &depth) in depths.iter().enumerate() {
+        let q = queue(i);
+        if depth == deepest {
+            holders = holders.min(q);
+        } else {
+            others = Some(others.map_or(q, |o| o.min(q)));
+        }
+    }
+    match others {
+        Some(others) if holders - others > settings.match_worth(covered) => {
+            decided(Outcome::LoadOverride)
+        }
+        _ => decided(Outcome::Sticky),
+    }
+}
+
+/// The affinity core: the shared prefix index and the settings in force, swappable at
+/// runtime. Clones share both, so the gateway keeps one to reload settings.
+#[derive(Clone)]
+pub struct Affinity {
+    index: Arc<PrefixIndex>,
+    settings: Arc<ArcSwap<AffinitySettings>>,
+}
+
+impl Affinity {
+    /// Affinity over `index` with `settings`.
+    pub fn new(index: Arc<PrefixIndex>, settings: AffinitySettings) -> Self {
+        Self {
+            index,
+            settings: Arc::new(ArcSwap::from_pointee(settings)),
+        }
+    }
+
+    /// The prefix index it reads (and confirmation writes).
+    pub fn index(&self) -> &Arc<PrefixIndex> {
+        &self.index
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> AffinitySettings {
+        **self.settings.load()
+    }
+
+    /// Replaces the settings for every later decision (a config reload). The index's own
+    /// settings are reloaded with [`PrefixIndex::reconfigure`].
+    pub fn set_settings(&self, settings: AffinitySettings) {
+        self.settings.store(Arc::new(settings));
+    }
+
+    /// The whole affinity rule for one request.
+    ///
+    /// `candidates` are the admitted clusters serving the request's model
+    /// ([`GridView::candidates`](crate::grid::GridView::candidates)); `keys` the request's
+    /// prefix keys (`None` when it has none); `draw` a uniform random number in `[0, 1)`
+    /// for the exploration share. With affinity disabled or fewer than two candidates
+    /// there is nothing to decide: every candidate stays and the outcome is `None`.
+    /// Otherwise: no keys is [`Outcome::NotApplicable`], `draw < exploration` is
+    /// [`Outcome::Exploration`], else [`narrow`] on the index's depths at `now`.
+    pub fn decide(
+        &self,
+        mut candidates: Vec<Arc<Cluster>>,
+        keys: Option<&PrefixKeys>,
+        now: Instant,
+        draw: f64,
+    ) -> Decision {
+        let settings = self.settings();
+        let undecided = |outcome, clusters| Decision {
+            outcome,
+            deepest: 0,
+            covered_bytes: 0,
+            clusters,
+        };
+        if !settings.enabled() || candidates.len() < 2 {
+            return undecided(None, candidates);
+        }
+        let Some(keys) = keys else {
+            return undecided(Some(Outcome::NotApplicable), candidates);
+        };
+        if draw < settings.exploration() {
+            return undecided(Some(Outcome::Exploration), candidates);
+        }
+        let depths = self
+            .index
+            .depths(candidates.iter().map(|c| c.id()), keys.as_slice(), now);
+        let narrowing = narrow(&settings, keys, &depths, |i| {
+            candidates[i].load().queue_depth(now)
+        });
+        let mut depth = depths.iter();
+        candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
+        Decision {
+            outcome: Some(narrowing.outcome),
+            deepest: narrowing.deepest,
+            covered_bytes: keys.covered_bytes(narrowing.deepest),
+            clusters: candidates,
+        }
+    }
+}
+
+impl fmt::Debug for Affinity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Affinity")
+            .field("index", &self.index)
+            .field("settings", &self.settings())
+            .finish()
+    }
+}
+
+/// What [`Affinity::decide`] made of one request.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    outcome: Option<Outcome>,
+    deepest: usize,
+    covered_bytes: u64,
+    clusters: Vec<Arc<Cluster>>,
+}
+
+impl Decision {
+    /// The outcome to count; `None` when there was nothing to decide (affinity disabled,
+    /// fewer than two candidates).
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.outcome
+    }
+
+    /// The largest depth among the candidates (0 when no depth was looked up).
+    pub fn deepest(&self) -> usize {
+        self.deepest
+    }
+
+    /// Bytes of prompt the deepest match covers.
+    pub fn covered_bytes(&self) -> u64 {
+        self.covered_bytes
+    }
+
+    /// The candidates that stay, in their original order.
+    pub fn clusters(&self) -> &[Arc<Cluster>] {
+        &self.clusters
+    }
+
+    /// The candidates that stay, by value.
+    pub fn into_clusters(self) -> Vec<Arc<Cluster>> {
+        self.clusters
+    }
+}

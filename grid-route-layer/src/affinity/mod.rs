@@ -1,0 +1,156 @@
+//! Prefix affinity: send a request where its prompt prefix is already cached, while that
+//! site's queue allows.
+//!
+//! An engine that served a prompt keeps its prefix in KV cache; sending the next turn of
+//! the conversation there skips paying that prefill again. The [`PrefixIndex`] knows how
+//! deep into a request's keys each cluster holds it; affinity turns those depths and the
+//! clusters' queues into a narrower candidate list for the balancer.
+//!
+//! # The rule
+//!
+//! With at least two admitted candidates for the request's model ([`Affinity::decide`];
+//! with fewer there is nothing to choose, and nothing is counted):
+//!
+//! 1. No keys → [`Outcome::NotApplicable`]. A random share `exploration` (default 0.02)
+//!    → [`Outcome::Exploration`], so that a second site learns a shared prompt.
+//! 2. `deepest` is the largest depth. It sticks when it covers at least
+//!    [`STICKY_MATCH_BYTES`] (32 blocks, 8 KiB) or at least `threshold` (default 0.8) of
+//!    the bytes the prompt's keys cover; never when `deepest <` [`MIN_STICKY_DEPTH`] (4),
+//!    so identical short prompts spread by load. Otherwise → [`Outcome::NoMatch`].
+//! 3. The load gate prices the match by the prefill it saves: covered bytes / 4 bytes a
+//!    token / `prefill_tokens_per_second` (default 10000) seconds, worth that many
+//!    seconds / `queued_request_seconds` (default 2) queued requests. If the least queue
+//!    among the deepest holders exceeds the least among the other candidates by more →
+//!    [`Outcome::LoadOverride`]. 40 blocks ≈ 2,560 tokens ≈ 0.26 s ≈ 0.13 of a queued
+//!    request; 400 blocks ≈ 1.3. An unmeasured holder gives way to a measured other; two
+//!    unmeasured keep the match.
+//! 4. Else → [`Outcome::Sticky`]: only the deepest holders stay; the balancer picks
+//!    among them by queue.
+//!
+//! A drained or unhealthy cluster is never a candidate, so it is never sticky.
+//!
+//! # The layer
+//!
+//! [`AffinityLayer`] reads the request's [`Prompt`] (model and keys) and writes the
+//! [`Candidates`] extension for the balancer inside, counting
+//! `grid_route_prefix_affinity_total{outcome}` and emitting a `debug` event with the
+//! outcome, candidate count and depth (never keys or text). Decisions the design leaves
+//! open, made here:
+//!
+//! - A request without a [`Prompt`] was not read by keying (another path, not JSON,
+//!   compressed, too large): its candidates are every admitted cluster, and it counts
+//!   nothing — it is not a prompt decision. A [`Prompt`] without keys counts
+//!   `not_applicable`.
+//! - A [`Pinned`] request's candidates are its cluster alone, whatever its model; it
+//!   counts nothing. The balancer still checks that the cluster admits.
+//! - `enabled: false` reads no keys: candidates are the admitted clusters for the model,
+//!   nothing is counted, and [`ConfirmLayer`](crate::confirm::ConfirmLayer) confirms
+//!   nothing.
+//! - Candidates keep the grid's config order; the order carries no preference.
+//! - Settings reload at runtime through [`Affinity::set_settings`], shared by every
+//!   clone of the [`Affinity`] handle; the index's own settings through
+//!   [`PrefixIndex::reconfigure`].
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Instant;
+//!
+//! use grid_route_layer::affinity::{Affinity, AffinitySettings, Outcome};
+//! use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+//! use grid_route_layer::index::{IndexSettings, PrefixIndex};
+//! use grid_route_layer::keying::{Api, KeySeed, key_body};
+//!
+//! let site = |name: &str| SiteSpec {
+//!     name: name.into(),
+//!     clusters: vec![ClusterSpec {
+//!         name: format!("{name}-a"),
+//!         models: vec!["m".into()],
+//!         admit: true,
+//!         endpoints: vec![format!("http://{name}")],
+//!     }],
+//! };
+//! let grid = Grid::new(&GridSpec { sites: vec![site("east"), site("west")] }, GridSettings::default()).unwrap();
+//! let view = grid.view();
+//! let index = Arc::new(PrefixIndex::new(IndexSettings::default(), view.cluster_ids()));
+//! let affinity = Affinity::new(Arc::clone(&index), AffinitySettings::default());
+//!
+//! // A 20 KiB system prompt that east has already answered.
+//! let body = format!(
+//!     r#"{{"model":"m","messages":[{{"role":"system","content":"{}"}},{{"role":"user","content":"hi"}}]}}"#,
+//!     "Follow the house style. ".repeat(900)
+//! );
+//! let prompt = key_body(&KeySeed::random(), Api::ChatCompletions, body.as_bytes()).unwrap();
+//! let keys = prompt.keys().unwrap();
+//! let now = Instant::now();
+//! let east = &view.clusters()[0];
+//! index.confirm(east.id(), keys.as_slice(), now);
+//!
+//! // Both sites unmeasured: the match holds and only east stays.
+//! let no_exploration = 0.5;
+//! let decision = affinity.decide(view.candidates(prompt.model()), Some(keys), now, no_exploration);
+//! assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+//! assert_eq!(decision.clusters().len(), 1);
+//! assert_eq!(decision.clusters()[0].id(), east.id());
+//!
+//! // East's queue is 10 deeper than west's: 20 KiB saves ~0.5 s, worth 0.25 of a queued
+//! // request, so load wins.
+//! east.load().record_queue("http://east", Some(10.0), now);
+//! view.clusters()[1].load().record_queue("http://west", Some(0.0), now);
+//! let decision = affinity.decide(view.candidates(prompt.model()), Some(keys), now, no_exploration);
+//! assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+//! assert_eq!(decision.clusters().len(), 2);
+//! ```
+//!
+//! In a gateway the same decision runs in [`AffinityLayer`], between keying and the
+//! balancer:
+//!
+//! ```
+//! # use std::sync::Arc;
+//! # use grid_route_layer::affinity::{Affinity, AffinityLayer, AffinitySettings};
+//! # use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+//! # use grid_route_layer::index::{IndexSettings, PrefixIndex};
+//! use grid_route_layer::route::Candidates;
+//! use http::{Request, Response};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//! # let spec = GridSpec { sites: vec![SiteSpec { name: "east".into(), clusters: vec![ClusterSpec {
+//! #     name: "east-a".into(), models: vec!["m".into()], admit: true, endpoints: vec!["http://east".into()] }] }] };
+//! # let grid = Grid::new(&spec, GridSettings::default()).unwrap();
+//! # let index = Arc::new(PrefixIndex::new(IndexSettings::default(), grid.view().cluster_ids()));
+//! let affinity = Affinity::new(index, AffinitySettings::default());
+//! let service = ServiceBuilder::new()
+//!     .layer(AffinityLayer::new(grid, affinity))
+//!     .service(service_fn(|req: Request<String>| async move {
+//!         let candidates = req.extensions().get::<Candidates>().unwrap().len();
+//!         Ok::<_, std::convert::Infallible>(Response::new(candidates))
+//!     }));
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let response = service.oneshot(Request::new(String::new())).await.unwrap();
+//! assert_eq!(*response.body(), 1);
+//! # });
+//! ```
+//!
+//! [`PrefixIndex`]: crate::index::PrefixIndex
+//! [`PrefixIndex::reconfigure`]: crate::index::PrefixIndex::reconfigure
+//! [`Prompt`]: crate::route::Prompt
+//! [`Pinned`]: crate::route::Pinned
+//! [`Candidates`]: crate::route::Candidates
+
+mod decide;
+mod draw;
+mod layer;
+mod service;
+mod settings;
+
+pub use decide::{Affinity, Decision, Narrowing, Outcome, narrow};
+#[cfg(test)]
+pub(crate) use draw::random_draw;
+pub use layer::AffinityLayer;
+pub use service::AffinityService;
+pub use settings::{AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
+
+#[cfg(test)]
+// Tests compare values that are stored and read back, not computed: exactly equal.
+#[allow(clippy::float_cmp)]
+mod tests;

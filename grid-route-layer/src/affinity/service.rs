@@ -1,0 +1,117 @@
+//! [`AffinityService`]: decides the candidates, then calls the balancer.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use http::Request;
+use tower::Service;
+
+use super::decide::{Affinity, Decision};
+use super::draw::random_draw;
+use crate::grid::{Cluster, Grid};
+use crate::metrics::{OUTCOME_LABEL, PREFIX_AFFINITY_TOTAL};
+use crate::route::{Candidates, Pinned, Prompt};
+
+/// The service [`AffinityLayer`](super::AffinityLayer) builds: sets
+/// [`Candidates`] on each request, then calls `inner`.
+#[derive(Debug, Clone)]
+pub struct AffinityService<S> {
+    inner: S,
+    grid: Grid,
+    affinity: Affinity,
+}
+
+impl<S> AffinityService<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, grid: Grid, affinity: Affinity) -> Self {
+        Self {
+            inner,
+            grid,
+            affinity,
+        }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The wrapped service, by value.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    fn candidates<B>(&self, req: &Request<B>) -> Candidates {
+        if let Some(pinned) = req.extensions().get::<Pinned>() {
+            // Stored state lives on one cluster: no choice to make, nothing to count.
+            // Whether it still admits is checked by the balancer.
+            return Candidates::new(vec![pinned.cluster().clone()]);
+        }
+        let view = self.grid.view();
+        let prompt = req.extensions().get::<Prompt>();
+        let candidates = view.candidates(prompt.and_then(Prompt::model));
+        let decision = match prompt {
+            Some(prompt) => self.affinity.decide(
+                candidates,
+                prompt.keys().ok(),
+                Instant::now(),
+                random_draw(),
+            ),
+            // Not a request keying could read (another path, not JSON, too large, ...):
+            // not a prompt decision, so it routes on load and counts nothing.
+            None => return ids(&candidates),
+        };
+        record(&decision);
+        ids(decision.clusters())
+    }
+}
+
+fn ids(clusters: &[Arc<Cluster>]) -> Candidates {
+    Candidates::new(
+        clusters
+            .iter()
+            .map(|c| c.id().clone())
+            .collect::<Arc<[_]>>(),
+    )
+}
+
+/// Counts the outcome and traces it with the candidate count and depth; never keys or
+/// text.
+fn record(decision: &Decision) {
+    let Some(outcome) = decision.outcome() else {
+        return;
+    };
+    metrics::counter!(PREFIX_AFFINITY_TOTAL, OUTCOME_LABEL => outcome.as_str()).increment(1);
+    tracing::debug!(
+        outcome = outcome.as_str(),
+        clusters = decision.clusters().len(),
+        depth = decision.deepest(),
+        covered_bytes = decision.covered_bytes(),
+        "prefix affinity"
+    );
+}
+
+impl<S, B> Service<Request<B>> for AffinityService<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let candidates = self.candidates(&req);
+        req.extensions_mut().insert(candidates);
+        self.inner.call(req)
+    }
+}

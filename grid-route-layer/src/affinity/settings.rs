@@ -1,0 +1,106 @@
+//! The affinity rule's settings and the prices of its load gate.
+
+use crate::keying::BLOCK_BYTES;
+
+/// A match this long sticks whatever share of the prompt it covers: 32 blocks, 8 KiB.
+pub const STICKY_MATCH_BYTES: u64 = 32 * BLOCK_BYTES as u64;
+
+/// A match of fewer keys never sticks, however much of a short prompt it covers: identical
+/// short prompts spread by load instead of piling onto one site.
+pub const MIN_STICKY_DEPTH: usize = 4;
+
+/// Bytes of canonical prompt per engine token, for pricing a match in prefill time.
+pub const BYTES_PER_TOKEN: f64 = 4.0;
+
+/// How affinity narrows candidates: validated, so every value is in range.
+///
+/// Built from [`PrefixAffinityConfig::validate`](crate::config::PrefixAffinityConfig::validate)
+/// or [`Default`] (the documented defaults). Copy it freely; swap it at runtime with
+/// [`Affinity::set_settings`](super::Affinity::set_settings).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AffinitySettings {
+    enabled: bool,
+    threshold: f64,
+    exploration: f64,
+    prefill_tokens_per_second: f64,
+    queued_request_seconds: f64,
+}
+
+impl AffinitySettings {
+    /// Share of the prompt a match must cover to stick when shorter than
+    /// [`STICKY_MATCH_BYTES`] (`prefix_affinity.threshold`).
+    pub const DEFAULT_THRESHOLD: f64 = 0.8;
+    /// Share of decisions that skip affinity so a second site learns a shared prompt
+    /// (`prefix_affinity.exploration`).
+    pub const DEFAULT_EXPLORATION: f64 = 0.02;
+    /// Prefill speed used to price a match (`prefix_affinity.prefill_tokens_per_second`).
+    pub const DEFAULT_PREFILL_TOKENS_PER_SECOND: f64 = 10_000.0;
+    /// What one queued request costs in seconds (`prefix_affinity.queued_request_seconds`).
+    pub const DEFAULT_QUEUED_REQUEST_SECONDS: f64 = 2.0;
+
+    /// Values already checked by `config`.
+    pub(crate) fn checked(
+        enabled: bool,
+        threshold: f64,
+        exploration: f64,
+        prefill_tokens_per_second: f64,
+        queued_request_seconds: f64,
+    ) -> Self {
+        Self {
+            enabled,
+            threshold,
+            exploration,
+            prefill_tokens_per_second,
+            queued_request_seconds,
+        }
+    }
+
+    /// Whether affinity narrows at all (`prefix_affinity.enabled`); when not, requests
+    /// route on queue depth alone and no prompt is read.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Share of the prompt that makes a shorter match stick, in (0, 1].
+    pub fn threshold(&self) -> f64 {
+        self.threshold
+    }
+
+    /// Share of decisions that explore, in [0, 1].
+    pub fn exploration(&self) -> f64 {
+        self.exploration
+    }
+
+    /// Prefill speed that prices a match, tokens a second.
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        self.prefill_tokens_per_second
+    }
+
+    /// Seconds one queued request costs.
+    pub fn queued_request_seconds(&self) -> f64 {
+        self.queued_request_seconds
+    }
+
+    /// Prefill seconds a match covering `covered_bytes` saves.
+    pub fn saved_seconds(&self, covered_bytes: u64) -> f64 {
+        covered_bytes as f64 / BYTES_PER_TOKEN / self.prefill_tokens_per_second
+    }
+
+    /// What a match covering `covered_bytes` is worth, in queued requests: the load gate
+    /// lets the holder's queue exceed the lightest other candidate's by this much.
+    pub fn match_worth(&self, covered_bytes: u64) -> f64 {
+        self.saved_seconds(covered_bytes) / self.queued_request_seconds
+    }
+}
+
+impl Default for AffinitySettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            threshold: Self::DEFAULT_THRESHOLD,
+            exploration: Self::DEFAULT_EXPLORATION,
+            prefill_tokens_per_second: Self::DEFAULT_PREFILL_TOKENS_PER_SECOND,
+            queued_request_seconds: Self::DEFAULT_QUEUED_REQUEST_SECONDS,
+        }
+    }
+}

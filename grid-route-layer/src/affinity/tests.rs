@@ -1,0 +1,697 @@
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use tower::{Layer, Service};
+use tower_test::mock;
+
+use super::draw::random_draw;
+use super::*;
+use crate::config::PrefixAffinityConfig;
+use crate::grid::{Cluster, ClusterId, Grid, GridSettings};
+use crate::index::{IndexSettings, PrefixIndex};
+use crate::keying::{KeySeed, NoKeys, PrefixKeys};
+use crate::metrics::PREFIX_AFFINITY_TOTAL;
+use crate::route::{Candidates, Pinned, Prompt};
+use crate::test_support::{CountingRecorder, MODEL, chat, grid_spec, poll_once, prompt_of, text};
+
+/// A draw that never explores, whatever the share.
+const NO_EXPLORATION: f64 = 0.999;
+
+struct Fixture {
+    grid: Grid,
+    index: Arc<PrefixIndex>,
+    affinity: Affinity,
+    seed: KeySeed,
+    now: Instant,
+}
+
+fn settings(config: &PrefixAffinityConfig) -> AffinitySettings {
+    config.validate().unwrap().affinity
+}
+
+fn fixture(sites: &[(&str, &[&str])]) -> Fixture {
+    let grid = Grid::new(&grid_spec(sites), GridSettings::default()).unwrap();
+    let index = Arc::new(PrefixIndex::new(
+        IndexSettings::default(),
+        grid.view().cluster_ids(),
+    ));
+    let affinity = Affinity::new(Arc::clone(&index), AffinitySettings::default());
+    Fixture {
+        grid,
+        index,
+        affinity,
+        seed: KeySeed::random(),
+        now: Instant::now(),
+    }
+}
+
+/// Three sites, one cluster each: east-a, west-a, north-a.
+fn three_sites() -> Fixture {
+    fixture(&[
+        ("east", &["east-a"]),
+        ("west", &["west-a"]),
+        ("north", &["north-a"]),
+    ])
+}
+
+fn two_sites() -> Fixture {
+    fixture(&[("east", &["east-a"]), ("west", &["west-a"])])
+}
+
+impl Fixture {
+    fn cluster(&self, name: &str) -> Arc<Cluster> {
+        let view = self.grid.view();
+        view.clusters()
+            .iter()
+            .find(|c| c.id().name() == name)
+            .unwrap()
+            .clone()
+    }
+
+    fn id(&self, name: &str) -> ClusterId {
+        self.cluster(name).id().clone()
+    }
+
+    /// Records `queue` (None: unreadable) for the one endpoint of cluster `name`.
+    fn set_queue(&self, name: &str, queue: Option<f64>) {
+        let cluster = self.cluster(name);
+        let url = cluster.endpoints()[0].clone();
+        assert!(cluster.load().record_queue(&url, queue, self.now));
+    }
+
+    fn prompt(&self, messages: &[(&str, &str)]) -> Prompt {
+        prompt_of(&self.seed, &chat(messages))
+    }
+
+    fn confirm(&self, name: &str, prompt: &Prompt) {
+        self.index
+            .confirm(&self.id(name), prompt.keys().unwrap().as_slice(), self.now);
+    }
+
+    fn decide(&self, prompt: &Prompt) -> Decision {
+        let view = self.grid.view();
+        self.affinity.decide(
+            view.candidates(prompt.model()),
+            prompt.keys().ok(),
+            self.now,
+            NO_EXPLORATION,
+        )
+    }
+}
+
+fn names(decision: &Decision) -> Vec<&str> {
+    decision.clusters().iter().map(|c| c.id().name()).collect()
+}
+
+fn blocks(bytes: u64) -> f64 {
+    bytes as f64 / 256.0
+}
+
+/// A conversation whose system prompt is `system_bytes` long, and the next turn of it.
+fn turn_and_follow_up(f: &Fixture, system_bytes: usize) -> (Prompt, Prompt) {
+    let system = text("house", system_bytes);
+    let first = f.prompt(&[("system", &system), ("user", "first question")]);
+    let next = f.prompt(&[("system", &system), ("user", "a different question")]);
+    (first, next)
+}
+
+#[test]
+fn the_design_prices_40_blocks_at_a_tenth_and_400_at_more_than_one_queued_request() {
+    let s = AffinitySettings::default();
+    let worth_40 = s.match_worth(40 * 256);
+    assert!((worth_40 - 0.128).abs() < 1e-9, "{worth_40}");
+    assert!((s.saved_seconds(40 * 256) - 0.256).abs() < 1e-9);
+    let worth_400 = s.match_worth(400 * 256);
+    assert!((worth_400 - 1.28).abs() < 1e-9, "{worth_400}");
+}
+
+#[test]
+fn a_40_block_match_gives_way_to_a_site_one_queued_request_lighter() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    f.set_queue("east-a", Some(1.0));
+    f.set_queue("west-a", Some(0.0));
+    let decision = f.decide(&next);
+    assert!((39.0..=41.0).contains(&blocks(decision.covered_bytes())));
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert_eq!(names(&decision), ["east-a", "west-a"]);
+    // With equal queues the same match sticks.
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    f.set_queue("east-a", Some(1.0));
+    f.set_queue("west-a", Some(1.0));
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a"]);
+}
+
+#[test]
+fn a_400_block_match_keeps_its_site_one_queued_request_heavier() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 400 * 256);
+    f.confirm("east-a", &first);
+    f.set_queue("east-a", Some(1.0));
+    f.set_queue("west-a", Some(0.0));
+    let decision = f.decide(&next);
+    assert!((390.0..=401.0).contains(&blocks(decision.covered_bytes())));
+    assert!(AffinitySettings::default().match_worth(decision.covered_bytes()) > 1.0);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a"]);
+    // Two queued requests heavier is more than it saves.
+    f.set_queue("east-a", Some(2.0));
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::LoadOverride));
+}
+
+#[test]
+fn an_unmeasured_holder_gives_way_to_a_measured_site() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 400 * 256);
+    f.confirm("east-a", &first);
+    f.set_queue("east-a", None);
+    // However loaded the measured site is.
+    f.set_queue("west-a", Some(50.0));
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert_eq!(names(&decision), ["east-a", "west-a"]);
+}
+
+#[test]
+fn a_measured_holder_keeps_the_match_against_an_unmeasured_site() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    f.set_queue("east-a", Some(50.0));
+    f.set_queue("west-a", None);
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a"]);
+}
+
+#[test]
+fn two_unmeasured_sites_keep_the_match() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a"]);
+}
+
+#[test]
+fn the_load_gate_compares_the_least_loaded_holder_with_the_least_loaded_other() {
+    let decide = |west_b: f64| {
+        let f = fixture(&[
+            ("east", &["east-a", "east-b"]),
+            ("west", &["west-a", "west-b"]),
+        ]);
+        let (first, next) = turn_and_follow_up(&f, 40 * 256);
+        f.confirm("east-a", &first);
+        f.confirm("east-b", &first);
+        f.set_queue("east-a", Some(9.0));
+        f.set_queue("east-b", Some(3.0));
+        f.set_queue("west-a", Some(3.0));
+        f.set_queue("west-b", Some(west_b));
+        let decision = f.decide(&next);
+        (decision.outcome(), names(&decision).join(","))
+    };
+    assert_eq!(decide(8.0), (Some(Outcome::Sticky), "east-a,east-b".into()));
+    assert_eq!(
+        decide(2.0),
+        (
+            Some(Outcome::LoadOverride),
+            "east-a,east-b,west-a,west-b".into()
+        )
+    );
+}
+
+#[test]
+fn the_deepest_holder_beats_a_site_holding_only_a_shared_head() {
+    let f = three_sites();
+    let system = text("house", 4 * 1024);
+    let question = text("question", 8 * 1024);
+    let east_turn = f.prompt(&[("system", &system), ("user", &question)]);
+    let west_turn = f.prompt(&[("system", &system), ("user", "something else entirely")]);
+    f.confirm("east-a", &east_turn);
+    f.confirm("west-a", &west_turn);
+    let next = f.prompt(&[
+        ("system", &system),
+        ("user", &question),
+        ("assistant", "an answer"),
+        ("user", "a follow-up"),
+    ]);
+    let decision = f.decide(&next);
+    let depths = f.index.depths(
+        [&f.id("east-a"), &f.id("west-a")],
+        next.keys().unwrap().as_slice(),
+        f.now,
+    );
+    assert!(
+        depths[0] >= 47 && depths[1] >= 15 && depths[1] < depths[0],
+        "{depths:?}"
+    );
+    assert_eq!(decision.deepest(), depths[0]);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a"]);
+}
+
+#[test]
+fn equal_holders_both_stay() {
+    let f = three_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    f.confirm("north-a", &first);
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a", "north-a"]);
+}
+
+#[test]
+fn every_candidate_holding_the_match_is_sticky_without_a_gate() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    f.confirm("west-a", &first);
+    f.set_queue("east-a", Some(100.0));
+    f.set_queue("west-a", Some(0.0));
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a", "west-a"]);
+}
+
+#[test]
+fn identical_short_prompts_never_stick() {
+    let f = two_sites();
+    let short = f.prompt(&[("system", &text("house", 700)), ("user", "hi")]);
+    let keys = short.keys().unwrap();
+    assert!(keys.len() < MIN_STICKY_DEPTH, "{keys:?}");
+    f.confirm("east-a", &short);
+    let decision = f.decide(&short);
+    // The whole prompt is held, far above the threshold, but under the floor.
+    assert_eq!(decision.deepest(), keys.len());
+    assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+    assert_eq!(names(&decision), ["east-a", "west-a"]);
+}
+
+#[test]
+fn a_match_under_8_kib_sticks_only_when_it_covers_the_threshold() {
+    let f = two_sites();
+    let prompt = f.prompt(&[("system", &text("house", 10 * 256)), ("user", "hi")]);
+    let keys = prompt.keys().unwrap().as_slice();
+    assert_eq!(keys.len(), 10);
+    let east = f.id("east-a");
+    f.index.confirm(&east, &keys[..7], f.now);
+    let decision = f.decide(&prompt);
+    assert_eq!(
+        (decision.deepest(), decision.outcome()),
+        (7, Some(Outcome::NoMatch))
+    );
+    f.index.confirm(&east, &keys[..8], f.now);
+    let decision = f.decide(&prompt);
+    assert_eq!(
+        (decision.deepest(), decision.outcome()),
+        (8, Some(Outcome::Sticky))
+    );
+    // A lower threshold lets the shorter match stick too.
+    f.index.drop_keys(&east, &keys[7..]);
+    f.affinity.set_settings(settings(&PrefixAffinityConfig {
+        threshold: 0.7,
+        ..PrefixAffinityConfig::default()
+    }));
+    assert_eq!(f.decide(&prompt).outcome(), Some(Outcome::Sticky));
+}
+
+#[test]
+fn a_match_of_8_kib_sticks_whatever_share_of_the_prompt_it_covers() {
+    let f = two_sites();
+    let prompt = f.prompt(&[("system", &text("house", 200 * 256)), ("user", "hi")]);
+    let keys = prompt.keys().unwrap().as_slice();
+    let east = f.id("east-a");
+    f.index.confirm(&east, &keys[..31], f.now);
+    assert_eq!(f.decide(&prompt).outcome(), Some(Outcome::NoMatch));
+    f.index.confirm(&east, &keys[..32], f.now);
+    assert_eq!(f.decide(&prompt).outcome(), Some(Outcome::Sticky));
+}
+
+#[test]
+fn a_drained_or_unhealthy_site_is_never_sticky() {
+    let mut spec = grid_spec(&[
+        ("east", &["east-a"]),
+        ("west", &["west-a"]),
+        ("north", &["north-a"]),
+    ]);
+    let f = three_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::Sticky));
+
+    spec.sites[0].clusters[0].admit = false;
+    f.grid.reconfigure(&spec, GridSettings::default()).unwrap();
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+    assert_eq!(names(&decision), ["west-a", "north-a"]);
+
+    spec.sites[0].clusters[0].admit = true;
+    f.grid.reconfigure(&spec, GridSettings::default()).unwrap();
+    f.cluster("east-a")
+        .load()
+        .set_endpoint_healthy("http://east-a", false);
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+    assert_eq!(names(&decision), ["west-a", "north-a"]);
+}
+
+#[test]
+fn a_request_without_keys_is_not_applicable() {
+    let f = two_sites();
+    let view = f.grid.view();
+    let decision = f
+        .affinity
+        .decide(view.candidates(Some(MODEL)), None, f.now, 0.0);
+    assert_eq!(decision.outcome(), Some(Outcome::NotApplicable));
+    assert_eq!(decision.clusters().len(), 2);
+}
+
+#[test]
+fn one_candidate_or_none_is_not_a_decision() {
+    let f = fixture(&[("east", &["east-a"])]);
+    let (first, _) = turn_and_follow_up(&f, 40 * 256);
+    let decision = f.decide(&first);
+    assert_eq!(decision.outcome(), None);
+    assert_eq!(names(&decision), ["east-a"]);
+    let decision = f.affinity.decide(Vec::new(), first.keys().ok(), f.now, 0.5);
+    assert_eq!(decision.outcome(), None);
+    assert!(decision.clusters().is_empty());
+}
+
+#[test]
+fn disabled_affinity_decides_nothing() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    f.affinity.set_settings(settings(&PrefixAffinityConfig {
+        enabled: false,
+        ..PrefixAffinityConfig::default()
+    }));
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), None);
+    assert_eq!(names(&decision), ["east-a", "west-a"]);
+}
+
+#[test]
+fn exploration_lands_within_a_fifth_of_its_share() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    let view = f.grid.view();
+    let candidates = view.candidates(Some(MODEL));
+    let keys = next.keys().ok();
+    let decisions = 100_000;
+    let explored = (0..decisions)
+        .filter(|_| {
+            let d = f
+                .affinity
+                .decide(candidates.clone(), keys, f.now, random_draw());
+            d.outcome() == Some(Outcome::Exploration)
+        })
+        .count();
+    let share = explored as f64 / f64::from(decisions);
+    assert!(
+        (share - 0.02).abs() <= 0.2 * 0.02,
+        "explored {explored} of {decisions}"
+    );
+}
+
+#[test]
+fn exploration_keeps_every_candidate() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    let view = f.grid.view();
+    let decision = f.affinity.decide(
+        view.candidates(Some(MODEL)),
+        next.keys().ok(),
+        f.now,
+        0.0199,
+    );
+    assert_eq!(decision.outcome(), Some(Outcome::Exploration));
+    assert_eq!(names(&decision), ["east-a", "west-a"]);
+}
+
+#[test]
+fn eviction_takes_a_prompts_tail_before_its_head() {
+    let f = two_sites();
+    f.index.reconfigure(
+        IndexSettings::new(64, Duration::from_secs(600)).unwrap(),
+        f.grid.view().cluster_ids(),
+    );
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    let other = f.prompt(&[("system", &text("other", 40 * 256)), ("user", "x")]);
+    f.confirm("east-a", &other);
+    // 64 entries: the other prompt's 40 keys and this prompt's 24 head keys.
+    let decision = f.decide(&next);
+    assert_eq!(decision.deepest(), 24);
+    assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+}
+
+#[test]
+fn a_ttl_change_leaves_existing_deadlines() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    f.index.reconfigure(
+        IndexSettings::new(IndexSettings::DEFAULT_CAPACITY, Duration::from_secs(1)).unwrap(),
+        f.grid.view().cluster_ids(),
+    );
+    let view = f.grid.view();
+    let at = |now| {
+        let decision = f.affinity.decide(
+            view.candidates(Some(MODEL)),
+            next.keys().ok(),
+            now,
+            NO_EXPLORATION,
+        );
+        assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+        names(&decision).join(",")
+    };
+    // Confirmed under the 600 s TTL: still held a minute later.
+    let later = f.now + Duration::from_secs(60);
+    assert_eq!(at(later), "east-a");
+    // Confirmed under the new 1 s TTL: gone two seconds later.
+    f.index
+        .confirm(&f.id("west-a"), first.keys().unwrap().as_slice(), later);
+    assert_eq!(at(later), "east-a,west-a");
+    assert_eq!(at(later + Duration::from_secs(2)), "east-a");
+}
+
+#[test]
+fn narrow_is_plain_arithmetic_on_depths_and_queues() {
+    let f = two_sites();
+    let prompt = f.prompt(&[("system", &text("house", 100 * 256)), ("user", "hi")]);
+    let keys: &PrefixKeys = prompt.keys().unwrap();
+    let s = AffinitySettings::default();
+    let sticky = narrow(&s, keys, &[50, 10], |i| [0.0, 0.0][i]);
+    assert_eq!((sticky.outcome(), sticky.deepest()), (Outcome::Sticky, 50));
+    assert!(sticky.keeps(50) && !sticky.keeps(10));
+    let over = narrow(&s, keys, &[50, 10], |i| [1.0, 0.0][i]);
+    assert_eq!(over.outcome(), Outcome::LoadOverride);
+    assert!(over.keeps(10));
+    let none = narrow(&s, keys, &[3, 0], |_| {
+        unreachable!("no gate without a match")
+    });
+    assert_eq!(none.outcome(), Outcome::NoMatch);
+}
+
+// ---- The layer ----
+
+type Mock = mock::Mock<Request<String>, Response<String>>;
+type Handle = mock::Handle<Request<String>, Response<String>>;
+
+fn layer_over(f: &Fixture) -> (AffinityService<Mock>, Handle) {
+    let (inner, handle) = mock::pair();
+    let service = AffinityLayer::new(f.grid.clone(), f.affinity.clone()).layer(inner);
+    (service, handle)
+}
+
+/// Sends `req` through `service` under `recorder`, returns the candidates the inner
+/// service saw.
+fn candidates_seen(
+    service: &mut AffinityService<Mock>,
+    handle: &mut Handle,
+    recorder: &CountingRecorder,
+    req: Request<String>,
+) -> Vec<String> {
+    let ready = std::future::poll_fn(|cx| service.poll_ready(cx));
+    assert!(matches!(
+        poll_once(&mut Box::pin(ready)),
+        Poll::Ready(Ok(()))
+    ));
+    let _pending = metrics::with_local_recorder(recorder, || service.call(req));
+    let Poll::Ready(Some((req, _send))) = handle.poll_request() else {
+        panic!("the inner service got no request");
+    };
+    req.extensions()
+        .get::<Candidates>()
+        .unwrap()
+        .as_slice()
+        .iter()
+        .map(|id| id.name().to_owned())
+        .collect()
+}
+
+fn request_with(prompt: Option<&Prompt>) -> Request<String> {
+    let mut req = Request::new(String::new());
+    if let Some(prompt) = prompt {
+        req.extensions_mut().insert(prompt.clone());
+    }
+    req
+}
+
+fn outcome_count(recorder: &CountingRecorder, outcome: Outcome) -> u64 {
+    recorder.counter(PREFIX_AFFINITY_TOTAL, &format!("outcome={outcome}"))
+}
+
+#[test]
+fn the_layer_writes_the_sticky_candidates_and_counts_the_outcome() {
+    let f = two_sites();
+    f.affinity.set_settings(settings(&PrefixAffinityConfig {
+        exploration: 0.0,
+        ..PrefixAffinityConfig::default()
+    }));
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    let (mut service, mut handle) = layer_over(&f);
+    let recorder = CountingRecorder::default();
+
+    let seen = candidates_seen(
+        &mut service,
+        &mut handle,
+        &recorder,
+        request_with(Some(&first)),
+    );
+    assert_eq!(seen, ["east-a", "west-a"]);
+    assert_eq!(outcome_count(&recorder, Outcome::NoMatch), 1);
+
+    f.confirm("west-a", &first);
+    let seen = candidates_seen(
+        &mut service,
+        &mut handle,
+        &recorder,
+        request_with(Some(&next)),
+    );
+    assert_eq!(seen, ["west-a"]);
+    assert_eq!(outcome_count(&recorder, Outcome::Sticky), 1);
+    assert_eq!(recorder.total(PREFIX_AFFINITY_TOTAL), 2);
+}
+
+#[test]
+fn the_layer_counts_a_prompt_without_keys_as_not_applicable() {
+    let f = two_sites();
+    let (mut service, mut handle) = layer_over(&f);
+    let recorder = CountingRecorder::default();
+    let unkeyed = Prompt::new(Some(MODEL.into()), Err(NoKeys::TokenIds));
+    let seen = candidates_seen(
+        &mut service,
+        &mut handle,
+        &recorder,
+        request_with(Some(&unkeyed)),
+    );
+    assert_eq!(seen, ["east-a", "west-a"]);
+    assert_eq!(outcome_count(&recorder, Outcome::NotApplicable), 1);
+}
+
+#[test]
+fn an_unread_request_routes_on_every_admitted_cluster_and_counts_nothing() {
+    let mut spec = grid_spec(&[("east", &["east-a"]), ("west", &["west-a"])]);
+    spec.sites[1].clusters[0].models = vec!["other".into()];
+    let f = two_sites();
+    f.grid.reconfigure(&spec, GridSettings::default()).unwrap();
+    let (mut service, mut handle) = layer_over(&f);
+    let recorder = CountingRecorder::default();
+    let seen = candidates_seen(&mut service, &mut handle, &recorder, request_with(None));
+    assert_eq!(seen, ["east-a", "west-a"]);
+    assert_eq!(recorder.total(PREFIX_AFFINITY_TOTAL), 0);
+}
+
+#[test]
+fn the_layer_offers_only_clusters_serving_the_model() {
+    let mut spec = grid_spec(&[("east", &["east-a"]), ("west", &["west-a"])]);
+    spec.sites[1].clusters[0].models = vec!["other".into()];
+    let f = two_sites();
+    f.grid.reconfigure(&spec, GridSettings::default()).unwrap();
+    let (first, _) = turn_and_follow_up(&f, 40 * 256);
+    let (mut service, mut handle) = layer_over(&f);
+    let recorder = CountingRecorder::default();
+    let seen = candidates_seen(
+        &mut service,
+        &mut handle,
+        &recorder,
+        request_with(Some(&first)),
+    );
+    // One admitted candidate: nothing to decide, nothing counted.
+    assert_eq!(seen, ["east-a"]);
+    assert_eq!(recorder.total(PREFIX_AFFINITY_TOTAL), 0);
+}
+
+#[test]
+fn a_pinned_request_gets_its_cluster_alone_and_counts_nothing() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    let (mut service, mut handle) = layer_over(&f);
+    let recorder = CountingRecorder::default();
+    let mut req = request_with(Some(&next));
+    req.extensions_mut().insert(Pinned::new(f.id("west-a")));
+    let seen = candidates_seen(&mut service, &mut handle, &recorder, req);
+    assert_eq!(seen, ["west-a"]);
+    assert_eq!(recorder.total(PREFIX_AFFINITY_TOTAL), 0);
+}
+
+#[test]
+fn disabling_affinity_at_runtime_stops_narrowing_and_counting() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    let (mut service, mut handle) = layer_over(&f);
+    let recorder = CountingRecorder::default();
+    f.affinity.set_settings(settings(&PrefixAffinityConfig {
+        enabled: false,
+        ..PrefixAffinityConfig::default()
+    }));
+    let seen = candidates_seen(
+        &mut service,
+        &mut handle,
+        &recorder,
+        request_with(Some(&next)),
+    );
+    assert_eq!(seen, ["east-a", "west-a"]);
+    assert_eq!(recorder.total(PREFIX_AFFINITY_TOTAL), 0);
+    f.affinity.set_settings(settings(&PrefixAffinityConfig {
+        exploration: 0.0,
+        ..PrefixAffinityConfig::default()
+    }));
+    let seen = candidates_seen(
+        &mut service,
+        &mut handle,
+        &recorder,
+        request_with(Some(&next)),
+    );
+    assert_eq!(seen, ["east-a"]);
+    assert_eq!(outcome_count(&recorder, Outcome::Sticky), 1);
+}
+
+#[test]
+fn the_layer_never_prints_keys() {
+    let f = two_sites();
+    let (first, _) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    let decision = f.decide(&first);
+    let printed = format!("{decision:?} {:?}", f.affinity);
+    for key in first.keys().unwrap().as_slice() {
+        assert!(!printed.contains(&key.to_string()));
+        assert!(!printed.contains(&format!("{key:x}")));
+    }
+}

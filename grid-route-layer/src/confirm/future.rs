@@ -1,0 +1,91 @@
+//! [`ResponseFuture`]: judges the answer at its head.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Instant;
+
+use http::Response;
+use pin_project_lite::pin_project;
+
+use super::verdict::Verdict;
+use crate::grid::ClusterId;
+use crate::index::PrefixIndex;
+use crate::keying::PrefixKeys;
+use crate::route::{BoxError, DispatchError, Served};
+
+/// A request's keys waiting for its answer.
+#[derive(Debug)]
+pub(super) struct Pending {
+    keys: PrefixKeys,
+    index: Arc<PrefixIndex>,
+}
+
+impl Pending {
+    pub(super) fn new(keys: PrefixKeys, index: Arc<PrefixIndex>) -> Self {
+        Self { keys, index }
+    }
+
+    fn settle(self, verdict: Verdict, cluster: &ClusterId, status: Option<u16>) {
+        verdict.apply(&self.index, cluster, self.keys.as_slice(), Instant::now());
+        tracing::debug!(
+            verdict = verdict.as_str(),
+            status,
+            cluster = %cluster,
+            keys = self.keys.len(),
+            "prefix confirmation"
+        );
+    }
+}
+
+pin_project! {
+    /// The future of [`ConfirmService`](super::ConfirmService): resolves with the inner
+    /// service's answer, after applying its verdict to the index.
+    ///
+    /// The verdict is applied once, when the head arrives (or the request fails), so a
+    /// streamed body is never waited for. A future dropped before then changes nothing.
+    #[derive(Debug)]
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+        pending: Option<Pending>,
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(super) fn new(inner: F, pending: Option<Pending>) -> Self {
+        Self { inner, pending }
+    }
+}
+
+impl<F, ResB, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<ResB>, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<Response<ResB>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = ready!(this.inner.poll(cx)).map_err(Into::into);
+        if let Some(pending) = this.pending.take() {
+            match &result {
+                Ok(response) => {
+                    // No `Served`: the balancer did not say where the request went, so
+                    // there is nowhere to record it.
+                    if let Some(served) = response.extensions().get::<Served>() {
+                        let status = response.status().as_u16();
+                        pending.settle(Verdict::of_status(status), served.cluster(), Some(status));
+                    }
+                }
+                Err(error) => {
+                    if let Some(failed) = DispatchError::find_in(&**error) {
+                        pending.settle(Verdict::of_failed_connection(), failed.cluster(), None);
+                    }
+                }
+            }
+        }
+        Poll::Ready(result)
+    }
+}

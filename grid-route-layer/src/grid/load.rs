@@ -1,0 +1,367 @@
+//! A cluster's live load: windowed worst queue depth, endpoint health, requests in flight.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The live load of one cluster, shared by every request that reads or changes it.
+///
+/// Everything here is interior-mutable and cheap to read: queue samples sit behind one
+/// small mutex per endpoint, health and in-flight counts are atomics. Time is passed in,
+/// never read, so the simulator and tests drive it with any clock.
+///
+/// # Queue depth
+///
+/// The gateway polls each endpoint's waiting-request count and records it with
+/// [`record_queue`](Self::record_queue). The cluster's depth is the *windowed worst*: for
+/// each endpoint the largest sample of the last window, and the largest of those over the
+/// cluster's healthy endpoints. An endpoint with no readable sample in the window is
+/// unmeasured, and makes the cluster's depth `f64::INFINITY`: a cluster the gateway cannot
+/// see is never preferred to one it can. Unhealthy endpoints do not count (their engines
+/// take no traffic); a cluster with none healthy reads `f64::INFINITY` too.
+pub struct ClusterLoad {
+    window: Duration,
+    in_flight: Arc<AtomicUsize>,
+    /// In the cluster's endpoint order.
+    endpoints: Box<[Arc<EndpointLoad>]>,
+}
+
+pub(super) struct EndpointLoad {
+    url: Arc<str>,
+    healthy: AtomicBool,
+    samples: Mutex<QueueWindow>,
+}
+
+impl ClusterLoad {
+    /// A cluster load with no sample yet (unmeasured), every endpoint healthy.
+    pub(super) fn new(endpoints: &[Arc<str>], window: Duration) -> Self {
+        Self {
+            window,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            endpoints: endpoints
+                .iter()
+                .map(|url| Arc::new(EndpointLoad::new(Arc::clone(url))))
+                .collect(),
+        }
+    }
+
+    /// The load of a reconfigured cluster: the in-flight count and the state of endpoints
+    /// that stay (matched by URL) carry over; new endpoints start healthy and unmeasured.
+    pub(super) fn carried_over(&self, endpoints: &[Arc<str>], window: Duration) -> Self {
+        Self {
+            window,
+            in_flight: Arc::clone(&self.in_flight),
+            endpoints: endpoints
+                .iter()
+                .map(|url| match self.endpoint(url) {
+                    Some(kept) => Arc::clone(kept),
+                    None => Arc::new(EndpointLoad::new(Arc::clone(url))),
+                })
+                .collect(),
+        }
+    }
+
+    fn endpoint(&self, url: &str) -> Option<&Arc<EndpointLoad>> {
+        // Clusters have a handful of endpoints: a scan beats hashing.
+        self.endpoints.iter().find(|e| &*e.url == url)
+    }
+
+    /// Records a queue sample for the endpoint at `url` taken at `now`: `Some(waiting)`, or
+    /// `None` when the endpoint's metrics could not be read. Returns `false` for a URL the
+    /// cluster does not have.
+    ///
+    /// A sample that is negative, NaN or infinite counts as unreadable. Samples are
+    /// expected in time order; one older than the latest counts as taken at the latest
+    /// time.
+    pub fn record_queue(&self, url: &str, waiting: Option<f64>, now: Instant) -> bool {
+        let Some(endpoint) = self.endpoint(url) else {
+            return false;
+        };
+        let readable = waiting.filter(|w| w.is_finite() && *w >= 0.0);
+        endpoint.window().record(readable, now, self.window);
+        true
+    }
+
+    /// The cluster's windowed worst queue depth at `now`; `f64::INFINITY` when unmeasured.
+    pub fn queue_depth(&self, now: Instant) -> f64 {
+        let mut worst = f64::NEG_INFINITY;
+        for endpoint in &*self.endpoints {
+            if endpoint.healthy.load(Ordering::Relaxed) {
+                worst = worst.max(endpoint.window().worst(now, self.window));
+            }
+        }
+        // No healthy endpoint: nothing measured.
+        if worst == f64::NEG_INFINITY {
+            f64::INFINITY
+        } else {
+            worst
+        }
+    }
+
+    /// The window queue samples count for.
+    pub fn queue_window(&self) -> Duration {
+        self.window
+    }
+
+    /// Marks the endpoint at `url` healthy or not (endpoints start healthy). Returns
+    /// `false` for a URL the cluster does not have.
+    pub fn set_endpoint_healthy(&self, url: &str, healthy: bool) -> bool {
+        match self.endpoint(url) {
+            Some(endpoint) => {
+                endpoint.healthy.store(healthy, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the endpoint at `url` is believed healthy; `None` for an unknown URL.
+    pub fn endpoint_healthy(&self, url: &str) -> Option<bool> {
+        self.endpoint(url)
+            .map(|e| e.healthy.load(Ordering::Relaxed))
+    }
+
+    /// Whether at least one endpoint is believed healthy.
+    pub fn any_healthy(&self) -> bool {
+        self.endpoints
+            .iter()
+            .any(|e| e.healthy.load(Ordering::Relaxed))
+    }
+
+    /// Requests this replica sent to the cluster that have not had their answer's head.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request in flight until the returned guard is dropped.
+    pub fn start_request(&self) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight {
+            count: Arc::clone(&self.in_flight),
+        }
+    }
+}
+
+impl fmt::Debug for ClusterLoad {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterLoad")
+            .field("window", &self.window)
+            .field("in_flight", &self.in_flight())
+            .field("endpoints", &self.endpoints)
+            .finish()
+    }
+}
+
+/// A request counted in its cluster's [`ClusterLoad::in_flight`]; dropping it ends the
+/// count. The count survives reconfiguration, so a guard taken before a reload still
+/// lowers the right counter.
+#[must_use = "the request stops counting as in flight when the guard is dropped"]
+pub struct InFlight {
+    count: Arc<AtomicUsize>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlight").finish_non_exhaustive()
+    }
+}
+
+impl EndpointLoad {
+    fn new(url: Arc<str>) -> Self {
+        Self {
+            url,
+            healthy: AtomicBool::new(true),
+            samples: Mutex::new(QueueWindow::default()),
+        }
+    }
+
+    // Every operation on a window leaves it consistent, so a poisoned lock is recovered
+    // rather than turned into a panic on every later request.
+    fn window(&self) -> std::sync::MutexGuard<'_, QueueWindow> {
+        self.samples.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl fmt::Debug for EndpointLoad {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EndpointLoad")
+            .field("url", &self.url)
+            .field("healthy", &self.healthy.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The readable samples of one endpoint that can still be the window's worst.
+///
+/// A monotonic queue: times rise and values fall from front to back, because a sample is
+/// never the worst of any later window once a later sample is at least as large. So the
+/// worst of the window is the first sample not yet expired, found in O(1) amortised, and
+/// the queue holds at most the samples of one window.
+#[derive(Default)]
+struct QueueWindow {
+    falling: VecDeque<(Instant, f64)>,
+    latest: Option<Instant>,
+}
+
+impl QueueWindow {
+    fn record(&mut self, waiting: Option<f64>, now: Instant, window: Duration) {
+        let at = self.latest.map_or(now, |latest| latest.max(now));
+        self.latest = Some(at);
+        if let Some(waiting) = waiting {
+            while self.falling.back().is_some_and(|&(_, w)| w <= waiting) {
+                self.falling.pop_back();
+            }
+            self.falling.push_back((at, waiting));
+        }
+        self.expire(at, window);
+    }
+
+    fn worst(&mut self, now: Instant, window: Duration) -> f64 {
+        self.expire(now, window);
+        self.falling.front().map_or(f64::INFINITY, |&(_, w)| w)
+    }
+
+    /// Drops samples older than `window` before `now`: a sample taken exactly `window`
+    /// ago has left the window.
+    fn expire(&mut self, now: Instant, window: Duration) {
+        let Some(cutoff) = now.checked_sub(window) else {
+            // The clock has not run for a whole window yet: every sample is in it.
+            return;
+        };
+        while self.falling.front().is_some_and(|&(at, _)| at <= cutoff) {
+            self.falling.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+// Tests compare values that are stored and read back, not computed: exactly equal.
+#[allow(clippy::float_cmp)]
+mod tests {
+    use super::*;
+
+    const WINDOW: Duration = Duration::from_secs(10);
+
+    fn urls(n: usize) -> Vec<Arc<str>> {
+        (0..n).map(|i| format!("http://e{i}").into()).collect()
+    }
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn a_cluster_without_samples_is_unmeasured() {
+        let load = ClusterLoad::new(&urls(2), WINDOW);
+        assert_eq!(load.queue_depth(Instant::now()), f64::INFINITY);
+    }
+
+    #[test]
+    fn the_depth_is_the_worst_sample_of_the_window_over_all_endpoints() {
+        let load = ClusterLoad::new(&urls(2), WINDOW);
+        let t0 = Instant::now();
+        load.record_queue("http://e0", Some(7.0), t0);
+        load.record_queue("http://e0", Some(2.0), t0 + secs(1));
+        load.record_queue("http://e1", Some(3.0), t0 + secs(1));
+        assert_eq!(load.queue_depth(t0 + secs(2)), 7.0);
+        load.record_queue("http://e1", Some(9.0), t0 + secs(3));
+        assert_eq!(load.queue_depth(t0 + secs(3)), 9.0);
+    }
+
+    #[test]
+    fn samples_age_out_of_the_window() {
+        let load = ClusterLoad::new(&urls(1), WINDOW);
+        let t0 = Instant::now();
+        load.record_queue("http://e0", Some(8.0), t0);
+        load.record_queue("http://e0", Some(1.0), t0 + secs(5));
+        assert_eq!(load.queue_depth(t0 + secs(9)), 8.0);
+        // The spike is exactly one window old: gone; the later sample remains.
+        assert_eq!(load.queue_depth(t0 + secs(10)), 1.0);
+        // Nothing read for a whole window: unmeasured again.
+        assert_eq!(load.queue_depth(t0 + secs(15)), f64::INFINITY);
+    }
+
+    #[test]
+    fn an_unreadable_endpoint_makes_the_cluster_unmeasured() {
+        let load = ClusterLoad::new(&urls(2), WINDOW);
+        let t0 = Instant::now();
+        load.record_queue("http://e0", Some(1.0), t0);
+        load.record_queue("http://e1", None, t0);
+        assert_eq!(load.queue_depth(t0), f64::INFINITY);
+        for bad in [f64::NAN, -1.0, f64::INFINITY] {
+            let one = ClusterLoad::new(&urls(1), WINDOW);
+            one.record_queue("http://e0", Some(bad), t0);
+            assert_eq!(one.queue_depth(t0), f64::INFINITY, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_unreadable_poll_keeps_the_readable_samples_of_the_window() {
+        let load = ClusterLoad::new(&urls(1), WINDOW);
+        let t0 = Instant::now();
+        load.record_queue("http://e0", Some(4.0), t0);
+        load.record_queue("http://e0", None, t0 + secs(1));
+        assert_eq!(load.queue_depth(t0 + secs(2)), 4.0);
+    }
+
+    #[test]
+    fn unhealthy_endpoints_do_not_count_and_none_healthy_is_unmeasured() {
+        let load = ClusterLoad::new(&urls(2), WINDOW);
+        let t0 = Instant::now();
+        load.record_queue("http://e0", Some(2.0), t0);
+        assert!(load.set_endpoint_healthy("http://e1", false));
+        assert_eq!(load.queue_depth(t0), 2.0);
+        assert!(load.any_healthy());
+        load.set_endpoint_healthy("http://e0", false);
+        assert!(!load.any_healthy());
+        assert_eq!(load.queue_depth(t0), f64::INFINITY);
+        assert!(!load.set_endpoint_healthy("http://nope", false));
+        assert!(!load.record_queue("http://nope", Some(1.0), t0));
+    }
+
+    #[test]
+    fn a_late_sample_counts_as_taken_at_the_latest_time() {
+        let load = ClusterLoad::new(&urls(1), WINDOW);
+        let t0 = Instant::now();
+        load.record_queue("http://e0", Some(1.0), t0 + secs(5));
+        load.record_queue("http://e0", Some(6.0), t0);
+        assert_eq!(load.queue_depth(t0 + secs(14)), 6.0);
+        assert_eq!(load.queue_depth(t0 + secs(15)), f64::INFINITY);
+    }
+
+    #[test]
+    fn in_flight_counts_until_the_guard_drops() {
+        let load = ClusterLoad::new(&urls(1), WINDOW);
+        let a = load.start_request();
+        let b = load.start_request();
+        assert_eq!(load.in_flight(), 2);
+        drop(a);
+        assert_eq!(load.in_flight(), 1);
+        let carried = load.carried_over(&urls(1), WINDOW);
+        drop(b);
+        assert_eq!(carried.in_flight(), 0);
+    }
+
+    #[test]
+    fn reconfiguration_keeps_endpoints_that_stay_by_url() {
+        let load = ClusterLoad::new(&urls(2), WINDOW);
+        let t0 = Instant::now();
+        load.record_queue("http://e1", Some(3.0), t0);
+        load.set_endpoint_healthy("http://e0", false);
+        let next: Vec<Arc<str>> = vec!["http://e1".into(), "http://e2".into()];
+        let carried = load.carried_over(&next, secs(20));
+        assert_eq!(carried.endpoint_healthy("http://e0"), None);
+        assert_eq!(carried.endpoint_healthy("http://e2"), Some(true));
+        carried.record_queue("http://e2", Some(1.0), t0);
+        assert_eq!(carried.queue_depth(t0 + secs(15)), 3.0);
+        assert_eq!(carried.queue_window(), secs(20));
+    }
+}

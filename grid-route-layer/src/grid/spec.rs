@@ -1,0 +1,373 @@
+//! The grid as configured: plain data in, a validated grid or an error naming the field out.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+
+use super::names::{ClusterDigest, InvalidName};
+
+/// The sites and clusters of a gateway's configuration, as written (the `sites` list).
+///
+/// Plain data with public fields, so that any config format can fill it; [`Grid::new`]
+/// validates it.
+///
+/// [`Grid::new`]: super::Grid::new
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GridSpec {
+    /// The sites, in the order the configuration lists them.
+    pub sites: Vec<SiteSpec>,
+}
+
+/// One site as configured.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SiteSpec {
+    /// The site's name: a DNS-1123 label.
+    pub name: String,
+    /// The site's backend clusters.
+    pub clusters: Vec<ClusterSpec>,
+}
+
+/// One backend cluster as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSpec {
+    /// The cluster's name, unique within its site; its digest names it in tagged ids.
+    pub name: String,
+    /// The models its engines serve (the request's `model` must be one of them).
+    pub models: Vec<String>,
+    /// `false` drains the cluster: it takes no new request, pinned or not.
+    pub admit: bool,
+    /// The base URLs of its engines, e.g. `http://10.0.0.7:8000`.
+    pub endpoints: Vec<String>,
+}
+
+impl Default for ClusterSpec {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            models: Vec::new(),
+            admit: true,
+            endpoints: Vec::new(),
+        }
+    }
+}
+
+/// Grid settings outside the `sites` list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GridSettings {
+    /// The site this gateway replica runs at (`local_site`), if any.
+    pub local_site: Option<String>,
+    /// How far back a cluster's queue depth looks (`queue.window_secs`, default 10 s): the
+    /// depth is the worst sample seen in this window.
+    pub queue_window: Duration,
+}
+
+impl GridSettings {
+    /// The queue window when not configured.
+    pub const DEFAULT_QUEUE_WINDOW: Duration = Duration::from_secs(10);
+}
+
+impl Default for GridSettings {
+    fn default() -> Self {
+        Self {
+            local_site: None,
+            queue_window: Self::DEFAULT_QUEUE_WINDOW,
+        }
+    }
+}
+
+/// A grid configuration that was refused; the message names the field and its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GridError {
+    /// `sites` is empty: a gateway with nowhere to send requests.
+    NoSites,
+    /// `sites[site].name` is not a DNS-1123 label.
+    BadSiteName {
+        /// Position of the site in `sites`.
+        site: usize,
+        /// Why the name was refused.
+        source: InvalidName,
+    },
+    /// Two sites share a name.
+    DuplicateSite {
+        /// The repeated name.
+        name: String,
+        /// Position of its first appearance.
+        first: usize,
+        /// Position of the repeat.
+        second: usize,
+    },
+    /// A site lists no cluster.
+    NoClusters {
+        /// Position of the site.
+        site: usize,
+        /// Its name.
+        name: String,
+    },
+    /// A cluster's name is empty.
+    EmptyClusterName {
+        /// Position of the site.
+        site: usize,
+        /// Position of the cluster in the site's `clusters`.
+        cluster: usize,
+    },
+    /// Two clusters of one site share a name.
+    DuplicateCluster {
+        /// Position of the site.
+        site: usize,
+        /// The repeated name.
+        name: String,
+        /// Position of its first appearance.
+        first: usize,
+        /// Position of the repeat.
+        second: usize,
+    },
+    /// Two clusters of one site have names whose digests collide, so a tagged id could not
+    /// tell them apart.
+    DigestCollision {
+        /// Position of the site.
+        site: usize,
+        /// The first cluster's name.
+        first: String,
+        /// The second cluster's name.
+        second: String,
+        /// The shared digest.
+        digest: ClusterDigest,
+    },
+    /// A cluster serves no model.
+    NoModels {
+        /// Position of the site.
+        site: usize,
+        /// Position of the cluster.
+        cluster: usize,
+        /// The cluster's name.
+        name: String,
+    },
+    /// A cluster lists no endpoint.
+    NoEndpoints {
+        /// Position of the site.
+        site: usize,
+        /// Position of the cluster.
+        cluster: usize,
+        /// The cluster's name.
+        name: String,
+    },
+    /// An endpoint URL is empty or listed twice in one cluster (endpoints are told apart by
+    /// URL, so their load signals would mix).
+    BadEndpoint {
+        /// Position of the site.
+        site: usize,
+        /// Position of the cluster.
+        cluster: usize,
+        /// Position of the endpoint.
+        endpoint: usize,
+        /// The URL.
+        url: String,
+        /// Position of its first appearance, when it repeats one.
+        repeats: Option<usize>,
+    },
+    /// `local_site` names no configured site.
+    UnknownLocalSite {
+        /// The name given.
+        name: String,
+    },
+    /// `queue.window_secs` is zero.
+    ZeroQueueWindow,
+}
+
+impl fmt::Display for GridError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoSites => f.write_str("sites is empty; configure at least one site"),
+            Self::BadSiteName { site, source } => write!(
+                f,
+                "sites[{site}].name {:?} is not a DNS-1123 label: it {}",
+                source.name(),
+                source.reason()
+            ),
+            Self::DuplicateSite {
+                name,
+                first,
+                second,
+            } => write!(
+                f,
+                "sites[{second}].name {name:?} repeats sites[{first}].name"
+            ),
+            Self::NoClusters { site, name } => {
+                write!(f, "sites[{site}].clusters is empty for site {name:?}")
+            }
+            Self::EmptyClusterName { site, cluster } => {
+                write!(f, "sites[{site}].clusters[{cluster}].name is empty")
+            }
+            Self::DuplicateCluster {
+                site,
+                name,
+                first,
+                second,
+            } => write!(
+                f,
+                "sites[{site}].clusters[{second}].name {name:?} repeats \
+                 sites[{site}].clusters[{first}].name"
+            ),
+            Self::DigestCollision {
+                site,
+                first,
+                second,
+                digest,
+            } => write!(
+                f,
+                "sites[{site}] clusters {first:?} and {second:?} have the same digest \
+                 {digest}, so tagged ids could not tell them apart; rename one"
+            ),
+            Self::NoModels {
+                site,
+                cluster,
+                name,
+            } => write!(
+                f,
+                "sites[{site}].clusters[{cluster}].models is empty for cluster {name:?}"
+            ),
+            Self::NoEndpoints {
+                site,
+                cluster,
+                name,
+            } => write!(
+                f,
+                "sites[{site}].clusters[{cluster}].endpoints is empty for cluster {name:?}"
+            ),
+            Self::BadEndpoint {
+                site,
+                cluster,
+                endpoint,
+                url,
+                repeats,
+            } => {
+                write!(
+                    f,
+                    "sites[{site}].clusters[{cluster}].endpoints[{endpoint}] {url:?} "
+                )?;
+                match repeats {
+                    Some(first) => write!(
+                        f,
+                        "repeats sites[{site}].clusters[{cluster}].endpoints[{first}]"
+                    ),
+                    None => f.write_str("is empty"),
+                }
+            }
+            Self::UnknownLocalSite { name } => {
+                write!(f, "local_site {name:?} is not one of the configured sites")
+            }
+            Self::ZeroQueueWindow => f.write_str("queue.window_secs must be greater than 0, got 0"),
+        }
+    }
+}
+
+impl std::error::Error for GridError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::BadSiteName { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Checks everything about a spec that does not depend on live state; on success every
+/// site name is a valid label, cluster names and digests are unique per site and every
+/// cluster has models and distinct, non-empty endpoints.
+pub(super) fn validate(spec: &GridSpec, settings: &GridSettings) -> Result<(), GridError> {
+    if spec.sites.is_empty() {
+        return Err(GridError::NoSites);
+    }
+    if settings.queue_window.is_zero() {
+        return Err(GridError::ZeroQueueWindow);
+    }
+    let mut sites: HashMap<&str, usize> = HashMap::new();
+    for (s, site) in spec.sites.iter().enumerate() {
+        super::SiteName::new(&site.name)
+            .map_err(|source| GridError::BadSiteName { site: s, source })?;
+        if let Some(&first) = sites.get(site.name.as_str()) {
+            return Err(GridError::DuplicateSite {
+                name: site.name.clone(),
+                first,
+                second: s,
+            });
+        }
+        sites.insert(&site.name, s);
+        validate_clusters(s, site)?;
+    }
+    if let Some(local) = &settings.local_site
+        && !sites.contains_key(local.as_str())
+    {
+        return Err(GridError::UnknownLocalSite {
+            name: local.clone(),
+        });
+    }
+    Ok(())
+}
+
+fn validate_clusters(s: usize, site: &SiteSpec) -> Result<(), GridError> {
+    if site.clusters.is_empty() {
+        return Err(GridError::NoClusters {
+            site: s,
+            name: site.name.clone(),
+        });
+    }
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    let mut digests: HashMap<ClusterDigest, usize> = HashMap::new();
+    for (c, cluster) in site.clusters.iter().enumerate() {
+        if cluster.name.is_empty() {
+            return Err(GridError::EmptyClusterName {
+                site: s,
+                cluster: c,
+            });
+        }
+        if let Some(&first) = names.get(cluster.name.as_str()) {
+            return Err(GridError::DuplicateCluster {
+                site: s,
+                name: cluster.name.clone(),
+                first,
+                second: c,
+            });
+        }
+        names.insert(&cluster.name, c);
+        let digest = ClusterDigest::of_name(&cluster.name);
+        if let Some(&first) = digests.get(&digest) {
+            return Err(GridError::DigestCollision {
+                site: s,
+                first: site.clusters[first].name.clone(),
+                second: cluster.name.clone(),
+                digest,
+            });
+        }
+        digests.insert(digest, c);
+        if cluster.models.is_empty() {
+            return Err(GridError::NoModels {
+                site: s,
+                cluster: c,
+                name: cluster.name.clone(),
+            });
+        }
+        if cluster.endpoints.is_empty() {
+            return Err(GridError::NoEndpoints {
+                site: s,
+                cluster: c,
+                name: cluster.name.clone(),
+            });
+        }
+        let mut urls: HashMap<&str, usize> = HashMap::new();
+        for (e, url) in cluster.endpoints.iter().enumerate() {
+            let repeats = urls.get(url.as_str()).copied();
+            if url.is_empty() || repeats.is_some() {
+                return Err(GridError::BadEndpoint {
+                    site: s,
+                    cluster: c,
+                    endpoint: e,
+                    url: url.clone(),
+                    repeats,
+                });
+            }
+            urls.insert(url, e);
+        }
+    }
+    Ok(())
+}

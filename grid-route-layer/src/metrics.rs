@@ -1,0 +1,177 @@
+//! Metric names, their help text, and the gauges a gateway publishes from the grid.
+//!
+//! The layers count through the [`metrics`] facade, so they cost nothing until the
+//! gateway installs a recorder (the example gateway exports Prometheus text on its admin
+//! port). Names are constants here so that dashboards, tests and the layers agree.
+//!
+//! | metric | kind | labels | counted by |
+//! |---|---|---|---|
+//! | `grid_route_prefix_affinity_total` | counter | `outcome` | `AffinityLayer` |
+//! | `grid_route_pin_total` | counter | `outcome` | `PinLayer` |
+//! | `grid_route_decisions_total` | counter | `site`, `cluster` | `Select` |
+//! | `grid_route_keying_seconds` | histogram | | `KeyingLayer` |
+//! | `grid_route_keys_per_request` | histogram | | `KeyingLayer` |
+//! | `grid_route_index_entries` | gauge | `cluster` | [`record_grid_gauges`] |
+//! | `grid_route_queue_depth` | gauge | `site`, `cluster` | [`record_grid_gauges`] |
+//! | `grid_serving_config_reload_total` | counter | `result` | the gateway |
+//!
+//! ```
+//! use grid_route_layer::metrics::{PREFIX_AFFINITY_TOTAL, describe_metrics};
+//!
+//! // Once at start, after installing a recorder: every metric gets its help text.
+//! describe_metrics();
+//! assert_eq!(PREFIX_AFFINITY_TOTAL, "grid_route_prefix_affinity_total");
+//! ```
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use metrics::Unit;
+
+use crate::grid::GridView;
+use crate::index::PrefixIndex;
+
+/// Affinity decisions by outcome (`sticky`, `no_match`, `load_override`, `exploration`,
+/// `not_applicable`).
+pub const PREFIX_AFFINITY_TOTAL: &str = "grid_route_prefix_affinity_total";
+/// Pinning decisions by outcome (`pinned`, `gone`, `unavailable`, `bad_tag`).
+pub const PIN_TOTAL: &str = "grid_route_pin_total";
+/// Requests dispatched, by site and cluster.
+pub const DECISIONS_TOTAL: &str = "grid_route_decisions_total";
+/// Time spent keying a request body, in seconds.
+pub const KEYING_SECONDS: &str = "grid_route_keying_seconds";
+/// Prefix keys per keyed request.
+pub const KEYS_PER_REQUEST: &str = "grid_route_keys_per_request";
+/// Prefix index entries per cluster.
+pub const INDEX_ENTRIES: &str = "grid_route_index_entries";
+/// Windowed worst queue depth per cluster (`+Inf` when unmeasured).
+pub const QUEUE_DEPTH: &str = "grid_route_queue_depth";
+/// Config reloads by result (`applied`, `rejected`).
+pub const CONFIG_RELOAD_TOTAL: &str = "grid_serving_config_reload_total";
+
+/// The label naming an outcome.
+pub const OUTCOME_LABEL: &str = "outcome";
+/// The label naming a site.
+pub const SITE_LABEL: &str = "site";
+/// The label naming a cluster (its name; with `site` where both appear).
+pub const CLUSTER_LABEL: &str = "cluster";
+/// The label naming a reload's result.
+pub const RESULT_LABEL: &str = "result";
+
+/// Registers the help text (and unit) of every metric with the installed recorder. Call
+/// it once at start, after installing the recorder.
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        PREFIX_AFFINITY_TOTAL,
+        Unit::Count,
+        "Prefix affinity decisions for requests with at least two admitted clusters, by \
+         outcome: sticky, no_match, load_override, exploration, not_applicable."
+    );
+    metrics::describe_counter!(
+        PIN_TOTAL,
+        Unit::Count,
+        "Requests naming a stored response or conversation, by outcome: pinned, gone \
+         (cluster not in the grid), unavailable (cluster admits no new request), bad_tag."
+    );
+    metrics::describe_counter!(
+        DECISIONS_TOTAL,
+        Unit::Count,
+        "Requests dispatched to each backend cluster by this replica."
+    );
+    metrics::describe_histogram!(
+        KEYING_SECONDS,
+        Unit::Seconds,
+        "Time to compute a request's prefix keys from its body."
+    );
+    metrics::describe_histogram!(
+        KEYS_PER_REQUEST,
+        Unit::Count,
+        "Prefix keys computed per keyed request (at most 512)."
+    );
+    metrics::describe_gauge!(
+        INDEX_ENTRIES,
+        Unit::Count,
+        "Confirmed prefix keys this replica remembers per backend cluster, expired ones \
+         included until swept."
+    );
+    metrics::describe_gauge!(
+        QUEUE_DEPTH,
+        Unit::Count,
+        "Each backend cluster's windowed worst queue depth (waiting requests); +Inf when \
+         unmeasured."
+    );
+    metrics::describe_counter!(
+        CONFIG_RELOAD_TOTAL,
+        Unit::Count,
+        "Config reloads by result: applied, or rejected (the old config stays)."
+    );
+}
+
+/// Sets `grid_route_queue_depth{site,cluster}` and `grid_route_index_entries{cluster}` for
+/// every cluster of `view`, at `now`. Call it after each queue poll or before each scrape.
+///
+/// The index gauge's `cluster` label is `site/name`, since it has no `site` label.
+pub fn record_grid_gauges(view: &GridView, index: &PrefixIndex, now: Instant) {
+    for cluster in view.clusters() {
+        let id = cluster.id();
+        metrics::gauge!(
+            QUEUE_DEPTH,
+            SITE_LABEL => Arc::clone(id.site().as_arc()),
+            CLUSTER_LABEL => Arc::clone(id.name_arc())
+        )
+        .set(cluster.load().queue_depth(now));
+        metrics::gauge!(INDEX_ENTRIES, CLUSTER_LABEL => id.to_string())
+            .set(index.entries(id) as f64);
+    }
+}
+
+#[cfg(test)]
+// Tests compare values that are stored and read back, not computed: exactly equal.
+#[allow(clippy::float_cmp)]
+mod tests {
+    use super::*;
+    use crate::grid::{Grid, GridSettings};
+    use crate::index::IndexSettings;
+    use crate::test_support::{CountingRecorder, grid_spec};
+
+    #[test]
+    fn grid_gauges_show_queue_depth_and_index_entries() {
+        let grid = Grid::new(
+            &grid_spec(&[("east", &["east-a"]), ("west", &["west-a"])]),
+            GridSettings::default(),
+        )
+        .unwrap();
+        let view = grid.view();
+        let index = Arc::new(PrefixIndex::new(
+            IndexSettings::default(),
+            view.cluster_ids(),
+        ));
+        let now = Instant::now();
+        let east = view.clusters()[0].id();
+        index.confirm(east, &[1, 2, 3], now);
+        view.clusters()[0]
+            .load()
+            .record_queue("http://east-a", Some(4.0), now);
+        let recorder = CountingRecorder::default();
+        metrics::with_local_recorder(&recorder, || {
+            describe_metrics();
+            record_grid_gauges(&view, &index, now);
+        });
+        assert_eq!(
+            recorder.gauge(QUEUE_DEPTH, "cluster=east-a,site=east"),
+            Some(4.0)
+        );
+        assert_eq!(
+            recorder.gauge(QUEUE_DEPTH, "cluster=west-a,site=west"),
+            Some(f64::INFINITY)
+        );
+        assert_eq!(
+            recorder.gauge(INDEX_ENTRIES, "cluster=east/east-a"),
+            Some(3.0)
+        );
+        assert_eq!(
+            recorder.gauge(INDEX_ENTRIES, "cluster=west/west-a"),
+            Some(0.0)
+        );
+    }
+}

@@ -1,0 +1,103 @@
+//! [`ResponseFuture`]: the chosen cluster's answer, marked with where it came from.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use http::Response;
+use pin_project_lite::pin_project;
+use tower::Service;
+use tower::util::Oneshot;
+
+use crate::grid::{ClusterId, InFlight};
+use crate::route::{BoxError, DispatchError, NoCandidate, Served};
+
+pin_project! {
+    /// The future of [`Select`](super::Select): waits for the chosen cluster's service to
+    /// be ready, calls it, and sets [`Served`] on its answer.
+    ///
+    /// The request counts as in flight at its cluster until the answer's head arrives
+    /// (or the request fails or is dropped): for streamed answers that is the time to
+    /// first token, which is when the engine has queued and prefilled it — the load the
+    /// queue signal measures. An error of the cluster's service is returned as a
+    /// [`DispatchError`] naming the cluster.
+    pub struct ResponseFuture<S, R>
+    where
+        S: Service<R>,
+    {
+        #[pin]
+        state: State<S, R>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, R>
+    where
+        S: Service<R>,
+    {
+        NoCandidate {
+            error: Option<NoCandidate>,
+        },
+        Dispatched {
+            #[pin]
+            call: Oneshot<S, R>,
+            cluster: Option<ClusterId>,
+            in_flight: Option<InFlight>,
+        },
+    }
+}
+
+impl<S: Service<R>, R> ResponseFuture<S, R> {
+    pub(super) fn no_candidate(error: NoCandidate) -> Self {
+        Self {
+            state: State::NoCandidate { error: Some(error) },
+        }
+    }
+
+    pub(super) fn dispatched(call: Oneshot<S, R>, cluster: ClusterId, in_flight: InFlight) -> Self {
+        Self {
+            state: State::Dispatched {
+                call,
+                cluster: Some(cluster),
+                in_flight: Some(in_flight),
+            },
+        }
+    }
+}
+
+impl<S, R, ResB> Future for ResponseFuture<S, R>
+where
+    S: Service<R, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResB>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::NoCandidate { error } => Poll::Ready(Err(match error.take() {
+                Some(error) => error.into(),
+                None => "select future polled after completion".into(),
+            })),
+            StateProj::Dispatched {
+                call,
+                cluster,
+                in_flight,
+            } => {
+                let result = ready!(call.poll(cx));
+                // The head (or the failure) is here: the request no longer counts.
+                in_flight.take();
+                let Some(cluster) = cluster.take() else {
+                    return Poll::Ready(Err("select future polled after completion".into()));
+                };
+                Poll::Ready(match result {
+                    Ok(mut response) => {
+                        response.extensions_mut().insert(Served::new(cluster));
+                        Ok(response)
+                    }
+                    Err(error) => Err(DispatchError::new(cluster, error).into()),
+                })
+            }
+        }
+    }
+}

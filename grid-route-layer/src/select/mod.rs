@@ -1,0 +1,116 @@
+//! The default inner balancer: the least loaded candidate, through its cluster's service.
+//!
+//! Affinity decides *which clusters* may take a request ([`Candidates`]); something still
+//! has to pick one and send the request there. [`Select`] picks the candidate with the
+//! lowest windowed worst queue depth, then the fewest requests in flight from this
+//! replica, then the next in turn ([`least_loaded`]), and dispatches to that cluster's
+//! service, which the gateway supplies through a factory — typically a `tower::balance`
+//! p2c over the cluster's endpoints, since p2c balances *inside* a cluster. It sets
+//! [`Served`] on the answer for confirmation and pinning, counts
+//! `grid_route_decisions_total{site,cluster}`, and turns any error of the cluster's
+//! service into a [`DispatchError`] naming the cluster.
+//!
+//! - Candidates: the [`Candidates`] extension when set (ids that left the grid or stopped
+//!   admitting since are skipped); else the [`Pinned`] cluster; else every admitted
+//!   cluster serving the [`Prompt`]'s model (every admitted cluster without one).
+//! - No candidate left: a [`NoCandidate`] error, which a gateway answers with a 503.
+//! - `poll_ready` is always ready; the response future waits for the chosen cluster's
+//!   service. The request counts in flight until its answer's head.
+//!
+//! # Example: p2c over each cluster's endpoints
+//!
+//! ```
+//! use std::convert::Infallible;
+//!
+//! use grid_route_layer::grid::{Cluster, ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+//! use grid_route_layer::route::Served;
+//! use grid_route_layer::select::Select;
+//! use http::{Request, Response};
+//! use tower::balance::p2c::Balance;
+//! use tower::buffer::Buffer;
+//! use tower::discover::ServiceList;
+//! use tower::load::{CompleteOnResponse, PendingRequests};
+//! use tower::{ServiceExt, service_fn};
+//!
+//! let spec = GridSpec {
+//!     sites: vec![SiteSpec {
+//!         name: "east".into(),
+//!         clusters: vec![ClusterSpec {
+//!             name: "east-a".into(),
+//!             models: vec!["demo-model".into()],
+//!             admit: true,
+//!             endpoints: vec!["http://10.0.0.1:8000".into(), "http://10.0.0.2:8000".into()],
+//!         }],
+//!     }],
+//! };
+//! let grid = Grid::new(&spec, GridSettings::default()).unwrap();
+//!
+//! // One service per cluster: p2c over its endpoints (here stand-ins for an HTTP client),
+//! // behind a Buffer so that it is Clone.
+//! let cluster_service = |cluster: &Cluster| {
+//!     let endpoints = cluster.endpoints().iter().map(|url| {
+//!         let url = url.clone();
+//!         let endpoint = service_fn(move |_req: Request<String>| {
+//!             let url = url.clone();
+//!             async move { Ok::<_, Infallible>(Response::new(format!("from {url}"))) }
+//!         });
+//!         PendingRequests::new(endpoint, CompleteOnResponse::default())
+//!     });
+//!     Buffer::new(Balance::new(ServiceList::new(endpoints.collect::<Vec<_>>())), 1024)
+//! };
+//! let select = Select::new(grid, cluster_service);
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let response = select.oneshot(Request::new(String::from("{}"))).await.unwrap();
+//! assert_eq!(response.extensions().get::<Served>().unwrap().cluster().name(), "east-a");
+//! assert!(response.body().starts_with("from http://10.0.0."));
+//! # });
+//! ```
+//!
+//! # Example: your own balancer
+//!
+//! Any balancer plugs in under [`AffinityLayer`](crate::affinity::AffinityLayer) by
+//! reading [`Candidates`] and setting [`Served`] (and returning a [`DispatchError`] when a
+//! cluster cannot be reached), here one that always takes the first candidate:
+//!
+//! ```
+//! use std::convert::Infallible;
+//!
+//! use grid_route_layer::route::{Candidates, Served};
+//! use http::{Request, Response};
+//! use tower::service_fn;
+//!
+//! let first_candidate = service_fn(|req: Request<String>| async move {
+//!     let cluster = req
+//!         .extensions()
+//!         .get::<Candidates>()
+//!         .and_then(|c| c.as_slice().first().cloned());
+//!     let mut response = Response::new(String::new());
+//!     if let Some(cluster) = cluster {
+//!         // ... send `req` to `cluster` ...
+//!         response.extensions_mut().insert(Served::new(cluster));
+//!     }
+//!     Ok::<_, Infallible>(response)
+//! });
+//! # let _ = first_candidate;
+//! ```
+//!
+//! [`Candidates`]: crate::route::Candidates
+//! [`Served`]: crate::route::Served
+//! [`Pinned`]: crate::route::Pinned
+//! [`Prompt`]: crate::route::Prompt
+//! [`DispatchError`]: crate::route::DispatchError
+//! [`NoCandidate`]: crate::route::NoCandidate
+
+mod future;
+mod pick;
+mod service;
+
+pub use future::ResponseFuture;
+pub use pick::least_loaded;
+pub use service::Select;
+
+#[cfg(test)]
+// Tests compare values that are stored and read back, not computed: exactly equal.
+#[allow(clippy::float_cmp)]
+mod tests;
