@@ -40,21 +40,42 @@
 //! before, so they prove nothing); going from a key to no key accepts any well-formed tag.
 //! Time is passed in (`now: Instant`), so the core never reads a clock.
 //!
+//! # Rewriting bodies
+//!
+//! [`IdRewriter`] tags the response's own ids in 2xx bodies of the Responses and
+//! Conversations endpoints as they stream out, JSON documents and server-sent events alike,
+//! whatever the chunk boundaries, holding back at most one possible id.
+//!
 //! # Example
 //!
 //! ```
 //! use std::time::Instant;
 //!
+//! use bytes::Bytes;
 //! use grid_route_layer::grid::{ClusterDigest, SiteName};
-//! use grid_route_layer::pin::{BadTag, IdKind, TagKey, TagKeys};
+//! use grid_route_layer::pin::{BadTag, Framing, IdKind, IdRewriter, TagKey, TagKeys};
 //!
 //! let key = TagKey::from_bytes(b"an example key of at least 32 bytes!").unwrap();
 //! let keys = TagKeys::new(Some(key));
 //! let site = SiteName::new("east").unwrap();
 //! let stamp = keys.stamp(&site, ClusterDigest::of_name("east-a"));
 //!
+//! // On the way out: tag the ids in a streamed answer, chunk by chunk.
+//! let mut rewriter = IdRewriter::new(stamp.clone(), Framing::EventStream);
+//! let mut out = Vec::new();
+//! for chunk in [
+//!     "event: response.created\ndata: {\"response\":{\"id\":\"resp_6",
+//!     "8a3\",\"output\":[]}}\n\ndata: [DONE]\n\n",
+//! ] {
+//!     out.extend_from_slice(&rewriter.push(Bytes::from(chunk)));
+//! }
+//! out.extend_from_slice(&rewriter.finish());
 //! let tagged = stamp.tag(IdKind::Response, "resp_68a3").unwrap();
 //! assert!(tagged.starts_with("resp_east.1ef772aa."));
+//! let expected = format!(
+//!     "event: response.created\ndata: {{\"response\":{{\"id\":\"{tagged}\",\"output\":[]}}}}\n\ndata: [DONE]\n\n"
+//! );
+//! assert_eq!(String::from_utf8(out).unwrap(), expected);
 //!
 //! // On the way in: check the tag and find the cluster and the engine's id.
 //! let now = Instant::now();
@@ -70,8 +91,10 @@
 //! assert_eq!(keys.untag(IdKind::Response, &escape, now), Err(BadTag::UnsafeId));
 //! ```
 
+mod rewrite;
 mod tag;
 
+pub use rewrite::{Framing, IdRewriter};
 pub use tag::{
     BadTag, IdKind, MAC_HEX_LEN, MAX_ENGINE_ID_BYTES, MIN_TAG_KEY_BYTES, PREVIOUS_KEY_GRACE_SECS,
     TagKey, TagKeyError, TagKeys, TagStamp, UntaggedId,

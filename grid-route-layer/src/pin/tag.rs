@@ -328,7 +328,8 @@ impl TagKeys {
 /// The text that tags ids stored at one site and cluster: `<site>.<digest>.<mac>.`,
 /// written between an engine id's prefix and the rest of it.
 ///
-/// Made by [`TagKeys::stamp`].
+/// Made by [`TagKeys::stamp`]; the [`IdRewriter`](super::IdRewriter) writes it into
+/// response bodies.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TagStamp {
     text: std::sync::Arc<str>,
