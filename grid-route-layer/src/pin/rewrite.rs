@@ -1,14 +1,13 @@
 //! The streaming rewriter that tags a response's own ids in bodies leaving the gateway.
 
-use std::sync::LazyLock;
-
 use bytes::{Bytes, BytesMut};
-use memchr::memmem::Finder;
-use memchr::{memchr2, memrchr};
 
 use super::tag::TagStamp;
+use event_stream::{Line, Unread};
 use scan::JsonScan;
 
+mod event_stream;
+mod prefix;
 mod scan;
 #[cfg(test)]
 mod tests;
@@ -67,6 +66,10 @@ impl Framing {
 /// cannot follow the JSON (malformed input, nesting deeper than 256), it passes the rest of
 /// that document or event through untouched. Unchanged spans are returned as slices of the
 /// input, without copying.
+///
+/// In an event stream, events that hold no `"resp_`/`"conv_` are skipped without parsing;
+/// to do so the rewriter may keep handles to up to 64 KiB of bytes it already returned
+/// (the unread end of the last event), never delaying them.
 #[derive(Debug)]
 pub struct IdRewriter {
     framing: Framing,
@@ -74,25 +77,9 @@ pub struct IdRewriter {
     line: Line,
     /// The last byte was a CR ending a line: an LF right after it belongs to it.
     after_cr: bool,
+    /// The end of an event stream chunk left unread; see `event_stream`.
+    unread: Unread,
 }
-
-/// Where an SSE line is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Line {
-    /// The line so far matches the first n bytes of `data` (0: nothing read yet).
-    Name(u8),
-    /// In the value of a `data:` line.
-    Data,
-    /// In any other line: another field or a comment.
-    Other,
-}
-
-/// `"resp_` and `"conv_`: every tagged value starts with one of them.
-static RESP_QUOTE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"resp_"));
-static CONV_QUOTE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"conv_"));
-
-/// Length of `"resp_`.
-const QUOTED_PREFIX_LEN: usize = 6;
 
 impl IdRewriter {
     /// A rewriter that writes `stamp` into the ids of one body framed as `framing`.
@@ -102,6 +89,7 @@ impl IdRewriter {
             json: JsonScan::new(stamp),
             line: Line::Name(0),
             after_cr: false,
+            unread: Unread::default(),
         }
     }
 
@@ -143,6 +131,8 @@ impl IdRewriter {
         self.json.reset(&mut emit);
         self.line = Line::Name(0);
         self.after_cr = false;
+        // Unread bytes were sent already and hold no id.
+        self.unread.clear();
         emit.finish()
     }
 
@@ -152,141 +142,6 @@ impl IdRewriter {
             i = self.json.scan(input, i, input.len(), emit);
         }
     }
-
-    /// Reads an event stream, skipping whole events that cannot hold a tagged value.
-    ///
-    /// Skipping is sound because an insertion always follows `"resp_` or `"conv_` in this
-    /// chunk when no candidate is open, and a blank line (`\n\n` or `\n\r\n`) starts a new
-    /// event in a known state, whatever came before. Only the stretch from the last event
-    /// start before such a prefix, and the chunk's last event, are read byte by byte.
-    fn push_event_stream(&mut self, input: &[u8], emit: &mut Emit) {
-        let mut next = NextPrefix::default();
-        let mut i = 0;
-        while i < input.len() {
-            let mut limit = input.len();
-            if self.json.is_resolved() {
-                let prefix_at = next.at_or_after(input, i);
-                if let Some(start) = last_event_start(input, i, prefix_at) {
-                    self.json.reset(emit);
-                    self.line = Line::Name(0);
-                    self.after_cr = false;
-                    i = start;
-                }
-                limit = input.len().min(prefix_at + QUOTED_PREFIX_LEN);
-            }
-            i = self.read_lines(input, i, limit, emit);
-        }
-    }
-
-    /// Reads SSE lines in `input[i..limit]`; returns `limit`, or earlier just after a
-    /// candidate id was decided.
-    fn read_lines(&mut self, input: &[u8], mut i: usize, limit: usize, emit: &mut Emit) -> usize {
-        while i < limit {
-            if self.after_cr {
-                self.after_cr = false;
-                if input[i] == b'\n' {
-                    i += 1;
-                    continue;
-                }
-            }
-            match self.line {
-                Line::Data => {
-                    let line_end = memchr2(b'\n', b'\r', &input[i..limit]).map_or(limit, |k| i + k);
-                    if !self.json.is_inert() {
-                        let stop = self.json.scan(input, i, line_end, emit);
-                        if stop < line_end {
-                            return stop;
-                        }
-                    }
-                    if line_end == limit {
-                        return limit;
-                    }
-                    self.json.line_break(emit);
-                    self.end_line(input[line_end]);
-                    i = line_end + 1;
-                }
-                Line::Other => match memchr2(b'\n', b'\r', &input[i..limit]) {
-                    None => return limit,
-                    Some(k) => {
-                        self.end_line(input[i + k]);
-                        i += k + 1;
-                    }
-                },
-                Line::Name(matched) => {
-                    let b = input[i];
-                    i += 1;
-                    let matched = usize::from(matched);
-                    if b == b'\n' || b == b'\r' {
-                        if matched == 0 {
-                            // A blank line ends the event.
-                            self.json.reset(emit);
-                        } else if matched == 4 {
-                            // `data` alone: a data line with an empty value.
-                            self.json.line_break(emit);
-                        }
-                        self.end_line(b);
-                    } else if matched < 4 && b == b"data"[matched] {
-                        self.line = Line::Name(matched as u8 + 1);
-                    } else if matched == 4 && b == b':' {
-                        self.line = Line::Data;
-                    } else {
-                        self.line = Line::Other;
-                    }
-                }
-            }
-        }
-        i
-    }
-
-    fn end_line(&mut self, terminator: u8) {
-        self.line = Line::Name(0);
-        self.after_cr = terminator == b'\r';
-    }
-}
-
-/// The next `"resp_`/`"conv_` in a chunk, remembered so each is searched for once.
-#[derive(Default)]
-struct NextPrefix {
-    resp: Option<usize>,
-    conv: Option<usize>,
-}
-
-impl NextPrefix {
-    /// Position of the next prefix at or after `from`, or `input.len()` when none is left.
-    fn at_or_after(&mut self, input: &[u8], from: usize) -> usize {
-        let resp = Self::refresh(&mut self.resp, &RESP_QUOTE, input, from);
-        let conv = Self::refresh(&mut self.conv, &CONV_QUOTE, input, from);
-        resp.min(conv)
-    }
-
-    fn refresh(slot: &mut Option<usize>, finder: &Finder<'_>, input: &[u8], from: usize) -> usize {
-        match *slot {
-            Some(at) if at >= from => at,
-            _ => {
-                let at = finder
-                    .find(&input[from..])
-                    .map_or(input.len(), |k| from + k);
-                *slot = Some(at);
-                at
-            }
-        }
-    }
-}
-
-/// Where the last event that starts in `input[from..to]` starts: the position just after
-/// the last blank line `\n\n` or `\n\r\n` that lies wholly in that span.
-fn last_event_start(input: &[u8], from: usize, to: usize) -> Option<usize> {
-    let mut end = to;
-    while let Some(k) = memrchr(b'\n', &input[from..end]) {
-        let lf = from + k;
-        let blank = (lf > from && input[lf - 1] == b'\n')
-            || (lf >= from + 2 && input[lf - 1] == b'\r' && input[lf - 2] == b'\n');
-        if blank {
-            return Some(lf + 1);
-        }
-        end = lf;
-    }
-    None
 }
 
 /// The output of one push: slices of the input chunk, with stamps and held bytes written
@@ -305,7 +160,7 @@ enum Out {
 }
 
 impl Emit {
-    fn new(chunk: Bytes) -> Self {
+    pub(super) fn new(chunk: Bytes) -> Self {
         Self {
             chunk,
             mark: 0,

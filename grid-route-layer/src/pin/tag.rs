@@ -535,8 +535,24 @@ fn is_safe_id_part(part: &[u8]) -> bool {
 
 /// Whether an id part (the text after `resp_`/`conv_`) gets a tag: a safe segment, not
 /// too long, and not already a well-formed tag.
+///
+/// One pass, as the rewriter calls it for every id it meets.
 pub(crate) fn is_taggable_part(part: &[u8]) -> bool {
-    part.len() <= MAX_ID_PART_BYTES && is_safe_id_part(part) && !is_well_formed_tag(part)
+    if part.is_empty() || part.len() > MAX_ID_PART_BYTES {
+        return false;
+    }
+    let mut dots = 0;
+    let mut after_dot = false;
+    for &b in part {
+        let dot = b == b'.';
+        if !is_unreserved(b) || (dot && after_dot) {
+            return false;
+        }
+        dots += usize::from(dot);
+        after_dot = dot;
+    }
+    // A tag holds at least three dots; only then can the id be one already.
+    dots < 3 || !is_well_formed_tag(part)
 }
 
 /// Whether an id part already has the shape of a tag (its mac is not checked).

@@ -21,6 +21,9 @@ pub(super) const MAX_DEPTH: usize = 256;
 /// Longest key worth remembering: `previous_response_id`.
 const KEY_BUF_BYTES: usize = 20;
 
+/// Strings up to this long are scanned byte by byte, longer ones with `memchr`.
+const SHORT_STRING_BYTES: usize = 16;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KeyClass {
     Other,
@@ -122,6 +125,11 @@ impl JsonScan {
         !matches!(self.state, State::Prefix { .. } | State::Hold)
     }
 
+    /// Whether an id part is open (some of it may be held back).
+    pub(super) fn is_holding(&self) -> bool {
+        self.state == State::Hold
+    }
+
     pub(super) fn is_inert(&self) -> bool {
         self.state == State::Inert
     }
@@ -186,10 +194,7 @@ impl JsonScan {
                     self.state = State::KeySkip;
                     i + 1
                 }
-                State::KeyText => {
-                    self.key_byte(input[i]);
-                    i + 1
-                }
+                State::KeyText => self.key_text(input, i, end),
                 State::Prefix { kind, matched } => self.prefix_byte(kind, matched, input[i], i),
                 State::Hold => match self.hold(input, i, end, emit) {
                     HoldStep::Open => return end,
@@ -220,10 +225,15 @@ impl JsonScan {
 
     /// Skips string contents up to the next quote or backslash.
     fn skip_string(&mut self, input: &[u8], i: usize, end: usize) -> usize {
-        let Some(k) = memchr2(b'"', b'\\', &input[i..end]) else {
+        // Most strings are short: look at a few bytes before paying for a `memchr` call.
+        let near = end.min(i + SHORT_STRING_BYTES);
+        let found = match input[i..near].iter().position(|&b| b == b'"' || b == b'\\') {
+            Some(k) => Some(i + k),
+            None => memchr2(b'"', b'\\', &input[near..end]).map(|k| near + k),
+        };
+        let Some(at) = found else {
             return end;
         };
-        let at = i + k;
         let in_key = self.state == State::KeySkip;
         match (input[at], in_key) {
             (b'"', false) => self.value_done(),
@@ -237,19 +247,30 @@ impl JsonScan {
         at + 1
     }
 
-    /// One byte of a key of a tag object.
-    fn key_byte(&mut self, b: u8) {
-        match b {
-            b'"' => {
+    /// Reads a key of a tag object into `key`, up to its closing quote.
+    fn key_text(&mut self, input: &[u8], i: usize, end: usize) -> usize {
+        let room = KEY_BUF_BYTES - self.key_len;
+        // One byte more than fits: finding no quote in it means the key is too long.
+        let window = &input[i..end.min(i + room + 1)];
+        let stop = window.iter().position(|&b| b == b'"' || b == b'\\');
+        let text = &window[..stop.unwrap_or(window.len()).min(room)];
+        self.key[self.key_len..self.key_len + text.len()].copy_from_slice(text);
+        self.key_len += text.len();
+        match stop {
+            Some(k) if window[k] == b'"' => {
                 self.key_class = classify(&self.key[..self.key_len]);
                 self.state = State::Colon;
+                i + k + 1
             }
-            b'\\' => self.state = State::KeySkipEscape,
-            _ if self.key_len == KEY_BUF_BYTES => self.state = State::KeySkip,
-            _ => {
-                self.key[self.key_len] = b;
-                self.key_len += 1;
+            Some(k) => {
+                self.state = State::KeySkipEscape;
+                i + k + 1
             }
+            None if window.len() > room => {
+                self.state = State::KeySkip;
+                i + room
+            }
+            None => end,
         }
     }
 

@@ -607,6 +607,40 @@ fn hold_back_is_bounded_by_the_longest_id() {
 }
 
 #[test]
+fn a_long_event_is_tagged_whether_or_not_it_outgrows_the_unread_limit() {
+    for text_len in [1_000, 60_000, 70_000, 200_000] {
+        let body = format!(
+            "data: {{\"text\":\"{}\",\"id\":\"resp_1\"}}\n\ndata: {{\"id\":\"resp_2\"}}\n\n",
+            "a".repeat(text_len)
+        );
+        let expected = body.replace("resp_", &format!("resp_{T}"));
+        for chunk in [1_000, 4_096, 16_384] {
+            let cuts: Vec<usize> = (chunk..body.len()).step_by(chunk).collect();
+            let out = chunked(Framing::EventStream, body.as_bytes(), &cuts);
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                expected,
+                "{text_len} {chunk}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bytes_left_unread_are_still_sent_at_once() {
+    let mut rewriter = IdRewriter::new(stamp(), Framing::EventStream);
+    for chunk in [
+        "event: response.output_text.delta\ndata: {\"item_id\":\"msg_1\",",
+        "\"delta\":\"a long delta\"}\n\nevent: response.output_text.delta\ndata: {\"del",
+        "ta\":\"b\"}\n\ndata: {\"id\":\"resp_1\"}\n\n",
+    ] {
+        let out = rewriter.push(Bytes::from(chunk));
+        assert_eq!(out, chunk.replace("resp_1", &format!("resp_{T}1")));
+    }
+    assert!(rewriter.finish().is_empty());
+}
+
+#[test]
 fn unchanged_chunks_are_passed_on_without_copying() {
     let chunk = Bytes::from_static(
         b"event: response.output_text.delta\ndata: {\"item_id\":\"msg_1\",\"delta\":\"hi\"}\n\n",
