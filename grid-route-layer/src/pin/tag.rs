@@ -555,6 +555,16 @@ pub(crate) fn is_taggable_part(part: &[u8]) -> bool {
     dots < 3 || !is_well_formed_tag(part)
 }
 
+/// [`is_taggable_part`] for a part already known to hold only unreserved bytes and to fit
+/// the bound, as the rewriter's id parts do: most hold no dot, which settles it.
+pub(crate) fn is_taggable_unreserved_part(part: &[u8]) -> bool {
+    debug_assert!(part.len() <= MAX_ID_PART_BYTES && part.iter().all(|&b| is_unreserved(b)));
+    if memchr::memchr(b'.', part).is_none() {
+        return !part.is_empty();
+    }
+    is_taggable_part(part)
+}
+
 /// Whether an id part already has the shape of a tag (its mac is not checked).
 fn is_well_formed_tag(part: &[u8]) -> bool {
     let Ok(text) = std::str::from_utf8(part) else {
@@ -1014,6 +1024,14 @@ mod tests {
             assert!(!shown.contains("SECRET"), "{shown}");
             assert!(!shown.contains("53454352"), "{shown}");
         }
+    }
+
+    #[test]
+    fn unreserved_bytes_are_ascii_letters_digits_and_four_marks() {
+        let unreserved: Vec<u8> = (0..=255u8).filter(|&b| is_unreserved(b)).collect();
+        let expected: Vec<u8> =
+            b"-.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz~".to_vec();
+        assert_eq!(unreserved, expected);
     }
 
     #[test]

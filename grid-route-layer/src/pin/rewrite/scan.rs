@@ -11,7 +11,7 @@ use memchr::memchr2;
 
 use super::Emit;
 use crate::pin::tag::{
-    IdKind, MAX_ID_PART_BYTES, PREFIX_LEN, TagStamp, is_taggable_part, is_unreserved,
+    IdKind, MAX_ID_PART_BYTES, PREFIX_LEN, TagStamp, is_taggable_unreserved_part, is_unreserved,
 };
 
 /// Deepest nesting followed; deeper documents are passed through untouched.
@@ -20,9 +20,6 @@ pub(super) const MAX_DEPTH: usize = 256;
 
 /// Longest key worth remembering: `previous_response_id`.
 const KEY_BUF_BYTES: usize = 20;
-
-/// Strings up to this long are scanned byte by byte, longer ones with `memchr`.
-const SHORT_STRING_BYTES: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KeyClass {
@@ -225,15 +222,10 @@ impl JsonScan {
 
     /// Skips string contents up to the next quote or backslash.
     fn skip_string(&mut self, input: &[u8], i: usize, end: usize) -> usize {
-        // Most strings are short: look at a few bytes before paying for a `memchr` call.
-        let near = end.min(i + SHORT_STRING_BYTES);
-        let found = match input[i..near].iter().position(|&b| b == b'"' || b == b'\\') {
-            Some(k) => Some(i + k),
-            None => memchr2(b'"', b'\\', &input[near..end]).map(|k| near + k),
-        };
-        let Some(at) = found else {
+        let Some(k) = memchr2(b'"', b'\\', &input[i..end]) else {
             return end;
         };
+        let at = i + k;
         let in_key = self.state == State::KeySkip;
         match (input[at], in_key) {
             (b'"', false) => self.value_done(),
@@ -436,11 +428,11 @@ impl JsonScan {
     /// The id part ended at the closing quote at `quote`: tag it or release it.
     fn decide(&mut self, input: &[u8], from: usize, quote: usize, emit: &mut Emit) {
         let taggable = if self.held.is_empty() {
-            is_taggable_part(&input[from..quote])
+            is_taggable_unreserved_part(&input[from..quote])
         } else {
             let carried = self.held.len();
             self.held.extend_from_slice(&input[from..quote]);
-            let taggable = is_taggable_part(&self.held);
+            let taggable = is_taggable_unreserved_part(&self.held);
             self.held.truncate(carried);
             taggable
         };
