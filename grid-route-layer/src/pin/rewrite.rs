@@ -67,9 +67,9 @@ impl Framing {
 /// that document or event through untouched. Unchanged spans are returned as slices of the
 /// input, without copying.
 ///
-/// In an event stream, events that hold no `"resp_`/`"conv_` are skipped without parsing;
-/// to do so the rewriter may keep handles to up to 64 KiB of bytes it already returned
-/// (the unread end of the last event), never delaying them.
+/// In an event stream, events that hold no `"resp_`/`"conv_` are skipped without parsing.
+/// To skip the end of a chunk, the rewriter keeps handles to bytes it already returned
+/// (never delaying them): at most 64 KiB, or the end of the last chunk if larger.
 #[derive(Debug)]
 pub struct IdRewriter {
     framing: Framing,

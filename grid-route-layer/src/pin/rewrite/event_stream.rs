@@ -22,7 +22,8 @@ use memchr::{memchr2, memrchr};
 use super::prefix::{PREFIXES, QUOTED_PREFIX_LEN};
 use super::{Emit, IdRewriter};
 
-/// Most bytes of one event kept unread; longer events are read as they come.
+/// Most bytes kept unread across chunks; beyond, they are read. (The end of one chunk is
+/// always left unread, so a single chunk larger than this is kept whole.)
 pub(super) const MAX_UNREAD_BYTES: usize = 64 << 10;
 
 /// Where an SSE line is.
@@ -108,9 +109,7 @@ impl IdRewriter {
                     return;
                 }
                 if let Some(start) = last_event_start(input, i, prefix_at) {
-                    self.json.reset(emit);
-                    self.line = Line::Name(0);
-                    self.after_cr = false;
+                    self.start_event(emit);
                     i = start;
                 }
                 limit = prefix_at + QUOTED_PREFIX_LEN;
@@ -129,9 +128,8 @@ impl IdRewriter {
             let prefix_at = next.at_or_after(input, 0);
             if let Some(start) = last_event_start(input, 0, prefix_at) {
                 self.unread.clear();
-                self.json.reset(&mut Emit::new(Bytes::new()));
-                self.line = Line::Name(0);
-                self.after_cr = false;
+                // No candidate is open, so starting over writes nothing.
+                self.start_event(&mut Emit::new(Bytes::new()));
                 return start;
             }
             if prefix_at == input.len() && self.unread.len + input.len() <= MAX_UNREAD_BYTES {
@@ -216,6 +214,13 @@ impl IdRewriter {
             }
         }
         i
+    }
+
+    /// The state after a blank line: a new event, at the start of a line.
+    fn start_event(&mut self, emit: &mut Emit) {
+        self.json.reset(emit);
+        self.line = Line::Name(0);
+        self.after_cr = false;
     }
 
     fn end_line(&mut self, terminator: u8) {
