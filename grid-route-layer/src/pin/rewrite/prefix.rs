@@ -14,6 +14,9 @@ use memchr::memmem;
 /// Length of `"resp_` and `"conv_`.
 pub(super) const QUOTED_PREFIX_LEN: usize = 6;
 
+/// Haystacks shorter than this are searched byte by byte.
+const SHORT_HAYSTACK_BYTES: usize = 64;
+
 const RESP: &[u8; QUOTED_PREFIX_LEN] = b"\"resp_";
 const CONV: &[u8; QUOTED_PREFIX_LEN] = b"\"conv_";
 
@@ -106,6 +109,12 @@ impl PrefixFinder {
     }
 
     fn find_with_memmem(&self, haystack: &[u8]) -> Option<usize> {
+        if haystack.len() < SHORT_HAYSTACK_BYTES {
+            // A `memmem` call costs more than looking at a few bytes.
+            return haystack
+                .windows(QUOTED_PREFIX_LEN)
+                .position(|window| window == RESP || window == CONV);
+        }
         let resp = self.resp.find(haystack);
         // Only the part before a `"resp_` can hold an earlier `"conv_`.
         let conv_end = resp.map_or(haystack.len(), |at| at + QUOTED_PREFIX_LEN - 1);
@@ -148,9 +157,8 @@ mod tests {
     use super::*;
 
     fn naive(haystack: &[u8]) -> Option<usize> {
-        haystack
-            .windows(QUOTED_PREFIX_LEN)
-            .position(|window| window == RESP || window == CONV)
+        (0..haystack.len())
+            .find(|&at| haystack[at..].starts_with(RESP) || haystack[at..].starts_with(CONV))
     }
 
     #[test]
@@ -164,6 +172,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_memmem_path_finds_the_earlier_prefix() {
+        let mut haystack = vec![b'x'; 200];
+        haystack[150..156].copy_from_slice(RESP);
+        haystack[120..126].copy_from_slice(CONV);
+        assert_eq!(PREFIXES.find_with_memmem(&haystack), Some(120));
+        haystack[100..106].copy_from_slice(RESP);
+        assert_eq!(PREFIXES.find_with_memmem(&haystack), Some(100));
+        assert_eq!(PREFIXES.find_with_memmem(&haystack[..20]), None);
     }
 
     #[test]
