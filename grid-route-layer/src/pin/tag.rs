@@ -575,6 +575,8 @@ fn is_well_formed_tag(part: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     const KEY_A: &[u8] = b"0123456789abcdef0123456789abcdef-key-a";
@@ -1040,5 +1042,31 @@ mod tests {
         assert_eq!(IdKind::of_id("conv_1"), Some(IdKind::Conversation));
         assert_eq!(IdKind::of_id("msg_1"), None);
         assert_eq!(IdKind::of_id("resp"), None);
+    }
+
+    proptest! {
+        #[test]
+        fn tagging_then_untagging_gives_back_the_engine_id(
+            part in "[A-Za-z0-9_~-]{1,40}(\\.[A-Za-z0-9_~-]{1,8}){0,3}",
+            site in "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?",
+            cluster in ".{0,20}",
+            keyed_stamp in any::<bool>(),
+            conversation in any::<bool>(),
+        ) {
+            let keys = if keyed_stamp { keyed(KEY_A) } else { TagKeys::default() };
+            let kind = if conversation { IdKind::Conversation } else { IdKind::Response };
+            let engine_id = format!("{}{part}", kind.prefix());
+            let site = SiteName::new(&site).unwrap();
+            let digest = ClusterDigest::of_name(&cluster);
+            // Parts shaped like a tag are left alone; everything else round-trips.
+            let Some(tagged) = keys.tag(kind, &engine_id, &site, digest) else {
+                prop_assert!(is_well_formed_tag(part.as_bytes()));
+                return Ok(());
+            };
+            let untagged = keys.untag(kind, &tagged, Instant::now()).unwrap();
+            prop_assert_eq!(untagged.engine_id(), engine_id.as_str());
+            prop_assert_eq!(untagged.site(), &site);
+            prop_assert_eq!(untagged.digest(), digest);
+        }
     }
 }
