@@ -22,6 +22,7 @@ pub mod affinity;
 pub mod config;
 pub mod confirm;
 pub mod grid;
+<<<<<<< HEAD
 pub mod index;
 pub mod keying;
 pub mod metrics;
@@ -32,3 +33,6 @@ pub mod select;
 mod stack_tests;
 #[cfg(test)]
 mod test_support;
+=======
+pub mod pin;
+>>>>>>> pin-core
