@@ -22,10 +22,10 @@ pub mod affinity;
 pub mod config;
 pub mod confirm;
 pub mod grid;
-<<<<<<< HEAD
 pub mod index;
 pub mod keying;
 pub mod metrics;
+pub mod pin;
 pub mod route;
 pub mod select;
 
@@ -33,6 +33,3 @@ pub mod select;
 mod stack_tests;
 #[cfg(test)]
 mod test_support;
-=======
-pub mod pin;
->>>>>>> pin-core
