@@ -19,6 +19,7 @@
 #![deny(missing_docs)]
 
 pub mod affinity;
+pub mod answer;
 pub mod config;
 pub mod confirm;
 pub mod grid;

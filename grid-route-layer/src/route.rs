@@ -6,13 +6,15 @@
 //!
 //! | seam | kind | written by | read by |
 //! |---|---|---|---|
-//! | [`Prompt`] | request extension | `KeyingLayer` | [`AffinityLayer`], [`ConfirmLayer`], [`Select`] (its model) |
+//! | [`Prompt`] | request extension | [`KeyingLayer`] | [`AffinityLayer`], [`ConfirmLayer`], [`Select`] (its model) |
+//! | [`BufferedBody`] | request extension | [`KeyingLayer`] (and any layer that rewrites the body) | `PinLayer` |
 //! | [`Pinned`] | request extension | `PinLayer` | [`AffinityLayer`], [`Select`] |
 //! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
 //! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], `PinLayer` |
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
 //! | [`NoCandidate`] | error | [`Select`] | the gateway (a 503 answer) |
 //!
+//! [`KeyingLayer`]: crate::keying::KeyingLayer
 //! [`AffinityLayer`]: crate::affinity::AffinityLayer
 //! [`ConfirmLayer`]: crate::confirm::ConfirmLayer
 //! [`Select`]: crate::select::Select
@@ -20,6 +22,8 @@
 use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
+
+use bytes::Bytes;
 
 use crate::grid::{ClusterId, SiteName};
 use crate::keying::{NoKeys, PrefixKeys};
@@ -69,6 +73,34 @@ impl fmt::Debug for Prompt {
             Err(reason) => d.field("no_keys", reason),
         };
         d.finish()
+    }
+}
+
+/// The request body exactly as it will be forwarded, when a layer holds it whole in memory.
+///
+/// Set by [`KeyingLayer`](crate::keying::KeyingLayer) when it buffered the body (a keyed
+/// path, JSON, within the body limit), so that later layers read the bytes without
+/// collecting the body again. A layer that rewrites the body must replace both the body
+/// and this extension. Absent: the body is streamed and no layer may read it.
+#[derive(Clone)]
+pub struct BufferedBody(Bytes);
+
+impl BufferedBody {
+    /// The body is `bytes`.
+    pub fn new(bytes: Bytes) -> Self {
+        Self(bytes)
+    }
+
+    /// The body's bytes.
+    pub fn bytes(&self) -> &Bytes {
+        &self.0
+    }
+}
+
+impl fmt::Debug for BufferedBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The body is prompt text: only its size is printed.
+        write!(f, "BufferedBody({} bytes)", self.0.len())
     }
 }
 

@@ -165,6 +165,8 @@ pub enum NoKeys {
         /// The field that names the state.
         field: &'static str,
     },
+    /// Prefix affinity is switched off, so the prompt was not read.
+    Disabled,
     /// The canonical stream is shorter than one block.
     ShorterThanABlock {
         /// Bytes of canonical stream.
@@ -203,6 +205,7 @@ impl fmt::Display for NoKeys {
             NoKeys::StoredState { field } => {
                 write!(f, "continues stored state named by {field}")
             }
+            NoKeys::Disabled => f.write_str("prefix affinity is switched off"),
             NoKeys::ShorterThanABlock { bytes } => write!(
                 f,
                 "canonical prompt of {bytes} bytes is shorter than one {BLOCK_BYTES}-byte block"
@@ -342,6 +345,39 @@ pub fn key_body(seed: &KeySeed, api: Api, body: &[u8]) -> Result<Prompt, Duplica
         Ok(()) => finish_keys(seed, api, body, &top, model.as_deref(), &turns),
     };
     Ok(Prompt::new(model_arc, keys))
+}
+
+/// Reads only a request's `model` (and refuses duplicated routing fields), for when prefix
+/// affinity is switched off: routing still needs the model, but no prompt is read.
+pub fn read_model(api: Api, body: &[u8]) -> Result<Prompt, DuplicateField> {
+    let _ = api;
+    let mut s = Scanner::new(body);
+    let mut given = [false; ROUTING_FIELDS.len()];
+    let mut model = None;
+    let read = (|| -> Result<(), Stop> {
+        let mut fields = s.begin_object()?;
+        while let Some(key) = s.next_key(&mut fields)? {
+            let span = s.skip_value()?;
+            if let Some(i) = ROUTING_FIELDS.iter().position(|f| f.as_bytes() == &*key) {
+                if given[i] {
+                    return Err(Stop::Duplicate(ROUTING_FIELDS[i]));
+                }
+                given[i] = true;
+            }
+            if &*key == b"model" {
+                model = Some(span);
+            }
+        }
+        Ok(())
+    })();
+    if let Err(Stop::Duplicate(field)) = read {
+        return Err(DuplicateField { field });
+    }
+    let model = model
+        .and_then(|span| decode(body, span))
+        .and_then(|m| String::from_utf8(m).ok())
+        .map(Arc::from);
+    Ok(Prompt::new(model, Err(NoKeys::Disabled)))
 }
 
 enum Stop {

@@ -84,16 +84,24 @@
 //! a body is read once, except values met out of canonical order (and the small preamble)
 //! which are read again from where they were.
 
+mod body;
 mod canonical;
 mod chat;
 mod completions;
+mod future;
 mod keys;
+mod layer;
 mod messages;
 mod responses;
 mod scan;
+mod service;
 mod stream;
 mod walk;
 
+pub use body::{KeyedBody, ResponseBody};
 pub use canonical::CANONICAL_LIMIT_BYTES;
-pub use keys::{Api, DuplicateField, NoKeys, PrefixKeys, key_body};
+pub use future::ResponseFuture;
+pub use keys::{Api, DuplicateField, NoKeys, PrefixKeys, key_body, read_model};
+pub use layer::{BLOCKING_THRESHOLD_BYTES, DEFAULT_BODY_LIMIT_BYTES, KeyingLayer};
+pub use service::KeyingService;
 pub use stream::{BLOCK_BYTES, KeySeed, MAX_KEYS};

@@ -1,0 +1,314 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::BodyExt;
+use tower::Service;
+
+use super::body::{KeyedBody, ResponseBody};
+use super::future::ResponseFuture;
+use super::keys::{Api, read_model};
+use super::layer::BLOCKING_THRESHOLD_BYTES;
+use super::stream::KeySeed;
+use super::{DuplicateField, key_body};
+use crate::affinity::Affinity;
+use crate::answer::ErrorAnswer;
+use crate::metrics::{KEYING_SECONDS, KEYS_PER_REQUEST};
+use crate::route::{BoxError, BufferedBody, Prompt};
+
+/// What every [`KeyingService`] made by one layer shares.
+pub(crate) struct Shared {
+    pub(crate) seed: KeySeed,
+    pub(crate) body_limit: usize,
+    pub(crate) affinity: Option<Affinity>,
+}
+
+impl Clone for Shared {
+    fn clone(&self) -> Self {
+        Self {
+            seed: self.seed.clone(),
+            body_limit: self.body_limit,
+            affinity: self.affinity.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyingLayer")
+            .field("body_limit", &self.body_limit)
+            .field("follows_affinity", &self.affinity.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The service [`KeyingLayer`](super::KeyingLayer) wraps around an inner service.
+#[derive(Clone, Debug)]
+pub struct KeyingService<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> KeyingService<S> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for KeyingService<S>
+where
+    S: Service<Request<KeyedBody<B>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResBody: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = BoxError;
+    type Future = ResponseFuture<ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The ready service handles this request; a clone takes its place for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let Some(api) = keyed_api(&request, self.shared.body_limit) else {
+            let future = inner.call(request.map(KeyedBody::streamed));
+            return ResponseFuture::new(async move {
+                let response = future.await.map_err(Into::into)?;
+                Ok(response.map(ResponseBody::inner))
+            });
+        };
+        let shared = self.shared.clone();
+        ResponseFuture::new(async move {
+            let (mut parts, body) = request.into_parts();
+            let (bytes, trailers) = match read_up_to(body, shared.body_limit).await {
+                Read::Whole(bytes, trailers) => (bytes, trailers),
+                Read::OverLimit(prefix, rest) => {
+                    tracing::debug!(
+                        api = api.name(),
+                        limit = shared.body_limit,
+                        "body over the keying limit, streamed unkeyed"
+                    );
+                    let request = Request::from_parts(parts, KeyedBody::prefixed(prefix, rest));
+                    let response = inner.call(request).await.map_err(Into::into)?;
+                    return Ok(response.map(ResponseBody::inner));
+                }
+                Read::Failed(error) => {
+                    tracing::debug!(api = api.name(), %error, "request body could not be read");
+                    let answer = ErrorAnswer::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("the request body could not be read: {error}"),
+                    )
+                    .code("body_unreadable");
+                    return Ok(answer.into_response().map(ResponseBody::answer));
+                }
+            };
+            let prompt = match prompt_of(&shared, api, bytes.clone()).await {
+                Ok(prompt) => prompt,
+                Err(duplicate) => {
+                    tracing::debug!(
+                        api = api.name(),
+                        field = duplicate.field,
+                        "duplicate routing field refused"
+                    );
+                    let answer = ErrorAnswer::new(StatusCode::BAD_REQUEST, duplicate.to_string())
+                        .code("duplicate_field")
+                        .param(duplicate.field);
+                    return Ok(answer.into_response().map(ResponseBody::answer));
+                }
+            };
+            parts.extensions.insert(prompt);
+            parts.extensions.insert(BufferedBody::new(bytes.clone()));
+            let body = KeyedBody::buffered_with_trailers(bytes, trailers);
+            let response = inner
+                .call(Request::from_parts(parts, body))
+                .await
+                .map_err(Into::into)?;
+            Ok(response.map(ResponseBody::inner))
+        })
+    }
+}
+
+/// The API of a request the layer should read: a `POST` to a keyed path whose body is
+/// (or may be) plain JSON and not declared over the limit.
+fn keyed_api<B>(request: &Request<B>, limit: usize) -> Option<Api> {
+    if request.method() != Method::POST {
+        return None;
+    }
+    let api = Api::from_path(request.uri().path())?;
+    let headers = request.headers();
+    let encoded = headers
+        .get(CONTENT_ENCODING)
+        .is_some_and(|value| !value.as_bytes().eq_ignore_ascii_case(b"identity"));
+    let json = headers
+        .get(CONTENT_TYPE)
+        .is_none_or(|value| is_json(value.as_bytes()));
+    let declared_over = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|length| length > limit as u64);
+    (!encoded && json && !declared_over).then_some(api)
+}
+
+/// `application/json` or any `application/<x>+json`, parameters allowed. A request without
+/// a content type is read too: many clients omit it and engines parse the body anyway.
+fn is_json(content_type: &[u8]) -> bool {
+    let essence = content_type
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii()
+        .to_ascii_lowercase();
+    essence == b"application/json"
+        || (essence.starts_with(b"application/") && essence.ends_with(b"+json"))
+}
+
+enum Read<B> {
+    /// The whole body (and its trailers, if any).
+    Whole(Bytes, Option<HeaderMap>),
+    /// The body went over the limit: what was read, and the rest, unread.
+    OverLimit(Bytes, B),
+    Failed(BoxError),
+}
+
+/// Reads a body into memory, stopping as soon as it goes over `limit`.
+async fn read_up_to<B>(mut body: B, limit: usize) -> Read<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    let mut trailers = None;
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(error) => return Read::Failed(error.into()),
+        };
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    trailers = Some(t);
+                }
+                continue;
+            }
+        };
+        total += data.len();
+        // A body in one frame is kept as it came; several are joined once.
+        if let Some(buf) = joined.as_mut() {
+            buf.extend_from_slice(&data);
+        } else if let Some(head) = first.take() {
+            let capacity = body
+                .size_hint()
+                .exact()
+                .map_or(total, |rest| total + rest as usize);
+            let mut buf = BytesMut::with_capacity(capacity.min(limit + 1));
+            buf.extend_from_slice(&head);
+            buf.extend_from_slice(&data);
+            joined = Some(buf);
+        } else {
+            first = Some(data);
+        }
+        if total > limit {
+            let prefix = joined.map_or_else(|| first.unwrap_or_default(), BytesMut::freeze);
+            return Read::OverLimit(prefix, body);
+        }
+    }
+    let bytes = joined.map_or_else(|| first.unwrap_or_default(), BytesMut::freeze);
+    Read::Whole(bytes, trailers)
+}
+
+/// Keys the body (on the blocking pool when it is large), or reads only its model when
+/// affinity is switched off.
+async fn prompt_of(shared: &Arc<Shared>, api: Api, bytes: Bytes) -> Result<Prompt, DuplicateField> {
+    let reads_prompts = shared
+        .affinity
+        .as_ref()
+        .is_none_or(|affinity| affinity.settings().enabled());
+    if !reads_prompts {
+        return read_model(api, &bytes);
+    }
+    let started = Instant::now();
+    let prompt = if bytes.len() > BLOCKING_THRESHOLD_BYTES {
+        let shared = shared.clone();
+        let len = bytes.len();
+        match tokio::task::spawn_blocking(move || key_body(&shared.seed, api, &bytes)).await {
+            Ok(prompt) => prompt,
+            Err(error) => {
+                // Keying does not panic; if it ever did, the request still goes through.
+                tracing::warn!(api = api.name(), bytes = len, %error, "keying task failed; routing on load alone");
+                return Ok(Prompt::new(
+                    None,
+                    Err(super::NoKeys::unreadable("a body keying could finish")),
+                ));
+            }
+        }
+    } else {
+        key_body(&shared.seed, api, &bytes)
+    }?;
+    metrics::histogram!(KEYING_SECONDS).record(started.elapsed().as_secs_f64());
+    match prompt.keys() {
+        Ok(keys) => {
+            metrics::histogram!(KEYS_PER_REQUEST).record(keys.len() as f64);
+            tracing::debug!(
+                api = api.name(),
+                keys = keys.len(),
+                blocks = keys.blocks(),
+                "keyed"
+            );
+        }
+        Err(reason) => tracing::debug!(api = api.name(), %reason, "no keys"),
+    }
+    Ok(prompt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_json;
+
+    #[test]
+    fn json_content_types_are_recognised() {
+        for yes in [
+            &b"application/json"[..],
+            b"Application/JSON; charset=utf-8",
+            b"application/vnd.api+json",
+        ] {
+            assert!(is_json(yes), "{yes:?}");
+        }
+        for no in [
+            &b"text/plain"[..],
+            b"application/x-www-form-urlencoded",
+            b"multipart/form-data; boundary=x",
+            b"",
+        ] {
+            assert!(!is_json(no), "{no:?}");
+        }
+    }
+}
