@@ -9,6 +9,7 @@
 //! decoded text can never forge one.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::ops::Range;
 
 /// Where a JSON value sits in the body.
@@ -242,7 +243,7 @@ impl<'a> Scanner<'a> {
         }
         self.eat(b'"', "a string")?;
         let buf = self.buf;
-        let mut pos = self.pos;
+        let pos = self.pos;
         // Short plain strings (roles, names, types) go to the sink as they are.
         let head = &buf[pos..buf.len().min(pos + SHORT_RUN_BYTES)];
         if let Some(n) = find_quote_or_escape(head)
@@ -252,41 +253,42 @@ impl<'a> Scanner<'a> {
             self.pos = pos + n + 1;
             return Ok(());
         }
-        let mut gather = Gather::default();
+        // One gather buffer a thread, reused: zeroing a fresh one for every string costs
+        // more than the strings of a typical message take to decode.
+        GATHER.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut gather) => self.decode_rest(&mut gather, sink),
+            Err(_) => self.decode_rest(&mut Gather::default(), sink),
+        })
+    }
+
+    /// Decodes the rest of a string whose opening quote and short head were read.
+    fn decode_rest(&mut self, gather: &mut Gather, sink: &mut impl TextSink) -> ScanResult<()> {
+        gather.len = 0;
+        let buf = self.buf;
+        let mut pos = self.pos;
         loop {
-            // Pairs of words without a special byte are copied whole.
+            // Sixteen bytes at a time are stored whole; at a quote or a backslash the store is
+            // trimmed to the bytes before it.
+            let mut found = false;
             while let Some(bytes) = buf
                 .get(pos..pos + 16)
                 .and_then(|w| <[u8; 16]>::try_from(w).ok())
             {
                 let pair = u128::from_le_bytes(bytes);
-                if quote_or_escape(pair as u64) | quote_or_escape((pair >> 64) as u64) != 0 {
-                    break;
-                }
+                let hits = u128::from(quote_or_escape(pair as u64))
+                    | u128::from(quote_or_escape((pair >> 64) as u64)) << 64;
                 gather.pair(pair, sink);
-                pos += 16;
-            }
-            // The word holding a special byte is stored whole and trimmed to the bytes
-            // before it.
-            let mut found = false;
-            while let Some(bytes) = buf
-                .get(pos..pos + 8)
-                .and_then(|w| <[u8; 8]>::try_from(w).ok())
-            {
-                let word = u64::from_le_bytes(bytes);
-                let hits = quote_or_escape(word);
-                gather.word(word, sink);
                 if hits != 0 {
                     let n = (hits.trailing_zeros() / 8) as usize;
-                    gather.drop_last(8 - n);
+                    gather.drop_last(16 - n);
                     pos += n;
                     found = true;
                     break;
                 }
-                pos += 8;
+                pos += 16;
             }
             if !found {
-                // Fewer than eight bytes are left: look at them one by one.
+                // Fewer than sixteen bytes are left: look at them one by one.
                 let rest = &buf[pos..];
                 let Some(n) = rest.iter().position(|&b| matches!(b, b'"' | b'\\')) else {
                     self.pos = buf.len();
@@ -471,6 +473,23 @@ impl<'a> Scanner<'a> {
         self.fail("true, false or null")
     }
 
+    /// Consumes an empty array (`[]`, any whitespace inside) if it is next.
+    pub(crate) fn empty_array(&mut self) -> ScanResult<bool> {
+        if self.peek_kind()? != Kind::Array {
+            return Ok(false);
+        }
+        let start = self.pos;
+        self.pos += 1;
+        self.skip_ws();
+        if self.buf.get(self.pos) == Some(&b']') {
+            self.pos += 1;
+            Ok(true)
+        } else {
+            self.pos = start;
+            Ok(false)
+        }
+    }
+
     /// Consumes `null` if it is next.
     pub(crate) fn null(&mut self) -> ScanResult<bool> {
         if self.peek_kind()? == Kind::Null {
@@ -587,8 +606,12 @@ pub(crate) struct Items {
     first: bool,
 }
 
+thread_local! {
+    static GATHER: RefCell<Gather> = RefCell::new(Gather::default());
+}
+
 /// Gathers decoded text into writes of [`Gather::BYTES`]. Sixteen bytes of slack let a
-/// whole word or pair be stored before knowing how much of it is text.
+/// whole pair of words be stored before knowing how much of it is text.
 struct Gather {
     bytes: [u8; Gather::BYTES + 16],
     len: usize,
@@ -596,16 +619,6 @@ struct Gather {
 
 impl Gather {
     const BYTES: usize = 256;
-
-    /// Stores a whole word; [`Gather::drop_last`] takes back what was not text.
-    #[inline]
-    fn word(&mut self, word: u64, sink: &mut impl TextSink) {
-        if self.len >= Self::BYTES {
-            self.flush(sink);
-        }
-        self.bytes[self.len..self.len + 8].copy_from_slice(&word.to_le_bytes());
-        self.len += 8;
-    }
 
     /// Stores sixteen bytes of text.
     #[inline]
