@@ -261,58 +261,82 @@ impl<'a> Scanner<'a> {
         })
     }
 
-    /// Decodes the rest of a string whose opening quote and short head were read.
+    /// Decodes the rest of a string whose opening quote was read, through `gather`.
     fn decode_rest(&mut self, gather: &mut Gather, sink: &mut impl TextSink) -> ScanResult<()> {
-        gather.len = 0;
         let buf = self.buf;
         let mut pos = self.pos;
+        let out = &mut gather.bytes;
+        // The fill is a local so that the hot loop keeps it in a register.
+        let mut len = 0usize;
         loop {
-            // Sixteen bytes at a time are stored whole; at a quote or a backslash the store is
-            // trimmed to the bytes before it.
-            let mut found = false;
-            while let Some(bytes) = buf
-                .get(pos..pos + 16)
-                .and_then(|w| <[u8; 16]>::try_from(w).ok())
-            {
-                let pair = u128::from_le_bytes(bytes);
+            // Sixteen bytes at a time are stored whole; at a quote or a backslash the store
+            // is trimmed to the bytes before it.
+            let mut at_special = false;
+            while len < Gather::BYTES {
+                let Some(chunk) = buf.get(pos..pos + 16) else {
+                    break;
+                };
+                let mut pair = [0u8; 16];
+                pair.copy_from_slice(chunk);
+                let pair = u128::from_le_bytes(pair);
                 let hits = u128::from(quote_or_escape(pair as u64))
                     | u128::from(quote_or_escape((pair >> 64) as u64)) << 64;
-                gather.pair(pair, sink);
+                out[len..len + 16].copy_from_slice(&pair.to_le_bytes());
                 if hits != 0 {
                     let n = (hits.trailing_zeros() / 8) as usize;
-                    gather.drop_last(16 - n);
+                    len += n;
                     pos += n;
-                    found = true;
+                    at_special = true;
                     break;
                 }
+                len += 16;
                 pos += 16;
             }
-            if !found {
+            if len >= Gather::BYTES {
+                sink.text(&out[..len]);
+                len = 0;
+                if !at_special {
+                    continue;
+                }
+            }
+            if !at_special {
                 // Fewer than sixteen bytes are left: look at them one by one.
                 let rest = &buf[pos..];
                 let Some(n) = rest.iter().position(|&b| matches!(b, b'"' | b'\\')) else {
                     self.pos = buf.len();
                     return self.fail("the closing quote of a string");
                 };
-                gather.push(&rest[..n], sink);
+                if len + n > Gather::BYTES {
+                    sink.text(&out[..len]);
+                    len = 0;
+                }
+                out[len..len + n].copy_from_slice(&rest[..n]);
+                len += n;
                 pos += n;
             }
-            // The search stops only at a quote or a backslash.
+            // The search stops only at a quote or a backslash. `len` is at most
+            // `Gather::BYTES + 15` here, so a one-byte escape fits in the slack.
             if buf[pos] == b'"' {
+                sink.text(&out[..len]);
                 self.pos = pos + 1;
-                gather.flush(sink);
                 return Ok(());
             }
             let code = buf.get(pos + 1).copied().unwrap_or_default();
             let simple = SIMPLE_ESCAPES[usize::from(code)];
             if simple != 0 {
-                gather.byte(simple, sink);
+                out[len] = simple;
+                len += 1;
                 pos += 2;
             } else {
                 self.pos = pos;
                 let mut decoded = [0u8; 4];
-                let len = self.escape(&mut decoded)?;
-                gather.push(&decoded[..len], sink);
+                let n = self.escape(&mut decoded)?;
+                if len + n > out.len() {
+                    sink.text(&out[..len]);
+                    len = 0;
+                }
+                out[len..len + n].copy_from_slice(&decoded[..n]);
+                len += n;
                 pos = self.pos;
             }
         }
@@ -610,66 +634,21 @@ thread_local! {
     static GATHER: RefCell<Gather> = RefCell::new(Gather::default());
 }
 
-/// Gathers decoded text into writes of [`Gather::BYTES`]. Sixteen bytes of slack let a
-/// whole pair of words be stored before knowing how much of it is text.
+/// The buffer decoded text is gathered in before it goes to the sink: writes of about
+/// [`Gather::BYTES`] instead of one per run between escapes. Sixteen bytes of slack let a
+/// whole pair of words, or a decoded escape, be stored past the flush mark.
 struct Gather {
     bytes: [u8; Gather::BYTES + 16],
-    len: usize,
 }
 
 impl Gather {
     const BYTES: usize = 256;
-
-    /// Stores sixteen bytes of text.
-    #[inline]
-    fn pair(&mut self, pair: u128, sink: &mut impl TextSink) {
-        if self.len >= Self::BYTES {
-            self.flush(sink);
-        }
-        self.bytes[self.len..self.len + 16].copy_from_slice(&pair.to_le_bytes());
-        self.len += 16;
-    }
-
-    #[inline]
-    fn byte(&mut self, byte: u8, sink: &mut impl TextSink) {
-        if self.len >= Self::BYTES {
-            self.flush(sink);
-        }
-        self.bytes[self.len] = byte;
-        self.len += 1;
-    }
-
-    #[inline]
-    fn drop_last(&mut self, n: usize) {
-        self.len -= n;
-    }
-
-    #[inline]
-    fn push(&mut self, run: &[u8], sink: &mut impl TextSink) {
-        if self.len + run.len() > Self::BYTES {
-            self.flush(sink);
-            if run.len() >= Self::BYTES {
-                sink.text(run);
-                return;
-            }
-        }
-        self.bytes[self.len..self.len + run.len()].copy_from_slice(run);
-        self.len += run.len();
-    }
-
-    fn flush(&mut self, sink: &mut impl TextSink) {
-        if self.len > 0 {
-            sink.text(&self.bytes[..self.len]);
-            self.len = 0;
-        }
-    }
 }
 
 impl Default for Gather {
     fn default() -> Self {
         Self {
             bytes: [0; Self::BYTES + 16],
-            len: 0,
         }
     }
 }
