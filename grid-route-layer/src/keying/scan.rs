@@ -48,6 +48,13 @@ pub(crate) trait TextSink {
         false
     }
 
+    /// How many bytes the sink would like the next write to hold: a block chain asks for
+    /// the rest of its current block, so that whole blocks arrive in one write and can be
+    /// hashed where they lie.
+    fn preferred_write(&self) -> usize {
+        Gather::BYTES
+    }
+
     /// Counts `n` bytes of text without their content; only called when
     /// [`TextSink::counting_only`] holds.
     fn count(&mut self, n: u64) {
@@ -268,11 +275,12 @@ impl<'a> Scanner<'a> {
         let out = &mut gather.bytes;
         // The fill is a local so that the hot loop keeps it in a register.
         let mut len = 0usize;
+        let mut limit = sink.preferred_write().clamp(1, Gather::BYTES);
         loop {
             // Sixteen bytes at a time are stored whole; at a quote or a backslash the store
             // is trimmed to the bytes before it.
             let mut at_special = false;
-            while len < Gather::BYTES {
+            while len < limit {
                 let Some(chunk) = buf.get(pos..pos + 16) else {
                     break;
                 };
@@ -292,9 +300,12 @@ impl<'a> Scanner<'a> {
                 len += 16;
                 pos += 16;
             }
-            if len >= Gather::BYTES {
-                sink.text(&out[..len]);
-                len = 0;
+            if len >= limit {
+                // Hand on exactly what the sink asked for; the few bytes past it move down.
+                sink.text(&out[..limit]);
+                out.copy_within(limit..len, 0);
+                len -= limit;
+                limit = sink.preferred_write().clamp(1, Gather::BYTES);
                 if !at_special {
                     continue;
                 }
@@ -306,7 +317,7 @@ impl<'a> Scanner<'a> {
                     self.pos = buf.len();
                     return self.fail("the closing quote of a string");
                 };
-                if len + n > Gather::BYTES {
+                if len + n > out.len() {
                     sink.text(&out[..len]);
                     len = 0;
                 }
@@ -315,7 +326,8 @@ impl<'a> Scanner<'a> {
                 pos += n;
             }
             // The search stops only at a quote or a backslash. `len` is at most
-            // `Gather::BYTES + 15` here, so a one-byte escape fits in the slack.
+            // `Gather::BYTES + 15` here, so a one-byte escape fits in the slack; the next
+            // round hands on whatever went past the limit.
             if buf[pos] == b'"' {
                 sink.text(&out[..len]);
                 self.pos = pos + 1;
