@@ -254,6 +254,8 @@ mod reference;
 mod rewrite;
 mod service;
 mod tag;
+#[cfg(test)]
+mod tests;
 
 pub use body::PinBody;
 pub use future::ResponseFuture;
