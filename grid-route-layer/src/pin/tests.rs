@@ -1160,3 +1160,108 @@ async fn a_chain_of_follow_ups_stays_on_the_cluster_that_stored_the_first_answer
     // Without pinning, the balancer would have moved on every request.
     assert_ne!(first, "east-a");
 }
+
+/// The whole request path of a gateway, Keying → Pin → Confirm → Affinity → Select, over
+/// engines that answer with the id of a new stored response.
+#[tokio::test]
+async fn in_the_full_stack_a_follow_up_goes_to_its_cluster_however_loaded_the_others_are() {
+    use crate::affinity::{Affinity, AffinityLayer};
+    use crate::config::PrefixAffinityConfig;
+    use crate::confirm::ConfirmLayer;
+    use crate::grid::Cluster;
+    use crate::index::{IndexSettings, PrefixIndex};
+    use crate::select::Select;
+
+    let grid = Grid::new(
+        &grid_spec(&[("east", &["east-a", "east-b"]), ("west", &["west-a"])]),
+        GridSettings::default(),
+    )
+    .unwrap();
+    let index = Arc::new(PrefixIndex::new(
+        IndexSettings::default(),
+        grid.view().cluster_ids(),
+    ));
+    let affinity = Affinity::new(
+        Arc::clone(&index),
+        PrefixAffinityConfig::default().validate().unwrap().affinity,
+    );
+    let keys = PinKeys::new(TagKeys::new(Some(TagKey::from_bytes(KEY).unwrap())));
+    // What each engine saw: its cluster, the method and path, and the body.
+    let seen: Arc<Mutex<Vec<(String, String, Bytes)>>> = Arc::default();
+    let engines = {
+        let seen = Arc::clone(&seen);
+        move |cluster: &Cluster| {
+            let name = cluster.id().name().to_owned();
+            let seen = Arc::clone(&seen);
+            service_fn(move |request: Request<KeyedBody<Full<Bytes>>>| {
+                let name = name.clone();
+                let seen = Arc::clone(&seen);
+                async move {
+                    let line = format!("{} {}", request.method(), request.uri());
+                    let body = request.into_body().collect().await?.to_bytes();
+                    let mut seen = seen.lock().unwrap();
+                    seen.push((name, line, body));
+                    let answer = format!(r#"{{"id":"resp_{}","object":"response"}}"#, seen.len());
+                    let mut response = Response::new(Full::new(Bytes::from(answer)));
+                    response
+                        .headers_mut()
+                        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                    Ok::<_, crate::route::BoxError>(response)
+                }
+            })
+        }
+    };
+    let gateway = KeyingLayer::new(KeySeed::random()).layer(
+        PinLayer::new(grid.clone(), keys.clone()).layer(ConfirmLayer::new(affinity.clone()).layer(
+            AffinityLayer::new(grid.clone(), affinity).layer(Select::new(grid.clone(), engines)),
+        )),
+    );
+    let send = |request: Request<Full<Bytes>>| {
+        let gateway = gateway.clone();
+        async move {
+            let response = gateway.oneshot(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let json: Value = serde_json::from_slice(&body).unwrap();
+            json["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let post = |body: String| {
+        Request::post("/v1/responses")
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    };
+
+    let first = send(post(r#"{"model":"m","input":"hello"}"#.to_owned())).await;
+    let stored_at = seen.lock().unwrap()[0].0.clone();
+    // Every other cluster is now far lighter than the one holding the response.
+    for cluster in grid.view().clusters() {
+        let name = cluster.id().name();
+        let waiting = if name == stored_at { 100.0 } else { 0.0 };
+        cluster
+            .load()
+            .record_queue(&format!("http://{name}"), Some(waiting), Instant::now());
+    }
+    let follow_up = format!(r#"{{"model":"m","previous_response_id":"{first}","input":"again"}}"#);
+    let second = send(post(follow_up)).await;
+    send(get(&format!("/v1/responses/{second}"))).await;
+
+    let seen = seen.lock().unwrap();
+    let lines: Vec<(&str, &str)> = seen
+        .iter()
+        .map(|(c, l, _)| (c.as_str(), l.as_str()))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            (stored_at.as_str(), "POST /v1/responses"),
+            (stored_at.as_str(), "POST /v1/responses"),
+            (stored_at.as_str(), "GET /v1/responses/resp_2"),
+        ]
+    );
+    assert_eq!(
+        seen[1].2,
+        r#"{"model":"m","previous_response_id":"resp_1","input":"again"}"#
+    );
+}
