@@ -153,51 +153,145 @@ pub fn chat_100k_sorted() -> Vec<u8> {
 }
 
 /// Anthropic Messages, tool-heavy: ten tool definitions and turns of `tool_use` and
-/// `tool_result` blocks, about 100 KiB.
+/// `tool_result` blocks, about 100 KiB, in the order the Anthropic Python SDK sends what
+/// users write (`role` before `content`, `type` first in each block).
 pub fn messages_tools() -> Vec<u8> {
-    let tools: Vec<Value> = (0..10u64)
+    let tools: Vec<String> = (0..10u64)
         .map(|i| {
-            json!({"name":format!("tool_{i}"),"description":prose(i, 300),"input_schema":{"type":"object",
-            "properties":{"path":{"type":"string"},"limit":{"type":"integer"},"flags":{"type":"array","items":{"type":"string"}}},
-            "required":["path"]},"cache_control":{"type":"ephemeral"}})
+            obj(&[
+                ("name", str_json(&format!("tool_{i}"))),
+                ("description", str_json(&prose(i, 300))),
+                (
+                    "input_schema",
+                    r#"{"type":"object","properties":{"path":{"type":"string"},"limit":{"type":"integer"},"flags":{"type":"array","items":{"type":"string"}}},"required":["path"]}"#.into(),
+                ),
+                ("cache_control", r#"{"type":"ephemeral"}"#.into()),
+            ])
         })
         .collect();
+    let block = |kind: &str, field: &str, text: String| {
+        obj(&[("type", str_json(kind)), (field, str_json(&text))])
+    };
+    let msg =
+        |role: &str, blocks: &[String]| obj(&[("role", str_json(role)), ("content", arr(blocks))]);
     let mut messages = Vec::new();
     for turn in 0..20u64 {
-        messages
-            .push(json!({"role":"user","content":[{"type":"text","text":prose(10 + turn, 1200)}]}));
-        messages.push(json!({"role":"assistant","content":[
-            {"type":"thinking","thinking":prose(20 + turn, 300),"signature":"sig"},
-            {"type":"text","text":prose(30 + turn, 400)},
-            {"type":"tool_use","id":format!("toolu_{turn}"),"name":format!("tool_{}", turn % 10),
-             "input":{"path":format!("/src/file_{turn}.rs"),"limit":100,"flags":["a","b"]}}]}));
-        messages.push(json!({"role":"user","content":[{"type":"tool_result","tool_use_id":format!("toolu_{turn}"),
-            "content":[{"type":"text","text":prose(40 + turn, 2000)}]}]}));
+        messages.push(msg(
+            "user",
+            &[block("text", "text", prose(10 + turn, 1200))],
+        ));
+        let thinking = obj(&[
+            ("type", str_json("thinking")),
+            ("thinking", str_json(&prose(20 + turn, 300))),
+            ("signature", str_json("sig")),
+        ]);
+        let tool_use = obj(&[
+            ("type", str_json("tool_use")),
+            ("id", str_json(&format!("toolu_{turn}"))),
+            ("name", str_json(&format!("tool_{}", turn % 10))),
+            (
+                "input",
+                format!(r#"{{"path":"/src/file_{turn}.rs","limit":100,"flags":["a","b"]}}"#),
+            ),
+        ]);
+        messages.push(msg(
+            "assistant",
+            &[
+                thinking,
+                block("text", "text", prose(30 + turn, 400)),
+                tool_use,
+            ],
+        ));
+        let result = obj(&[
+            ("type", str_json("tool_result")),
+            ("tool_use_id", str_json(&format!("toolu_{turn}"))),
+            (
+                "content",
+                arr(&[block("text", "text", prose(40 + turn, 2000))]),
+            ),
+        ]);
+        messages.push(msg("user", &[result]));
     }
-    serde_json::to_vec(
-        &json!({"model":"claude-demo","max_tokens":1024,"system":prose(2, 3000),
-        "messages":messages,"tools":tools}),
-    )
-    .expect("serialising a Value")
+    obj(&[
+        ("model", str_json("claude-demo")),
+        ("max_tokens", "1024".into()),
+        ("system", str_json(&prose(2, 3000))),
+        ("messages", arr(&messages)),
+        ("tools", arr(&tools)),
+    ])
+    .into_bytes()
 }
 
 /// OpenAI Responses with an `input` array of messages, function calls, their outputs and
-/// reasoning items, about 100 KiB.
+/// reasoning items, about 100 KiB, `type` first in each item as the OpenAI SDK's typed
+/// params are usually written.
 pub fn responses_items() -> Vec<u8> {
+    let text_part =
+        |kind: &str, text: String| obj(&[("type", str_json(kind)), ("text", str_json(&text))]);
     let mut input = Vec::new();
     for turn in 0..22u64 {
-        input.push(json!({"type":"message","role":"user","content":[{"type":"input_text","text":prose(50 + turn, 1500)}]}));
-        input.push(json!({"type":"reasoning","id":format!("rs_{turn}"),"summary":[{"type":"summary_text","text":prose(60 + turn, 200)}]}));
-        input.push(json!({"type":"function_call","id":format!("fc_{turn}"),"call_id":format!("call_{turn}"),
-            "name":"search_web","arguments":"{\"query\":\"kv cache\",\"top_k\":5}"}));
-        input.push(json!({"type":"function_call_output","call_id":format!("call_{turn}"),"output":prose(70 + turn, 1200)}));
-        input.push(json!({"type":"message","role":"assistant","content":[{"type":"output_text","text":prose(80 + turn, 1000),"annotations":[]}]}));
+        input.push(obj(&[
+            ("type", str_json("message")),
+            ("role", str_json("user")),
+            (
+                "content",
+                arr(&[text_part("input_text", prose(50 + turn, 1500))]),
+            ),
+        ]));
+        input.push(obj(&[
+            ("type", str_json("reasoning")),
+            ("id", str_json(&format!("rs_{turn}"))),
+            (
+                "summary",
+                arr(&[text_part("summary_text", prose(60 + turn, 200))]),
+            ),
+        ]));
+        input.push(obj(&[
+            ("type", str_json("function_call")),
+            ("id", str_json(&format!("fc_{turn}"))),
+            ("call_id", str_json(&format!("call_{turn}"))),
+            ("name", str_json("search_web")),
+            ("arguments", str_json(r#"{"query":"kv cache","top_k":5}"#)),
+        ]));
+        input.push(obj(&[
+            ("type", str_json("function_call_output")),
+            ("call_id", str_json(&format!("call_{turn}"))),
+            ("output", str_json(&prose(70 + turn, 1200))),
+        ]));
+        input.push(obj(&[
+            ("type", str_json("message")),
+            ("role", str_json("assistant")),
+            (
+                "content",
+                arr(&[obj(&[
+                    ("type", str_json("output_text")),
+                    ("text", str_json(&prose(80 + turn, 1000))),
+                    ("annotations", "[]".into()),
+                ])]),
+            ),
+        ]));
     }
-    let tools: Vec<Value> = (0..4u64)
-        .map(|i| json!({"type":"function","name":format!("fn_{i}"),"description":prose(i, 200),"parameters":{"type":"object","properties":{"q":{"type":"string"}}}}))
+    let tools: Vec<String> = (0..4u64)
+        .map(|i| {
+            obj(&[
+                ("type", str_json("function")),
+                ("name", str_json(&format!("fn_{i}"))),
+                ("description", str_json(&prose(i, 200))),
+                (
+                    "parameters",
+                    r#"{"type":"object","properties":{"q":{"type":"string"}}}"#.into(),
+                ),
+            ])
+        })
         .collect();
-    serde_json::to_vec(&json!({"model":"demo-model","input":input,"instructions":prose(3, 2000),"tools":tools,"store":true}))
-        .expect("serialising a Value")
+    obj(&[
+        ("model", str_json("demo-model")),
+        ("input", arr(&input)),
+        ("instructions", str_json(&prose(3, 2000))),
+        ("tools", arr(&tools)),
+        ("store", "true".into()),
+    ])
+    .into_bytes()
 }
 
 /// A chat turn carrying a 4 MiB base64 image inline.
