@@ -10,6 +10,7 @@
 //! | [`BufferedBody`] | request extension | [`KeyingLayer`] (and any layer that rewrites the body) | `PinLayer` |
 //! | [`Pinned`] | request extension | `PinLayer` | [`AffinityLayer`], [`Select`] |
 //! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
+//! | [`Outcome`] | request extension | [`AffinityLayer`], when it counted a decision | the gateway (its request log) |
 //! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], `PinLayer` |
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
 //! | [`NoCandidate`] | error | [`Select`] | the gateway (a 503 answer) |
@@ -17,6 +18,7 @@
 //! [`KeyingLayer`]: crate::keying::KeyingLayer
 //! [`AffinityLayer`]: crate::affinity::AffinityLayer
 //! [`ConfirmLayer`]: crate::confirm::ConfirmLayer
+//! [`Outcome`]: crate::affinity::Outcome
 //! [`Select`]: crate::select::Select
 
 use std::error::Error;
