@@ -1,9 +1,14 @@
 //! The example gateway built from the grid-route layers, as a library for the binary, the
 //! integration tests and the in-process demo.
 //!
+//! - [`gateway`]: the gateway over real sockets — [`gateway::Gateway::start`] runs it in
+//!   process, [`gateway::serve`] runs it from a config file with signals (`serve`).
+//! - [`config`]: its YAML configuration.
 //! - [`mock_engine`]: an OpenAI-compatible mock inference engine (vLLM-like: block prefix
 //!   cache, prefill-time model, queue metric, Responses and Conversations store), started
 //!   in process with [`mock_engine::MockEngine::start`] or from the command line with
 //!   `grid-route-example mock-engine`.
 
+pub mod config;
+pub mod gateway;
 pub mod mock_engine;
