@@ -4,6 +4,7 @@
 //! - [`gateway`]: the gateway over real sockets — [`gateway::Gateway::start`] runs it in
 //!   process, [`gateway::serve`] runs it from a config file with signals (`serve`).
 //! - [`config`]: its YAML configuration.
+//! - [`keys`]: the `keys` command, which prints a request body's prefix keys.
 //! - [`mock_engine`]: an OpenAI-compatible mock inference engine (vLLM-like: block prefix
 //!   cache, prefill-time model, queue metric, Responses and Conversations store), started
 //!   in process with [`mock_engine::MockEngine::start`] or from the command line with
@@ -11,4 +12,5 @@
 
 pub mod config;
 pub mod gateway;
+pub mod keys;
 pub mod mock_engine;

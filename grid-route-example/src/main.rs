@@ -5,7 +5,7 @@
 
 use std::process::ExitCode;
 
-use grid_route_example::{gateway, mock_engine};
+use grid_route_example::{gateway, keys, mock_engine};
 
 const USAGE: &str = "usage: grid-route-example <command> [args]
 
@@ -30,6 +30,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         "serve" => run_serve(rest),
+        "keys" => run_keys(rest),
         "mock-engine" => run_mock_engine(rest),
         other => {
             eprintln!("unknown command {other:?}; {rest:?} not run\n");
@@ -47,6 +48,30 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+}
+
+fn run_keys(args: &[String]) -> ExitCode {
+    if args.iter().any(|arg| arg == "-h" || arg == "--help") {
+        print!("{}", keys::USAGE);
+        return ExitCode::SUCCESS;
+    }
+    let args = match keys::parse_args(args) {
+        Ok(args) => args,
+        Err(error) => {
+            eprintln!("keys: {error}\n");
+            eprint!("{}", keys::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let stdout = std::io::stdout();
+    match keys::run(&args, &mut stdout.lock()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("keys: cannot write the output: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn run_mock_engine(args: &[String]) -> ExitCode {

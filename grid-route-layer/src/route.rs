@@ -7,16 +7,17 @@
 //! | seam | kind | written by | read by |
 //! |---|---|---|---|
 //! | [`Prompt`] | request extension | [`KeyingLayer`] | [`AffinityLayer`], [`ConfirmLayer`], [`Select`] (its model) |
-//! | [`BufferedBody`] | request extension | [`KeyingLayer`] (and any layer that rewrites the body) | `PinLayer` |
-//! | [`Pinned`] | request extension | `PinLayer` | [`AffinityLayer`], [`Select`] |
+//! | [`BufferedBody`] | request extension | [`KeyingLayer`], [`PinLayer`] (when it rewrites the body) | [`PinLayer`] |
+//! | [`Pinned`] | request extension | [`PinLayer`] | [`AffinityLayer`], [`Select`] |
 //! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
 //! | [`Outcome`] | request extension | [`AffinityLayer`], when it counted a decision | the gateway (its request log) |
-//! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], `PinLayer` |
+//! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], [`PinLayer`] |
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
 //! | [`NoCandidate`] | error | [`Select`] | the gateway (a 503 answer) |
 //!
 //! [`KeyingLayer`]: crate::keying::KeyingLayer
 //! [`AffinityLayer`]: crate::affinity::AffinityLayer
+//! [`PinLayer`]: crate::pin::PinLayer
 //! [`ConfirmLayer`]: crate::confirm::ConfirmLayer
 //! [`Outcome`]: crate::affinity::Outcome
 //! [`Select`]: crate::select::Select
@@ -108,8 +109,9 @@ impl fmt::Debug for BufferedBody {
 
 /// The request names stored state that lives on one cluster, so it must go there.
 ///
-/// Set by `PinLayer` once it has checked the tag and that the cluster is in the grid and
-/// admits requests. Affinity then offers this cluster alone, and counts nothing.
+/// Set by [`PinLayer`](crate::pin::PinLayer) once it has checked the tag and that the
+/// cluster is in the grid and admits requests (or, for a new conversation, chosen where it
+/// is stored). Affinity then offers this cluster alone, and counts nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pinned {
     cluster: ClusterId,

@@ -1,1 +1,4 @@
-//! Integration tests for grid-route live in `tests/`; this library holds their shared helpers.
+//! Integration tests for grid-route live in `tests/`; this library holds their shared
+//! helpers.
+
+pub mod counting_alloc;

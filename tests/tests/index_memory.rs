@@ -5,38 +5,11 @@
 //! and headers come on top (glibc serves each 32-byte LRU node from a 48-byte chunk).
 //! This binary holds one test so that no other test's allocations are counted.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use grid_route_layer::grid::{ClusterId, SiteName};
 use grid_route_layer::index::{IndexSettings, PrefixIndex};
-
-/// Bytes currently allocated through the global allocator.
-static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-struct CountingAllocator;
-
-// The only unsafe code in the workspace: `GlobalAlloc` is an unsafe trait. Every call is
-// forwarded unchanged to the system allocator, so its contract is the system allocator's;
-// the impl only adds and subtracts sizes.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract for `alloc` is passed through unchanged.
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract for `dealloc` is passed through unchanged.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-}
+use grid_route_tests::counting_alloc::{CountingAllocator, live_bytes};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -65,11 +38,11 @@ fn a_full_cluster_costs_under_80_heap_bytes_an_entry() {
     let now = Instant::now();
     let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
 
-    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let before = live_bytes();
     for keys in &prompts {
         index.confirm(&east, keys, now);
     }
-    let grown = LIVE_BYTES.load(Ordering::Relaxed) - before;
+    let grown = live_bytes() - before;
 
     let entries = index.entries(&east);
     assert_eq!(entries, capacity);

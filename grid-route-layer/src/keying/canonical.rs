@@ -14,24 +14,38 @@ pub const CANONICAL_LIMIT_BYTES: usize = 16 * 1024;
 /// Deepest nesting canonicalised; deeper values are unreadable for keying.
 const MAX_DEPTH: usize = 64;
 
-/// Writes the canonical form of the value at `span`, or the digest of its raw bytes when it
-/// is over the limit. `drop_key_at_depth_1` names a key left out of each object directly
-/// inside the value (Anthropic tool definitions' `cache_control`).
+/// Writes the canonical form of the value at the scanner, or the digest of its raw bytes
+/// when it is over the limit, and moves past it. `drop_key_at_depth_1` names a key left out
+/// of each object directly inside the value (Anthropic tool definitions' `cache_control`).
+///
+/// The value is read once: canonicalising stops as soon as it runs past the limit, and
+/// only then is the value skipped again to digest its bytes.
 pub(crate) fn json_value(
     seed: &KeySeed,
-    buf: &[u8],
-    span: Span,
+    s: &mut Scanner<'_>,
     drop_key_at_depth_1: Option<&[u8]>,
     out: &mut impl TextSink,
 ) -> ScanResult<()> {
-    if span.len() > CANONICAL_LIMIT_BYTES {
-        digest(out, Marker::RawDigest, seed.raw_digest(&buf[span.range()]));
-        return Ok(());
+    s.peek_kind()?;
+    let start = s.position();
+    let mut canonical = Canonical::new(drop_key_at_depth_1, start + CANONICAL_LIMIT_BYTES);
+    match canonical.value(s, 0) {
+        Ok(()) if s.position() - start <= CANONICAL_LIMIT_BYTES => {
+            out.text(&canonical.arena.0);
+            Ok(())
+        }
+        Ok(()) | Err(Stop::TooLarge) => {
+            s.seek(start);
+            let span = s.skip_value()?;
+            digest(
+                out,
+                Marker::RawDigest,
+                seed.raw_digest(&s.buf()[span.range()]),
+            );
+            Ok(())
+        }
+        Err(Stop::Unreadable(unreadable)) => Err(unreadable),
     }
-    let mut canonical = Canonical::new(drop_key_at_depth_1, span.len());
-    canonical.value(&mut Scanner::at(buf, span), 0)?;
-    out.text(&canonical.arena.0);
-    Ok(())
 }
 
 /// Writes tool-call arguments: the canonical form of the JSON a string holds, the string's
@@ -45,7 +59,7 @@ pub(crate) fn arguments(
     let mut s = Scanner::at(buf, span);
     if s.peek_kind()? != Kind::String {
         // Some clients send the arguments as an object rather than a string.
-        return json_value(seed, buf, span, None, out);
+        return json_value(seed, &mut s, None, out);
     }
     if span.len() > CANONICAL_LIMIT_BYTES {
         digest(out, Marker::RawDigest, seed.raw_digest(&buf[span.range()]));
@@ -54,9 +68,11 @@ pub(crate) fn arguments(
     let mut text = OwnedText(Vec::with_capacity(span.len()));
     s.string(&mut text)?;
     let text = text.0;
-    let mut canonical = Canonical::new(None, text.len());
+    let mut canonical = Canonical::new(None, usize::MAX);
     let mut inner = Scanner::new(&text);
-    let parsed = canonical.value(&mut inner, 0).and_then(|()| inner.finish());
+    let parsed = canonical
+        .value(&mut inner, 0)
+        .and_then(|()| inner.finish().map_err(Stop::Unreadable));
     if parsed.is_ok() {
         out.text(&canonical.arena.0);
     } else {
@@ -71,23 +87,42 @@ pub(crate) fn arguments(
 /// unsorted copies. One buffer (and one entry list) serves the whole value.
 struct Canonical<'k> {
     drop_key_at_depth_1: Option<&'k [u8]>,
+    /// Position in the input past which the value is over the limit.
+    limit_end: usize,
     arena: OwnedText,
 }
 
+/// Why canonicalising stopped.
+enum Stop {
+    Unreadable(Unreadable),
+    /// The value runs past the canonical limit: it is digested as sent instead.
+    TooLarge,
+}
+
+impl From<Unreadable> for Stop {
+    fn from(unreadable: Unreadable) -> Self {
+        Stop::Unreadable(unreadable)
+    }
+}
+
 impl<'k> Canonical<'k> {
-    fn new(drop_key_at_depth_1: Option<&'k [u8]>, raw_len: usize) -> Self {
+    fn new(drop_key_at_depth_1: Option<&'k [u8]>, limit_end: usize) -> Self {
         Self {
             drop_key_at_depth_1,
-            arena: OwnedText(Vec::with_capacity(raw_len * 2)),
+            limit_end,
+            arena: OwnedText(Vec::with_capacity(1024)),
         }
     }
 
-    fn value(&mut self, s: &mut Scanner<'_>, depth: usize) -> ScanResult<()> {
+    fn value(&mut self, s: &mut Scanner<'_>, depth: usize) -> Result<(), Stop> {
+        if s.position() > self.limit_end {
+            return Err(Stop::TooLarge);
+        }
         if depth > MAX_DEPTH {
-            return Err(Unreadable {
+            return Err(Stop::Unreadable(Unreadable {
                 offset: s.position(),
                 expected: "JSON nested at most 64 deep",
-            });
+            }));
         }
         match s.peek_kind()? {
             Kind::Object => {
@@ -155,11 +190,7 @@ mod tests {
 
     fn canonical(seed: &KeySeed, json: &str) -> Vec<u8> {
         let mut out = OwnedText(Vec::new());
-        let span = Span {
-            start: 0,
-            end: json.len(),
-        };
-        json_value(seed, json.as_bytes(), span, None, &mut out).unwrap();
+        json_value(seed, &mut Scanner::new(json.as_bytes()), None, &mut out).unwrap();
         out.0
     }
 

@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use super::canonical;
+use super::scan::TextSink;
 use super::scan::{Kind, OwnedText, Scanner, Span, Unreadable};
 use super::stream::{BLOCK_BYTES, BlockChain, KEY_BLOCKS, KeySeed, Marker, join, marker};
 use super::walk;
@@ -310,7 +311,8 @@ fn classify(api: Api, key: &[u8]) -> Field {
 struct TopLevel {
     model: Option<Span>,
     salt: Option<Span>,
-    preamble: [Option<Span>; PREAMBLE.len()],
+    /// Each preamble field, rendered into its stream bytes when met (or why it has none).
+    preamble: [Option<Result<Vec<u8>, NoKeys>>; PREAMBLE.len()],
     turns: Option<Result<(), NoKeys>>,
     stored_state: Option<&'static str>,
 }
@@ -342,7 +344,7 @@ pub fn key_body(seed: &KeySeed, api: Api, body: &[u8]) -> Result<Prompt, Duplica
     let keys = match read {
         Err(Stop::Duplicate(field)) => return Err(DuplicateField { field }),
         Err(Stop::NoKeys(reason)) => Err(reason),
-        Ok(()) => finish_keys(seed, api, body, &top, model.as_deref(), &turns),
+        Ok(()) => finish_keys(seed, body, &top, model.as_deref(), &turns),
     };
     Ok(Prompt::new(model_arc, keys))
 }
@@ -415,7 +417,13 @@ fn read_top_level(
                 top.preamble[i] = if s.null()? {
                     None
                 } else {
-                    Some(s.skip_value()?)
+                    let start = s.position();
+                    let rendered = render_preamble(seed, api, i, &mut s);
+                    if rendered.is_err() {
+                        s.seek(start);
+                        s.skip_value()?;
+                    }
+                    Some(rendered)
                 };
             }
             Field::StoredState(field) => {
@@ -459,7 +467,6 @@ fn walk_turns(
 
 fn finish_keys(
     seed: &KeySeed,
-    api: Api,
     body: &[u8],
     top: &TopLevel,
     model: Option<&[u8]>,
@@ -470,10 +477,8 @@ fn finish_keys(
     }
     top.turns.clone().unwrap_or(Err(NoKeys::NoPrompt))?;
     let mut preamble = BlockChain::preamble(seed);
-    for (i, span) in top.preamble.iter().enumerate() {
-        if let Some(span) = *span {
-            write_preamble(seed, api, body, i, span, &mut preamble)?;
-        }
+    for rendered in top.preamble.iter().flatten() {
+        preamble.text(rendered.as_ref().map_err(Clone::clone)?);
     }
     let salt = top.salt.and_then(|span| decode(body, span));
     let namespace = seed.namespace(model, salt.as_deref());
@@ -487,43 +492,32 @@ fn finish_keys(
     Ok(keys)
 }
 
-fn write_preamble(
+/// Renders preamble field `i`, read at the scanner, into its stream bytes.
+fn render_preamble(
     seed: &KeySeed,
     api: Api,
-    body: &[u8],
     i: usize,
-    span: Span,
-    out: &mut BlockChain,
-) -> Result<(), NoKeys> {
+    s: &mut Scanner<'_>,
+) -> Result<Vec<u8>, NoKeys> {
     let (field, kind) = PREAMBLE[i];
-    if field == Marker::Tools && is_empty_array(body, span)? {
+    let mut out = OwnedText(Vec::new());
+    if field == Marker::Tools && s.empty_array()? {
         // An empty tool list renders like no tool list.
-        return Ok(());
+        return Ok(Vec::new());
     }
-    marker(out, field);
-    let is_string = Scanner::at(body, span).peek_kind()? == Kind::String;
+    marker(&mut out, field);
+    let is_string = s.peek_kind()? == Kind::String;
     match kind {
-        Preamble::Text | Preamble::System if is_string => {
-            walk::marked_string(body, Marker::Text, span, out)?;
-        }
-        Preamble::System => messages::system_blocks(seed, &mut Scanner::at(body, span), out)?,
+        Preamble::Text | Preamble::System if is_string => walk::marked(s, Marker::Text, &mut out)?,
+        Preamble::System => messages::system_blocks(seed, s, &mut out)?,
         Preamble::Json | Preamble::Text => {
             // Anthropic marks tools for its prompt cache; the marks are not prompt.
             let drop =
                 (api == Api::Messages && field == Marker::Tools).then_some(&b"cache_control"[..]);
-            canonical::json_value(seed, body, span, drop, out)?;
+            canonical::json_value(seed, s, drop, &mut out)?;
         }
     }
-    Ok(())
-}
-
-fn is_empty_array(body: &[u8], span: Span) -> Result<bool, NoKeys> {
-    let mut s = Scanner::at(body, span);
-    if s.peek_kind()? != Kind::Array {
-        return Ok(false);
-    }
-    let mut items = s.begin_array()?;
-    Ok(!s.next_item(&mut items)?)
+    Ok(out.0)
 }
 
 /// A short string field's decoded bytes; `None` when it is not a string.

@@ -159,7 +159,7 @@ fn block(
             marked_string(buf, Marker::ToolCall, name, out)?;
             marker(out, Marker::Arguments);
             if let Some(input) = found.span(INPUT) {
-                canonical::json_value(seed, buf, input, None, out)?;
+                canonical::json_value(seed, &mut Scanner::at(buf, input), None, out)?;
             }
         }
         Some(b"tool_result") => {

@@ -93,7 +93,7 @@ mod keys;
 mod layer;
 mod messages;
 mod responses;
-mod scan;
+pub(crate) mod scan;
 mod service;
 mod stream;
 mod walk;

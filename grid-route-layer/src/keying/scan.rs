@@ -9,6 +9,7 @@
 //! decoded text can never forge one.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::ops::Range;
 
 /// Where a JSON value sits in the body.
@@ -45,6 +46,13 @@ pub(crate) trait TextSink {
     /// every key): strings are then measured, not copied.
     fn counting_only(&self) -> bool {
         false
+    }
+
+    /// How many bytes the sink would like the next write to hold: a block chain asks for
+    /// the rest of its current block, so that whole blocks arrive in one write and can be
+    /// hashed where they lie.
+    fn preferred_write(&self) -> usize {
+        Gather::BYTES
     }
 
     /// Counts `n` bytes of text without their content; only called when
@@ -242,7 +250,7 @@ impl<'a> Scanner<'a> {
         }
         self.eat(b'"', "a string")?;
         let buf = self.buf;
-        let mut pos = self.pos;
+        let pos = self.pos;
         // Short plain strings (roles, names, types) go to the sink as they are.
         let head = &buf[pos..buf.len().min(pos + SHORT_RUN_BYTES)];
         if let Some(n) = find_quote_or_escape(head)
@@ -252,65 +260,95 @@ impl<'a> Scanner<'a> {
             self.pos = pos + n + 1;
             return Ok(());
         }
-        let mut gather = Gather::default();
+        // One gather buffer a thread, reused: zeroing a fresh one for every string costs
+        // more than the strings of a typical message take to decode.
+        GATHER.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut gather) => self.decode_rest(&mut gather, sink),
+            Err(_) => self.decode_rest(&mut Gather::default(), sink),
+        })
+    }
+
+    /// Decodes the rest of a string whose opening quote was read, through `gather`.
+    fn decode_rest(&mut self, gather: &mut Gather, sink: &mut impl TextSink) -> ScanResult<()> {
+        let buf = self.buf;
+        let mut pos = self.pos;
+        let out = &mut gather.bytes;
+        // The fill is a local so that the hot loop keeps it in a register.
+        let mut len = 0usize;
+        let mut limit = sink.preferred_write().clamp(1, Gather::BYTES);
         loop {
-            // Pairs of words without a special byte are copied whole.
-            while let Some(bytes) = buf
-                .get(pos..pos + 16)
-                .and_then(|w| <[u8; 16]>::try_from(w).ok())
-            {
-                let pair = u128::from_le_bytes(bytes);
-                if quote_or_escape(pair as u64) | quote_or_escape((pair >> 64) as u64) != 0 {
+            // Sixteen bytes at a time are stored whole; at a quote or a backslash the store
+            // is trimmed to the bytes before it.
+            let mut at_special = false;
+            while len < limit {
+                let Some(chunk) = buf.get(pos..pos + 16) else {
                     break;
-                }
-                gather.pair(pair, sink);
-                pos += 16;
-            }
-            // The word holding a special byte is stored whole and trimmed to the bytes
-            // before it.
-            let mut found = false;
-            while let Some(bytes) = buf
-                .get(pos..pos + 8)
-                .and_then(|w| <[u8; 8]>::try_from(w).ok())
-            {
-                let word = u64::from_le_bytes(bytes);
-                let hits = quote_or_escape(word);
-                gather.word(word, sink);
+                };
+                let mut pair = [0u8; 16];
+                pair.copy_from_slice(chunk);
+                let pair = u128::from_le_bytes(pair);
+                let hits = u128::from(quote_or_escape(pair as u64))
+                    | u128::from(quote_or_escape((pair >> 64) as u64)) << 64;
+                out[len..len + 16].copy_from_slice(&pair.to_le_bytes());
                 if hits != 0 {
                     let n = (hits.trailing_zeros() / 8) as usize;
-                    gather.drop_last(8 - n);
+                    len += n;
                     pos += n;
-                    found = true;
+                    at_special = true;
                     break;
                 }
-                pos += 8;
+                len += 16;
+                pos += 16;
             }
-            if !found {
-                // Fewer than eight bytes are left: look at them one by one.
+            if len >= limit {
+                // Hand on exactly what the sink asked for; the few bytes past it move down.
+                sink.text(&out[..limit]);
+                out.copy_within(limit..len, 0);
+                len -= limit;
+                limit = sink.preferred_write().clamp(1, Gather::BYTES);
+                if !at_special {
+                    continue;
+                }
+            }
+            if !at_special {
+                // Fewer than sixteen bytes are left: look at them one by one.
                 let rest = &buf[pos..];
                 let Some(n) = rest.iter().position(|&b| matches!(b, b'"' | b'\\')) else {
                     self.pos = buf.len();
                     return self.fail("the closing quote of a string");
                 };
-                gather.push(&rest[..n], sink);
+                if len + n > out.len() {
+                    sink.text(&out[..len]);
+                    len = 0;
+                }
+                out[len..len + n].copy_from_slice(&rest[..n]);
+                len += n;
                 pos += n;
             }
-            // The search stops only at a quote or a backslash.
+            // The search stops only at a quote or a backslash. `len` is at most
+            // `Gather::BYTES + 15` here, so a one-byte escape fits in the slack; the next
+            // round hands on whatever went past the limit.
             if buf[pos] == b'"' {
+                sink.text(&out[..len]);
                 self.pos = pos + 1;
-                gather.flush(sink);
                 return Ok(());
             }
             let code = buf.get(pos + 1).copied().unwrap_or_default();
             let simple = SIMPLE_ESCAPES[usize::from(code)];
             if simple != 0 {
-                gather.byte(simple, sink);
+                out[len] = simple;
+                len += 1;
                 pos += 2;
             } else {
                 self.pos = pos;
                 let mut decoded = [0u8; 4];
-                let len = self.escape(&mut decoded)?;
-                gather.push(&decoded[..len], sink);
+                let n = self.escape(&mut decoded)?;
+                if len + n > out.len() {
+                    sink.text(&out[..len]);
+                    len = 0;
+                }
+                out[len..len + n].copy_from_slice(&decoded[..n]);
+                len += n;
                 pos = self.pos;
             }
         }
@@ -471,6 +509,23 @@ impl<'a> Scanner<'a> {
         self.fail("true, false or null")
     }
 
+    /// Consumes an empty array (`[]`, any whitespace inside) if it is next.
+    pub(crate) fn empty_array(&mut self) -> ScanResult<bool> {
+        if self.peek_kind()? != Kind::Array {
+            return Ok(false);
+        }
+        let start = self.pos;
+        self.pos += 1;
+        self.skip_ws();
+        if self.buf.get(self.pos) == Some(&b']') {
+            self.pos += 1;
+            Ok(true)
+        } else {
+            self.pos = start;
+            Ok(false)
+        }
+    }
+
     /// Consumes `null` if it is next.
     pub(crate) fn null(&mut self) -> ScanResult<bool> {
         if self.peek_kind()? == Kind::Null {
@@ -587,76 +642,25 @@ pub(crate) struct Items {
     first: bool,
 }
 
-/// Gathers decoded text into writes of [`Gather::BYTES`]. Sixteen bytes of slack let a
-/// whole word or pair be stored before knowing how much of it is text.
+thread_local! {
+    static GATHER: RefCell<Gather> = RefCell::new(Gather::default());
+}
+
+/// The buffer decoded text is gathered in before it goes to the sink: writes of about
+/// [`Gather::BYTES`] instead of one per run between escapes. Sixteen bytes of slack let a
+/// whole pair of words, or a decoded escape, be stored past the flush mark.
 struct Gather {
     bytes: [u8; Gather::BYTES + 16],
-    len: usize,
 }
 
 impl Gather {
     const BYTES: usize = 256;
-
-    /// Stores a whole word; [`Gather::drop_last`] takes back what was not text.
-    #[inline]
-    fn word(&mut self, word: u64, sink: &mut impl TextSink) {
-        if self.len >= Self::BYTES {
-            self.flush(sink);
-        }
-        self.bytes[self.len..self.len + 8].copy_from_slice(&word.to_le_bytes());
-        self.len += 8;
-    }
-
-    /// Stores sixteen bytes of text.
-    #[inline]
-    fn pair(&mut self, pair: u128, sink: &mut impl TextSink) {
-        if self.len >= Self::BYTES {
-            self.flush(sink);
-        }
-        self.bytes[self.len..self.len + 16].copy_from_slice(&pair.to_le_bytes());
-        self.len += 16;
-    }
-
-    #[inline]
-    fn byte(&mut self, byte: u8, sink: &mut impl TextSink) {
-        if self.len >= Self::BYTES {
-            self.flush(sink);
-        }
-        self.bytes[self.len] = byte;
-        self.len += 1;
-    }
-
-    #[inline]
-    fn drop_last(&mut self, n: usize) {
-        self.len -= n;
-    }
-
-    #[inline]
-    fn push(&mut self, run: &[u8], sink: &mut impl TextSink) {
-        if self.len + run.len() > Self::BYTES {
-            self.flush(sink);
-            if run.len() >= Self::BYTES {
-                sink.text(run);
-                return;
-            }
-        }
-        self.bytes[self.len..self.len + run.len()].copy_from_slice(run);
-        self.len += run.len();
-    }
-
-    fn flush(&mut self, sink: &mut impl TextSink) {
-        if self.len > 0 {
-            sink.text(&self.bytes[..self.len]);
-            self.len = 0;
-        }
-    }
 }
 
 impl Default for Gather {
     fn default() -> Self {
         Self {
             bytes: [0; Self::BYTES + 16],
-            len: 0,
         }
     }
 }

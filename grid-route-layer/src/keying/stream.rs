@@ -291,21 +291,20 @@ impl BlockChain {
             // A short (padded) block is zero-filled; its length goes into the chain below.
             self.block[self.in_block..].fill(0);
         }
-        let sum = nh(&self.block, &self.nh_key);
-        let mut link = [0u8; 32];
-        for (slot, word) in link.chunks_exact_mut(8).zip([
+        let value = link(
+            &self.fresh,
+            &self.nh_key,
             self.previous,
-            sum as u64,
-            (sum >> 64) as u64,
-            self.in_block as u64,
-        ]) {
-            slot.copy_from_slice(&word.to_le_bytes());
-        }
-        let mut h = self.fresh.clone();
-        h.write(&link);
-        self.previous = h.finish();
-        self.values.push(self.previous);
+            &self.block,
+            self.in_block,
+        );
+        self.push(value);
         self.in_block = 0;
+    }
+
+    fn push(&mut self, value: u64) {
+        self.previous = value;
+        self.values.push(value);
     }
 
     /// The preamble's block values, its partial last block padded to a whole one.
@@ -317,11 +316,35 @@ impl BlockChain {
     }
 }
 
+/// The value of a block (`len` bytes of text, zero-padded to a whole block) chained on
+/// `previous`: NH of the block, then keyed SipHash of the previous value, the NH sum and
+/// the length.
+fn link(
+    fresh: &DefaultHasher,
+    nh_key: &[u64; NH_KEY_WORDS],
+    previous: u64,
+    block: &[u8],
+    len: usize,
+) -> u64 {
+    let sum = nh(block, nh_key);
+    let mut words = [0u8; 32];
+    for (slot, word) in
+        words
+            .chunks_exact_mut(8)
+            .zip([previous, sum as u64, (sum >> 64) as u64, len as u64])
+    {
+        slot.copy_from_slice(&word.to_le_bytes());
+    }
+    let mut h = fresh.clone();
+    h.write(&words);
+    h.finish()
+}
+
 /// NH over one block with 64-bit halves: the sum, mod 2¹²⁸, of
 /// `(m[2i] + k[2i]) * (m[2i+1] + k[2i+1])` over the block's 64-bit words, additions mod
 /// 2⁶⁴. For two different blocks and a random key the sums collide with probability at
 /// most 2⁻⁶⁴, at one 64×64→128 multiply per sixteen bytes.
-fn nh(block: &[u8; BLOCK_BYTES], key: &[u64; NH_KEY_WORDS]) -> u128 {
+fn nh(block: &[u8], key: &[u64; NH_KEY_WORDS]) -> u128 {
     let mut sum = 0u128;
     for (pair, k) in block.chunks_exact(16).zip(key.chunks_exact(2)) {
         let mut lo = [0u8; 8];
@@ -340,7 +363,15 @@ impl TextSink for BlockChain {
     fn text(&mut self, mut bytes: &[u8]) {
         self.bytes += bytes.len() as u64;
         // Once every key's block is hashed the rest only counts toward the length.
-        while !bytes.is_empty() && !self.full() {
+        while !bytes.is_empty() && self.values.len() < HASHED_BLOCKS {
+            if self.in_block == 0 && bytes.len() >= BLOCK_BYTES {
+                // A whole block in the input is hashed where it lies.
+                let (block, rest) = bytes.split_at(BLOCK_BYTES);
+                let value = link(&self.fresh, &self.nh_key, self.previous, block, BLOCK_BYTES);
+                self.push(value);
+                bytes = rest;
+                continue;
+            }
             let take = (BLOCK_BYTES - self.in_block).min(bytes.len());
             self.block[self.in_block..self.in_block + take].copy_from_slice(&bytes[..take]);
             self.in_block += take;
@@ -351,8 +382,12 @@ impl TextSink for BlockChain {
         }
     }
 
+    fn preferred_write(&self) -> usize {
+        BLOCK_BYTES - self.in_block
+    }
+
     fn counting_only(&self) -> bool {
-        self.full()
+        self.values.len() >= HASHED_BLOCKS
     }
 
     fn count(&mut self, n: u64) {

@@ -1,12 +1,13 @@
 //! Stored-state pinning: tag the ids of stored responses and conversations with the
-//! cluster that stored them, and read the tags back.
+//! cluster that stored them, read the tags back, and send each request that names one to
+//! that cluster.
 //!
 //! An engine stores a Responses `response` or a `conversation` in its own memory, so a
 //! request that names one (`GET /v1/responses/{id}`, `previous_response_id`, ...) must
 //! reach the one cluster that stored it. Instead of a shared table, the gateway writes the
-//! place into the id itself on the way out and reads it on the way in. This module is the
-//! sans-IO core of that: plain functions on strings and bytes, no HTTP types, no I/O
-//! beyond reading a key file. The pin layer wraps it.
+//! place into the id itself on the way out and reads it on the way in. The sans-IO core
+//! is plain functions on strings and bytes (no HTTP types, no I/O beyond reading a key
+//! file); [`PinLayer`] wraps it.
 //!
 //! # Tags
 //!
@@ -46,7 +47,7 @@
 //! Conversations endpoints as they stream out, JSON documents and server-sent events alike,
 //! whatever the chunk boundaries, holding back at most one possible id.
 //!
-//! # Example
+//! # Example: the core
 //!
 //! ```
 //! use std::time::Instant;
@@ -90,11 +91,177 @@
 //! let escape = format!("resp_{}..%2Fadmin", stamp.as_str());
 //! assert_eq!(keys.untag(IdKind::Response, &escape, now), Err(BadTag::UnsafeId));
 //! ```
+//!
+//! # The layer
+//!
+//! [`PinLayer`] sits right inside [`KeyingLayer`](crate::keying::KeyingLayer)
+//! (Keying → Pin → Confirm → Affinity → balancer). For each request it does one of three
+//! things: pins it (sets [`Pinned`](crate::route::Pinned) and forwards it with the
+//! engine's ids in place of the tags), passes it as it is, or answers it itself with an
+//! OpenAI-style JSON error, forwarding nothing.
+//!
+//! **Paths.** The first segment under `/v1/responses/` must be a `resp_` tag and under
+//! `/v1/conversations/` a `conv_` tag: `/v1/responses/{id}` (GET, DELETE), `/cancel`,
+//! `/input_items`, `/v1/conversations/{id}` (GET, POST, DELETE), `/items`,
+//! `/items/{item}`. The tag is replaced by the engine's id in the URI path; the query
+//! string is kept as it was. Whatever the method and the segments after the id, the id
+//! is read the same way: the engine, not the gateway, says which routes exist, and a tag
+//! must never reach it.
+//!
+//! **Bodies.** In a `POST /v1/responses`, `previous_response_id` must be a `resp_` tag and
+//! `conversation` (a string or an object's `id`) a `conv_` tag. The top level is scanned
+//! (no value is built) in the body [`KeyingLayer`](crate::keying::KeyingLayer) buffered
+//! ([`BufferedBody`](crate::route::BufferedBody)); the decoded id is checked, and the
+//! string's content alone is replaced by the engine's id: every other byte is forwarded as
+//! sent, never re-serialised. The request body (built with `From<Bytes>`) and the
+//! `BufferedBody` extension are both replaced, and `Content-Length`, when the request
+//! carries one, is set to the new length.
+//!
+//! **New conversations.** `POST /v1/conversations` is pinned to the least loaded
+//! admitted cluster of the local site ([`GridView::local_site`]), else to the least
+//! loaded admitted cluster anywhere (the windowed worst queue, then requests in flight,
+//! then in turn; [`least_loaded`]). A conversation names no model, so *any* admitted
+//! cluster may hold one.
+//!
+//! | the request | answer | `grid_route_pin_total{outcome}` |
+//! |---|---|---|
+//! | a good tag, its cluster in the grid and admitting; a new conversation placed | forwarded, pinned | `pinned` |
+//! | a bad mac, a malformed tag, the wrong kind for the place, an untagged id in a path, an id or a later path segment that is not one plain segment | 404 | `bad_tag` |
+//! | a good tag whose cluster left the grid | 404 | `gone` |
+//! | a good tag whose cluster admits no new request; a new conversation with no admitted cluster | 503, `Retry-After: 5` ([`RETRY_AFTER_SECS`]) | `unavailable` |
+//! | `previous_response_id`, `conversation` or `conversation.id` given twice | 400 | — |
+//! | `previous_response_id` and `conversation` tagged for different clusters | 400 | — |
+//! | a body naming no stored state (absent, `null`, not a string) | forwarded as it is | — |
+//!
+//! **Answers.** The ids of 2xx answers of the Responses and Conversations APIs (every
+//! path under `/v1/responses` and `/v1/conversations`), JSON or `text/event-stream`, are
+//! tagged as they stream out with the cluster named by [`Served`](crate::route::Served);
+//! `Content-Length` is removed, as the length changes. Those requests are forwarded with
+//! `Accept-Encoding: identity`, so engines send bytes the rewriter can read. Non-2xx
+//! answers, other media types, answers without `Served` and answers that still arrive
+//! with a `Content-Encoding` other than `identity` pass untouched (their ids then reach
+//! the client untagged).
+//!
+//! Decisions the design leaves open:
+//!
+//! - **Percent-encoding.** Paths are read as written, never percent-decoded. A tag holds
+//!   only RFC 3986 unreserved characters, so a correct client never encodes it; a `%`
+//!   anywhere in the id segment, or in a segment after it, is refused (404) rather than
+//!   decoded, as decoding could turn `%2F` into a separator. Segments after the id must
+//!   be plain too (unreserved, not `.`, no `..`, not empty), so a tag cannot be used to
+//!   send another path to a cluster of the client's choosing.
+//! - **An untagged id in a body** (`"previous_response_id": "resp_abc"`) is forwarded
+//!   untouched and not pinned, counting nothing: the engine judges it, as it would without
+//!   the gateway. A path has no such way out: an untagged id there is a 404.
+//! - **Both `previous_response_id` and `conversation`** tagged for one cluster pin to it;
+//!   for different clusters the request is a 400, as no one cluster holds both.
+//! - **Bodies not buffered** (over keying's body limit, compressed, unreadable, or no
+//!   `KeyingLayer` outside) stream through untouched and unpinned: the engine sees the
+//!   tag and answers 404. Raise the body limit if clients continue conversations with
+//!   very large inputs. Request trailers of a rewritten body are dropped.
+//! - **Answers are identity-coded** from the engine to the client for these APIs; add
+//!   compression outside the gateway's layers if clients want it.
+//! - An unsafe path segment counts as `bad_tag`, with the malformed tags.
+//! - **Conversations and models.** A new conversation may land on any admitted cluster,
+//!   and every later request naming it goes there, whatever its `model`. In a grid whose
+//!   clusters serve different models, every admitted cluster should serve the models used
+//!   with conversations; otherwise the engine answers that it does not serve the model.
+//!
+//! # Key rotation on reload
+//!
+//! The layer reads its keys from a [`PinKeys`] handle shared with the gateway. On reload
+//! the gateway calls [`PinKeys::rotate`] with the key it read: new ids are signed with it
+//! at once, ids signed with the key before keep working for
+//! [`PREVIOUS_KEY_GRACE_SECS`] (24 hours) after the rotation and are refused (404,
+//! `bad_tag`) after that. Only one previous key is kept, and a restart forgets it.
+//!
+//! # Example: the layer
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Instant;
+//!
+//! use bytes::Bytes;
+//! use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+//! use grid_route_layer::pin::{IdKind, PinKeys, PinLayer, TagKey, TagKeys};
+//! use grid_route_layer::route::{Pinned, Served};
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::{BodyExt, Full};
+//! use tower::{Layer, ServiceExt, service_fn};
+//!
+//! let spec = GridSpec {
+//!     sites: vec![SiteSpec {
+//!         name: "east".into(),
+//!         clusters: vec![ClusterSpec {
+//!             name: "east-a".into(),
+//!             models: vec!["demo-model".into()],
+//!             admit: true,
+//!             endpoints: vec!["http://10.0.0.1:8000".into()],
+//!         }],
+//!     }],
+//! };
+//! let grid = Grid::new(&spec, GridSettings::default()).unwrap();
+//! let key = TagKey::from_bytes(b"an example key of at least 32 bytes!").unwrap();
+//! // Keep a clone of the handle: a reload rotates the key through it.
+//! let keys = PinKeys::new(TagKeys::new(Some(key)));
+//!
+//! // Stands in for Confirm -> Affinity -> Select: goes where the request is pinned and
+//! // answers as the engine would, naming the cluster that served it.
+//! let balancer = service_fn(|req: Request<Full<Bytes>>| async move {
+//!     let cluster = req.extensions().get::<Pinned>().unwrap().cluster().clone();
+//!     assert_eq!(req.uri(), "/v1/responses/resp_68a3?include=usage");
+//!     let mut response = Response::new(Full::new(Bytes::from_static(
+//!         br#"{"id":"resp_68a3","object":"response","status":"completed"}"#,
+//!     )));
+//!     response.headers_mut().insert("content-type", "application/json".parse().unwrap());
+//!     response.extensions_mut().insert(Served::new(cluster));
+//!     Ok::<_, Infallible>(response)
+//! });
+//! let gateway = PinLayer::new(grid.clone(), keys.clone()).layer(balancer);
+//!
+//! // An id this gateway handed out earlier.
+//! let east_a = grid.view().clusters()[0].id().clone();
+//! let tagged = keys.stamp(east_a.site(), east_a.digest()).tag(IdKind::Response, "resp_68a3").unwrap();
+//! let get = |id: &str| {
+//!     Request::get(format!("/v1/responses/{id}?include=usage")).body(Full::default()).unwrap()
+//! };
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let response = gateway.clone().oneshot(get(&tagged)).await.unwrap();
+//! let body = response.into_body().collect().await.unwrap().to_bytes();
+//! assert_eq!(body, format!(r#"{{"id":"{tagged}","object":"response","status":"completed"}}"#));
+//!
+//! // A tag moved to another cluster fails its mac: 404, nothing forwarded.
+//! let forged = tagged.replacen(".1ef772aa.", ".0000beef.", 1);
+//! let response = gateway.clone().oneshot(get(&forged)).await.unwrap();
+//! assert_eq!(response.status(), StatusCode::NOT_FOUND);
+//!
+//! // A reload brings a new key: ids signed with the old one keep working for 24 hours.
+//! let next = TagKey::from_bytes(b"the next key, also 32 bytes or more").unwrap();
+//! keys.rotate(Some(next), Instant::now());
+//! let response = gateway.oneshot(get(&tagged)).await.unwrap();
+//! assert_eq!(response.status(), StatusCode::OK);
+//! # });
+//! ```
+//!
+//! [`GridView::local_site`]: crate::grid::GridView::local_site
+//! [`least_loaded`]: crate::select::least_loaded
 
+mod body;
+mod future;
+mod layer;
+mod reference;
 mod rewrite;
+mod service;
 mod tag;
+#[cfg(test)]
+mod tests;
 
+pub use body::PinBody;
+pub use future::ResponseFuture;
+pub use layer::{PinKeys, PinLayer};
 pub use rewrite::{Framing, IdRewriter};
+pub use service::{PinService, RETRY_AFTER_SECS};
 pub use tag::{
     BadTag, IdKind, MAC_HEX_LEN, MAX_ENGINE_ID_BYTES, MIN_TAG_KEY_BYTES, PREVIOUS_KEY_GRACE_SECS,
     TagKey, TagKeyError, TagKeys, TagStamp, UntaggedId,

@@ -1,0 +1,97 @@
+//! The `keys` command, run as the binary: one JSON line per file, all in one process.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn run(args: &[&str]) -> (i32, Vec<Value>) {
+    let output = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
+        .arg("keys")
+        .args(args)
+        .output()
+        .unwrap();
+    let lines = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    (output.status.code().unwrap(), lines)
+}
+
+fn write(dir: &std::path::Path, name: &str, body: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, body).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn prints_one_line_per_file_with_comparable_keys() {
+    let dir = std::env::temp_dir().join(format!("grid-route-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = "The same long system prompt for both turns. ".repeat(30);
+    let turn1 = write(&dir, "turn1.json", &serde_json::json!({"model":"m","messages":[{"role":"system","content":text},{"role":"user","content":"hi"}]}).to_string());
+    let turn2 = write(&dir, "turn2.json", &serde_json::json!({"model":"m","messages":[{"role":"system","content":text},{"role":"user","content":"hi"},{"role":"assistant","content":text}]}).to_string());
+    let short = write(
+        &dir,
+        "short.json",
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let tokens = write(
+        &dir,
+        "tokens.json",
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"hologram"}]}]}"#,
+    );
+    let duplicate = write(
+        &dir,
+        "dup.json",
+        r#"{"model":"a","model":"b","messages":[]}"#,
+    );
+
+    let (status, lines) = run(&["--api", "chat", &turn1, &turn2, &short, &tokens, &duplicate]);
+    assert_eq!(status, 0);
+    assert_eq!(lines.len(), 5);
+    assert_eq!(lines[0]["file"], turn1.as_str());
+    let keys = |line: &Value| -> Vec<String> {
+        line["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (first, second) = (keys(&lines[0]), keys(&lines[1]));
+    assert!(
+        first
+            .iter()
+            .all(|k| k.len() == 16 && k.bytes().all(|b| b.is_ascii_hexdigit()))
+    );
+    assert!(second.len() > first.len());
+    assert_eq!(
+        &second[..first.len()],
+        &first[..],
+        "keys from one process compare"
+    );
+    assert_eq!(lines[0]["blocks"].as_u64().unwrap(), first.len() as u64);
+    for line in &lines[2..] {
+        assert!(line["keys"].is_null());
+        assert!(!line["reason"].as_str().unwrap().is_empty());
+    }
+    assert!(lines[4]["reason"].as_str().unwrap().contains("400"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_unreadable_file_gets_a_reason_and_a_failing_status() {
+    let (status, lines) = run(&["--api", "responses", "/nonexistent/body.json"]);
+    assert_eq!(status, 1);
+    assert!(lines[0]["keys"].is_null());
+    assert!(lines[0]["reason"].as_str().unwrap().contains("cannot read"));
+}
+
+#[test]
+fn bad_arguments_exit_2() {
+    assert_eq!(run(&["--api", "grpc", "x.json"]).0, 2);
+    assert_eq!(run(&["x.json"]).0, 2);
+    assert_eq!(run(&["--api", "chat"]).0, 2);
+}

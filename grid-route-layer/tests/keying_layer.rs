@@ -1,0 +1,278 @@
+//! `KeyingLayer` contract tests over `tower_test::mock`: what it forwards, what it attaches,
+//! what passes through untouched, and the 400.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use grid_route_layer::keying::{KeySeed, KeyedBody, KeyingLayer, NoKeys};
+use grid_route_layer::route::{BufferedBody, Prompt};
+use http::{Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Full};
+use tower::{Layer, ServiceExt};
+use tower_test::mock;
+
+/// A request body delivered in the given chunks.
+struct Chunks(VecDeque<Bytes>);
+
+impl Chunks {
+    fn of(body: &[u8], chunk: usize) -> Self {
+        Self(
+            body.chunks(chunk.max(1))
+                .map(Bytes::copy_from_slice)
+                .collect(),
+        )
+    }
+}
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+    }
+}
+
+type Mocked = mock::Mock<Request<KeyedBody<Chunks>>, Response<Full<Bytes>>>;
+type MockHandle = mock::Handle<Request<KeyedBody<Chunks>>, Response<Full<Bytes>>>;
+
+type Stack = tower::util::BoxCloneService<
+    Request<Chunks>,
+    Response<grid_route_layer::keying::ResponseBody<Full<Bytes>>>,
+    grid_route_layer::route::BoxError,
+>;
+
+fn stack(limit: usize) -> (Stack, MockHandle) {
+    let (service, handle): (Mocked, MockHandle) = mock::pair();
+    let layered = KeyingLayer::new(KeySeed::random())
+        .body_limit(limit)
+        .layer(service);
+    (tower::util::BoxCloneService::new(layered), handle)
+}
+
+fn chat_body() -> Vec<u8> {
+    let text = "A long enough prompt to fill several blocks of the stream. ".repeat(40);
+    serde_json::json!({"model":"demo","messages":[{"role":"user","content":text}],"stream":true})
+        .to_string()
+        .into_bytes()
+}
+
+fn post(path: &str, body: &[u8], chunk: usize) -> Request<Chunks> {
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(Chunks::of(body, chunk))
+        .unwrap()
+}
+
+/// Sends `request` through the stack, answers it at the mock with 200, and returns what
+/// the mock received (its extensions and body bytes).
+async fn forwarded(limit: usize, request: Request<Chunks>) -> (http::Extensions, Vec<u8>) {
+    let (service, mut handle) = stack(limit);
+    let call = tokio::spawn(service.oneshot(request));
+    let (received, respond) = handle.next_request().await.expect("forwarded");
+    respond.send_response(Response::new(Full::new(Bytes::from_static(b"ok"))));
+    let (parts, body) = received.into_parts();
+    let bytes = body.collect().await.expect("body").to_bytes().to_vec();
+    let response = call.await.expect("task").expect("response");
+    assert_eq!(response.status(), 200);
+    (parts.extensions, bytes)
+}
+
+#[tokio::test]
+async fn the_body_is_forwarded_byte_for_byte_with_the_prompt_attached() {
+    let body = chat_body();
+    for chunk in [1, 7, 1000, body.len()] {
+        let (extensions, bytes) =
+            forwarded(1 << 20, post("/v1/chat/completions", &body, chunk)).await;
+        assert_eq!(bytes, body, "chunks of {chunk}");
+        let prompt = extensions.get::<Prompt>().expect("prompt attached");
+        assert_eq!(prompt.model(), Some("demo"));
+        assert!(prompt.keys().expect("keys").len() > 4);
+        assert_eq!(
+            extensions
+                .get::<BufferedBody>()
+                .expect("buffered")
+                .bytes()
+                .as_ref(),
+            &body[..]
+        );
+    }
+}
+
+#[tokio::test]
+async fn keys_do_not_depend_on_how_the_body_was_chunked() {
+    let body = chat_body();
+    let seed = KeySeed::random();
+    let mut keys_by_chunking = Vec::new();
+    for chunk in [1, 13, 4096] {
+        let (service, mut handle) = {
+            let (service, handle): (Mocked, MockHandle) = mock::pair();
+            (KeyingLayer::new(seed.clone()).layer(service), handle)
+        };
+        let call = tokio::spawn(service.oneshot(post("/v1/chat/completions", &body, chunk)));
+        let (received, respond) = handle.next_request().await.unwrap();
+        respond.send_response(Response::new(Full::new(Bytes::new())));
+        call.await.unwrap().unwrap();
+        let prompt = received.extensions().get::<Prompt>().unwrap();
+        keys_by_chunking.push(prompt.keys().unwrap().as_slice().to_vec());
+    }
+    assert!(keys_by_chunking.windows(2).all(|w| w[0] == w[1]));
+}
+
+#[tokio::test]
+async fn every_api_path_is_keyed() {
+    let text = "words ".repeat(200);
+    let bodies = [
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"model":"m","messages":[{"role":"user","content":text}]}),
+        ),
+        (
+            "/v1/completions",
+            serde_json::json!({"model":"m","prompt":text}),
+        ),
+        (
+            "/v1/messages",
+            serde_json::json!({"model":"m","max_tokens":9,"messages":[{"role":"user","content":text}]}),
+        ),
+        (
+            "/v1/responses",
+            serde_json::json!({"model":"m","input":text}),
+        ),
+    ];
+    for (path, body) in bodies {
+        let (extensions, _) = forwarded(1 << 20, post(path, body.to_string().as_bytes(), 64)).await;
+        assert!(extensions.get::<Prompt>().unwrap().keys().is_ok(), "{path}");
+    }
+}
+
+/// Sends a request that must pass through unread, and checks it arrives whole, unkeyed.
+async fn passes_through(limit: usize, request: Request<Chunks>, body: &[u8]) {
+    let (extensions, bytes) = forwarded(limit, request).await;
+    assert_eq!(bytes, body);
+    assert!(extensions.get::<Prompt>().is_none());
+    assert!(extensions.get::<BufferedBody>().is_none());
+}
+
+#[tokio::test]
+async fn other_paths_and_methods_pass_through_unread() {
+    let body = chat_body();
+    passes_through(1 << 20, post("/v1/embeddings", &body, 100), &body).await;
+    passes_through(1 << 20, post("/v1/chat/completions/", &body, 100), &body).await;
+    let put = Request::put("/v1/chat/completions")
+        .body(Chunks::of(&body, 100))
+        .unwrap();
+    passes_through(1 << 20, put, &body).await;
+}
+
+#[tokio::test]
+async fn compressed_and_non_json_bodies_pass_through_unread() {
+    let body = chat_body();
+    let mut gzip = post("/v1/chat/completions", &body, 100);
+    gzip.headers_mut()
+        .insert("content-encoding", "gzip".parse().unwrap());
+    passes_through(1 << 20, gzip, &body).await;
+    let mut text = post("/v1/chat/completions", &body, 100);
+    text.headers_mut()
+        .insert("content-type", "text/plain".parse().unwrap());
+    passes_through(1 << 20, text, &body).await;
+}
+
+#[tokio::test]
+async fn a_body_declared_over_the_limit_streams_through_unread() {
+    let body = chat_body();
+    let mut request = post("/v1/chat/completions", &body, 100);
+    request
+        .headers_mut()
+        .insert("content-length", body.len().into());
+    passes_through(body.len() - 1, request, &body).await;
+}
+
+#[tokio::test]
+async fn a_chunked_body_that_grows_over_the_limit_streams_through_whole() {
+    let body = chat_body();
+    // No Content-Length: the layer starts buffering, goes over, and forwards what it read
+    // followed by the rest.
+    for chunk in [1, 100, 999] {
+        passes_through(1000, post("/v1/chat/completions", &body, chunk), &body).await;
+    }
+}
+
+#[tokio::test]
+async fn a_body_without_a_content_type_is_keyed() {
+    let body = chat_body();
+    let request = Request::post("/v1/chat/completions")
+        .body(Chunks::of(&body, 50))
+        .unwrap();
+    let (extensions, bytes) = forwarded(1 << 20, request).await;
+    assert_eq!(bytes, body);
+    assert!(extensions.get::<Prompt>().unwrap().keys().is_ok());
+}
+
+#[tokio::test]
+async fn unreadable_json_is_forwarded_unkeyed_not_refused() {
+    let body = b"{\"model\":\"m\",\"messages\":[{\"role\":".to_vec();
+    let (extensions, bytes) = forwarded(1 << 20, post("/v1/chat/completions", &body, 5)).await;
+    assert_eq!(bytes, body);
+    let prompt = extensions.get::<Prompt>().unwrap();
+    assert!(matches!(prompt.keys(), Err(NoKeys::Unreadable { .. })));
+}
+
+#[tokio::test]
+async fn a_large_body_is_keyed_like_a_small_one() {
+    // Over the blocking threshold: keyed on the blocking pool, same keys as inline keying
+    // of the same body under the same seed.
+    let text = "x".repeat(400 * 1024);
+    let body = serde_json::json!({"model":"m","prompt":text})
+        .to_string()
+        .into_bytes();
+    let seed = KeySeed::random();
+    let expected = grid_route_layer::keying::key_body(
+        &seed,
+        grid_route_layer::keying::Api::Completions,
+        &body,
+    )
+    .unwrap();
+    let (service, handle): (Mocked, MockHandle) = mock::pair();
+    let mut handle = handle;
+    let service = KeyingLayer::new(seed).layer(service);
+    let call = tokio::spawn(service.oneshot(post("/v1/completions", &body, 64 * 1024)));
+    let (received, respond) = handle.next_request().await.unwrap();
+    respond.send_response(Response::new(Full::new(Bytes::new())));
+    call.await.unwrap().unwrap();
+    let prompt = received.extensions().get::<Prompt>().unwrap();
+    assert_eq!(
+        prompt.keys().unwrap().as_slice(),
+        expected.keys().unwrap().as_slice()
+    );
+}
+
+#[tokio::test]
+async fn a_duplicated_routing_field_is_a_400_and_nothing_is_forwarded() {
+    let body = br#"{"model":"a","messages":[],"model":"b"}"#;
+    let (service, mut handle) = stack(1 << 20);
+    let response = service
+        .oneshot(post("/v1/chat/completions", body, 3))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let json: serde_json::Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(json["error"]["code"], "duplicate_field");
+    assert_eq!(json["error"]["param"], "model");
+    assert_eq!(json["error"]["type"], "invalid_request_error");
+    let nothing = tokio::time::timeout(Duration::from_millis(50), handle.next_request()).await;
+    assert!(
+        nothing.is_err() || nothing.unwrap().is_none(),
+        "nothing forwarded"
+    );
+}
