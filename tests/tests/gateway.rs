@@ -889,3 +889,215 @@ async fn shutdown_lets_a_stream_in_flight_finish() {
     // Stopped: no new connection is accepted.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+// ---- pinning ------------------------------------------------------------------------
+
+/// A fresh directory for this test's files.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("grid-route-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `resp_<site>.<digest>.<mac>.<id>`: the site and whether the mac is 16 hex digits.
+fn tag_of(id: &str) -> (String, bool) {
+    let tail = id.split_once('_').unwrap().1;
+    let parts: Vec<&str> = tail.splitn(4, '.').collect();
+    assert_eq!(parts.len(), 4, "not a tagged id: {id}");
+    assert_eq!(parts[1].len(), 8, "digest of {id}");
+    let mac = parts[2];
+    assert!(mac.is_empty() || mac.len() == 16, "mac of {id}");
+    (parts[0].to_owned(), !mac.is_empty())
+}
+
+/// The engine's id inside a tagged id.
+fn untagged(id: &str) -> String {
+    let (kind, tail) = id.split_once('_').unwrap();
+    format!("{kind}_{}", tail.splitn(4, '.').nth(3).unwrap())
+}
+
+fn responses_body(input: &str, previous: Option<&str>) -> String {
+    let mut body = json!({"model": MODEL, "input": input});
+    if let Some(previous) = previous {
+        body["previous_response_id"] = json!(previous);
+    }
+    body.to_string()
+}
+
+#[tokio::test]
+async fn a_stored_response_chain_stays_pinned_to_its_cluster() {
+    let (east, west, gateway) = two_sites().await;
+    let first = post(&gateway, "/v1/responses", responses_body("hello", None)).await;
+    assert_eq!(first.status, StatusCode::OK);
+    let home = first.engine();
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let (site, signed) = tag_of(&id);
+    assert_eq!(site, home.trim_end_matches("-a"));
+    assert!(!signed, "no tag key configured: empty mac");
+
+    // However deep its queue, the chain goes where its state is.
+    let (busy, idle) = if home == "east-a" {
+        (&east, &west)
+    } else {
+        (&west, &east)
+    };
+    set_queue(busy, 50).await;
+    set_queue(idle, 0).await;
+    eventually("the gateway sees the queue", || async {
+        queue_depth(&gateway, &home) >= 50.0
+    })
+    .await;
+    let mut previous = id.clone();
+    for turn in ["second", "third"] {
+        let next = post(
+            &gateway,
+            "/v1/responses",
+            responses_body(turn, Some(&previous)),
+        )
+        .await;
+        assert_eq!(next.status, StatusCode::OK, "{}", next.text());
+        assert_eq!(next.engine(), home);
+        // The engine saw its own id, never the tag.
+        let sent = get(format!("{}/mock/last_body", busy.url())).await.json();
+        let engine_id = sent["previous_response_id"].as_str().unwrap();
+        assert_eq!(engine_id, untagged(&previous));
+        let json = next.json();
+        assert_eq!(json["previous_response_id"], previous.as_str());
+        previous = json["id"].as_str().unwrap().to_owned();
+        assert_eq!(tag_of(&previous).0, site);
+    }
+
+    let fetched = get(format!("{}/v1/responses/{id}", gateway.url())).await;
+    assert_eq!(fetched.status, StatusCode::OK);
+    assert_eq!(fetched.engine(), home);
+    assert_eq!(fetched.json()["id"], id.as_str());
+}
+
+#[tokio::test]
+async fn a_new_conversation_lives_on_the_local_site() {
+    let (_east, _west, gateway) = two_sites().await;
+    // `local_site` defaults to the first site: east.
+    for _ in 0..3 {
+        let created = post(&gateway, "/v1/conversations", "{}").await;
+        assert_eq!(created.status, StatusCode::OK, "{}", created.text());
+        assert_eq!(created.engine(), "east-a");
+        let id = created.json()["id"].as_str().unwrap().to_owned();
+        assert_eq!(tag_of(&id).0, "east");
+        let items = json!({"items": [{"type": "message", "role": "user", "content": "hi"}]});
+        let added = post(
+            &gateway,
+            &format!("/v1/conversations/{id}/items"),
+            items.to_string(),
+        )
+        .await;
+        assert_eq!(added.status, StatusCode::OK, "{}", added.text());
+        let listed = get(format!("{}/v1/conversations/{id}/items", gateway.url())).await;
+        assert_eq!(listed.status, StatusCode::OK);
+        assert_eq!(listed.engine(), "east-a");
+    }
+}
+
+#[tokio::test]
+async fn stored_ids_that_cannot_be_served_are_404_or_503() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let dir = scratch_dir("pin-answers");
+    let key = dir.join("tag.key");
+    std::fs::write(&key, [42u8; 32]).unwrap();
+    let affinity = format!(
+        "grid_site_route: {{ prefix_affinity: {{ exploration: 0.0, tag_key_path: {} }} }}\n",
+        key.display()
+    );
+    let sites = |west_admits: bool, with_west: bool| {
+        let mut west_cluster = cluster("west-a", &[&west]);
+        west_cluster.admit = west_admits;
+        let mut sites = vec![("east", vec![cluster("east-a", &[&east])])];
+        if with_west {
+            sites.push(("west", vec![west_cluster]));
+        }
+        config_yaml(&sites, &affinity)
+    };
+    let gateway = gateway(&sites(true, true)).await;
+    // A response stored on west.
+    let id = loop {
+        let answer = post(&gateway, "/v1/responses", responses_body("hi", None)).await;
+        if answer.engine() == "west-a" {
+            break answer.json()["id"].as_str().unwrap().to_owned();
+        }
+    };
+    assert_eq!(tag_of(&id), ("west".to_owned(), true));
+    let fetch = |id: String| get(format!("{}/v1/responses/{id}", gateway.url()));
+    assert_eq!(fetch(id.clone()).await.status, StatusCode::OK);
+
+    // Untagged, malformed or forged: 404, and no engine sees it.
+    let engine_id = untagged(&id);
+    let (head, tail) = id.rsplit_once('.').unwrap();
+    let mac_start = head.len() - 16;
+    let forged = format!("{}{}.{tail}", &head[..mac_start], "0".repeat(16));
+    for bad in [engine_id, "resp_east.zz..x".to_owned(), forged] {
+        let answer = fetch(bad.clone()).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{bad}");
+        assert!(answer.json()["error"].is_object());
+        assert!(answer.headers.get("x-mock-engine").is_none(), "{bad}");
+    }
+
+    // Drained: 503 with Retry-After; gone from the grid: 404.
+    gateway.reload(&parse(&sites(false, true))).unwrap();
+    let answer = fetch(id.clone()).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.headers["retry-after"], "5");
+    gateway.reload(&parse(&sites(true, false))).unwrap();
+    let answer = fetch(id.clone()).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    // Back again: the id still works.
+    gateway.reload(&parse(&sites(true, true))).unwrap();
+    wait_measured(&gateway).await;
+    assert_eq!(fetch(id.clone()).await.engine(), "west-a");
+
+    // A new key: ids signed with the old one keep working through the grace period.
+    std::fs::write(&key, [7u8; 40]).unwrap();
+    gateway.reload(&parse(&sites(true, true))).unwrap();
+    assert_eq!(fetch(id.clone()).await.status, StatusCode::OK);
+    let fresh = post(&gateway, "/v1/responses", responses_body("again", None)).await;
+    let fresh_id = fresh.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(fetch(fresh_id).await.status, StatusCode::OK);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn ids_in_a_streamed_response_are_tagged_as_they_flow() {
+    let config = MockEngineConfig {
+        prefill_tokens_per_second: 50_000_000,
+        decode_delay_per_token: Duration::from_millis(40),
+        ..MockEngineConfig::named("east-a")
+    };
+    let east = MockEngine::start("127.0.0.1:0", config).await.unwrap();
+    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let gateway = gateway(&yaml).await;
+    let body = json!({"model": MODEL, "stream": true, "input": "one two three four five six"});
+    let answer = post(&gateway, "/v1/responses", body.to_string()).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let text = answer.text();
+    let mut ids = BTreeSet::new();
+    for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let event: Value = serde_json::from_str(data).unwrap();
+        if let Some(id) = event["response"]["id"].as_str() {
+            ids.insert(id.to_owned());
+        }
+    }
+    assert_eq!(ids.len(), 1, "{text}");
+    let id = ids.into_iter().next().unwrap();
+    assert_eq!(tag_of(&id).0, "east");
+    let spread = answer
+        .frame_times
+        .last()
+        .unwrap()
+        .saturating_sub(answer.frame_times[0]);
+    assert!(
+        spread >= Duration::from_millis(150),
+        "frames within {spread:?}"
+    );
+    // The stored response is found through its tagged id.
+    let fetched = get(format!("{}/v1/responses/{id}", gateway.url())).await;
+    assert_eq!(fetched.status, StatusCode::OK);
+}

@@ -32,8 +32,8 @@
 //!
 //! - **Front listener** (`listen`, see [`front`]): the request log, the provider role's
 //!   gate, `GET /v1/models` aggregated over admitted clusters, and every other request
-//!   through the routing stack ([`stack`]): keying → confirmation → affinity → `Select` →
-//!   the chosen cluster's p2c balancer over its endpoints ([`upstream`]). Paths the layers
+//!   through the routing stack ([`stack`]): keying → pinning → confirmation → affinity →
+//!   `Select` → the chosen cluster's p2c balancer over its endpoints ([`upstream`]). Paths the layers
 //!   do not read still go through it and route on load alone. No cluster for the request:
 //!   503 with `Retry-After: 5`; the chosen cluster failed before answering: 502. Both
 //!   OpenAI-style JSON.
@@ -80,7 +80,7 @@ use grid_route_layer::grid::{ClusterId, Grid, SiteName};
 use grid_route_layer::index::PrefixIndex;
 use grid_route_layer::keying::KeySeed;
 use grid_route_layer::metrics::{CONFIG_RELOAD_TOTAL, RESULT_LABEL};
-use grid_route_layer::pin::TagKeys;
+use grid_route_layer::pin::{PinKeys, TagKeys};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -96,10 +96,6 @@ use upstream::HttpClient;
 
 /// How long [`Gateway::shutdown`] lets requests in flight finish.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The tag keys that sign and check pinned ids, shared with the pin layer and rotated on
-/// reload.
-pub type SharedTagKeys = Arc<ArcSwap<TagKeys>>;
 
 /// A gateway running in this process. See the [module docs](self).
 #[must_use = "dropping the handle shuts the gateway down"]
@@ -117,7 +113,7 @@ pub(crate) struct Live {
     index: Arc<PrefixIndex>,
     affinity: Affinity,
     seed: KeySeed,
-    tag_keys: SharedTagKeys,
+    tag_keys: PinKeys,
     client: HttpClient,
     settings: ArcSwap<Settings>,
     routing: ArcSwap<Routing>,
@@ -188,8 +184,7 @@ impl Gateway {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let seed = KeySeed::random();
-        let tag_keys: SharedTagKeys =
-            Arc::new(ArcSwap::from_pointee(TagKeys::new(checked.tag_key.clone())));
+        let tag_keys = PinKeys::new(TagKeys::new(checked.tag_key.clone()));
         let client = upstream::http_client();
         let routing = routing_stack(&StackParts {
             grid: &grid,
@@ -280,8 +275,8 @@ impl Gateway {
         &self.live.index
     }
 
-    /// The tag keys, rotated on reload: the handle the pin layer signs and checks with.
-    pub fn tag_keys(&self) -> &SharedTagKeys {
+    /// The tag keys the pin layer signs and checks ids with, rotated on reload.
+    pub fn tag_keys(&self) -> &PinKeys {
         &self.live.tag_keys
     }
 
@@ -321,9 +316,8 @@ impl Gateway {
         live.index
             .reconfigure(checked.prefix_affinity.index, view.cluster_ids());
         live.affinity.set_settings(checked.prefix_affinity.affinity);
-        let mut tag_keys = TagKeys::clone(&live.tag_keys.load());
-        tag_keys.rotate(checked.tag_key.clone(), Instant::now());
-        live.tag_keys.store(Arc::new(tag_keys));
+        live.tag_keys
+            .rotate(checked.tag_key.clone(), Instant::now());
         let old = live.settings.swap(Arc::new(Settings::of(checked)));
         live.routing.store(Arc::new(live.routing_for(checked)));
         for (field, was, now) in [

@@ -4,7 +4,7 @@
 //! ```text
 //! answer errors   NoCandidate -> 503 + Retry-After: 5; DispatchError -> 502 (JSON)
 //! KeyingLayer     buffer keyed bodies up to max_body_bytes   -> Prompt, BufferedBody
-//! (PinLayer)      tagged ids -> one cluster                  -> Pinned
+//! PinLayer        tagged ids -> one cluster (404/503); ids in answers tagged -> Pinned
 //! ConfirmLayer    2xx confirms, 429/5xx/failed connection drops
 //! AffinityLayer   the sticky set, or every admitted candidate -> Candidates, Outcome
 //! RouteNoteLayer  Outcome / Pinned onto the response, for the request log
@@ -26,17 +26,18 @@ use grid_route_layer::answer::ErrorAnswer;
 use grid_route_layer::confirm::ConfirmLayer;
 use grid_route_layer::grid::{Cluster, Grid};
 use grid_route_layer::keying::{KeySeed, KeyingLayer};
+use grid_route_layer::pin::{PinKeys, PinLayer};
 use grid_route_layer::route::{BoxError, DispatchError, NoCandidate, Pinned};
 use http::{Request, StatusCode};
 use http_body::Body as HttpBody;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceBuilder};
 
-use super::SharedTagKeys;
 use super::upstream::{HttpClient, cluster_service};
 
-/// `Retry-After` of the 503 answered when no cluster may take a request.
-pub const RETRY_AFTER_SECS: u64 = 5;
+/// `Retry-After` of the 503 answered when no cluster may take a request: the pin layer's,
+/// so every "try again" of the gateway says the same.
+pub use grid_route_layer::pin::RETRY_AFTER_SECS;
 
 /// The whole routing stack as one cloneable service that never fails: errors are answers.
 pub(crate) type Routing = BoxCloneSyncService<Request<Body>, Response, Infallible>;
@@ -47,8 +48,7 @@ pub(crate) struct StackParts<'a> {
     pub(crate) affinity: &'a Affinity,
     pub(crate) seed: &'a KeySeed,
     /// The pin layer's keys, rotated on reload.
-    #[allow(dead_code)] // read once the pin layer is stacked
-    pub(crate) tag_keys: &'a SharedTagKeys,
+    pub(crate) tag_keys: &'a PinKeys,
     pub(crate) max_body_bytes: usize,
     pub(crate) client: &'a HttpClient,
     /// How often an unhealthy endpoint re-checks whether it may take requests.
@@ -69,7 +69,7 @@ pub(crate) fn routing_stack(parts: &StackParts<'_>) -> Routing {
                 .body_limit(parts.max_body_bytes)
                 .follow(parts.affinity.clone()),
         )
-        // The pin layer goes here, between keying and confirmation.
+        .layer(PinLayer::new(parts.grid.clone(), parts.tag_keys.clone()))
         .layer(ConfirmLayer::new(parts.affinity.clone()))
         .layer(AffinityLayer::new(
             parts.grid.clone(),
