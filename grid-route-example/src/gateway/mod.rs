@@ -30,16 +30,34 @@
 //!
 //! # What runs
 //!
-//! - **Front listener** (`listen`, see [`front`]): the request log, the provider role's
-//!   gate, `GET /v1/models` aggregated over admitted clusters, and every other request
-//!   through the routing stack ([`stack`]): keying → pinning → confirmation → affinity →
-//!   `Select` → the chosen cluster's p2c balancer over its endpoints ([`upstream`]). Paths the layers
-//!   do not read still go through it and route on load alone. No cluster for the request:
-//!   503 with `Retry-After: 5`; the chosen cluster failed before answering: 502. Both
-//!   OpenAI-style JSON.
-//! - **Admin listener** (`admin_listen`, see [`admin`]): `/metrics` and `/healthz`.
-//! - **Queue poller** (see [`queue`]): each endpoint's `/metrics` every
-//!   `queue.poll_interval_ms`.
+//! - **Front listener** (`listen`; `gateway/front.rs`): the request log, the provider
+//!   role's gate, `GET /v1/models` aggregated over admitted clusters, and every other
+//!   request through the routing stack (`gateway/stack.rs`): keying → pinning →
+//!   confirmation → affinity → `Select` → the chosen cluster's p2c balancer over its
+//!   endpoints (`gateway/upstream.rs`). Paths the layers do not read still go through it
+//!   and route on load alone. No cluster for the request: 503 with `Retry-After: 5`; the
+//!   chosen cluster failed before answering: 502. Both OpenAI-style JSON.
+//! - **Admin listener** (`admin_listen`; `gateway/admin.rs`): `/metrics` and `/healthz`.
+//! - **Queue poller** (`gateway/queue.rs`): each endpoint's `/metrics` every
+//!   `queue.poll_interval_ms`, see [`queue_sample`].
+//!
+//! # Decisions the design leaves open
+//!
+//! - **Endpoint health.** A request that cannot *connect* marks its endpoint unhealthy
+//!   until the poller next reads that endpoint's queue metric; other transport failures
+//!   fail the one request (502) without judging the endpoint. Inside a cluster an
+//!   unhealthy endpoint takes no request while a sibling is healthy; a cluster with no
+//!   healthy endpoint is not admitted. A failed metrics read makes an endpoint unmeasured,
+//!   never unhealthy.
+//! - **Timeouts.** Connecting times out after [`CONNECT_TIMEOUT`], a metrics read after
+//!   [`POLL_TIMEOUT`]; requests have no overall timeout (an unstreamed completion answers
+//!   only when generation ends). Engines get `host` set to their own authority and no
+//!   hop-by-hop headers; everything else, bodies included, passes as sent.
+//! - **The request log** measures latency to the answer's head (time to first byte for a
+//!   stream) and logs at the head; its outcome is the affinity outcome, `pinned`, or `-`.
+//! - **Metrics** go to one process-wide Prometheus recorder, installed by the first
+//!   gateway; grid gauges are set at each scrape. `/healthz` is 200 while serving, even
+//!   when no cluster admits (the gateway still answers, with 503s).
 //!
 //! # Reload
 //!
