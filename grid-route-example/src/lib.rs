@@ -1,11 +1,16 @@
 //! The example gateway built from the grid-route layers, as a library for the binary, the
 //! integration tests and the in-process demo.
 //!
+//! - [`gateway`]: the gateway over real sockets — [`gateway::Gateway::start`] runs it in
+//!   process, [`gateway::serve`] runs it from a config file with signals (`serve`).
+//! - [`config`]: its YAML configuration.
 //! - [`keys`]: the `keys` command, which prints a request body's prefix keys.
 //! - [`mock_engine`]: an OpenAI-compatible mock inference engine (vLLM-like: block prefix
 //!   cache, prefill-time model, queue metric, Responses and Conversations store), started
 //!   in process with [`mock_engine::MockEngine::start`] or from the command line with
 //!   `grid-route-example mock-engine`.
 
+pub mod config;
+pub mod gateway;
 pub mod keys;
 pub mod mock_engine;

@@ -1,15 +1,17 @@
 //! The example gateway built from the grid-route layers.
 //!
-//! Subcommands: `keys` prints a body's prefix keys; `mock-engine` runs a mock inference
-//! engine.
+//! Subcommands: `serve` runs the gateway from a config file; `keys` prints a body's prefix
+//! keys; `mock-engine` runs a mock inference engine.
 
 use std::process::ExitCode;
 
-use grid_route_example::{keys, mock_engine};
+use grid_route_example::{gateway, keys, mock_engine};
 
 const USAGE: &str = "usage: grid-route-example <command> [args]
 
 commands:
+  serve --config FILE.yaml
+                        run the gateway (SIGHUP reloads FILE, SIGTERM drains and stops)
   keys --api chat|completions|messages|responses FILE...
                         print each body's prefix keys as one JSON line
   mock-engine --listen ADDR --name NAME [options]
@@ -27,6 +29,7 @@ fn main() -> ExitCode {
             print!("{USAGE}");
             ExitCode::SUCCESS
         }
+        "serve" => run_serve(rest),
         "keys" => run_keys(rest),
         "mock-engine" => run_mock_engine(rest),
         other => {
@@ -102,4 +105,62 @@ fn run_mock_engine(args: &[String]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+const SERVE_USAGE: &str = "usage: grid-route-example serve --config FILE.yaml
+
+Runs the gateway. SIGHUP re-reads FILE (a bad file keeps the running config);
+SIGTERM or ctrl-c stops accepting connections and drains requests in flight.
+Logs go to stderr, filtered by RUST_LOG (default info).
+";
+
+fn run_serve(args: &[String]) -> ExitCode {
+    let mut config = None;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "-h" | "--help" => {
+                print!("{SERVE_USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            "--config" => match rest.next() {
+                Some(path) => config = Some(std::path::PathBuf::from(path)),
+                None => return serve_usage_error("--config needs a file"),
+            },
+            other => {
+                if let Some(path) = other.strip_prefix("--config=") {
+                    config = Some(std::path::PathBuf::from(path));
+                } else {
+                    return serve_usage_error(&format!("unknown argument {other:?}"));
+                }
+            }
+        }
+    }
+    let Some(config) = config else {
+        return serve_usage_error("--config is required");
+    };
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("serve: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(gateway::serve(&config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "gateway failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve_usage_error(message: &str) -> ExitCode {
+    eprintln!("serve: {message}\n");
+    eprint!("{SERVE_USAGE}");
+    ExitCode::from(2)
 }

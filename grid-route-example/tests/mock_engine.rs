@@ -434,6 +434,30 @@ async fn the_queue_override_shows_in_the_metrics() {
 }
 
 #[tokio::test]
+async fn the_metrics_knob_makes_the_queue_unreadable_until_cleared() {
+    let engine = start_named("east-a").await;
+    let knob = post(&engine, "/mock/metrics", &json!({"fail": true})).await;
+    assert_eq!(knob.status, StatusCode::OK);
+    let failed = get(&engine, "/metrics").await;
+    assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(!failed.text().contains("vllm:num_requests_waiting"));
+    // Generation is not affected.
+    let answer = post(&engine, "/v1/chat/completions", &chat("hi")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    post(&engine, "/mock/metrics", &json!({"fail": false})).await;
+    assert_eq!(get(&engine, "/metrics").await.status, StatusCode::OK);
+    engine.fail_metrics(true);
+    assert_eq!(
+        get(&engine, "/metrics").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    engine.reset();
+    assert_eq!(get(&engine, "/metrics").await.status, StatusCode::OK);
+    let refused = post(&engine, "/mock/metrics", &json!({"fail": 1})).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
 async fn the_fail_knob_fails_the_next_requests_then_recovers() {
     let engine = start_named("east-a").await;
     let knob = json!({"status": 503, "count": 2, "retry_after": 1});

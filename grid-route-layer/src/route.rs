@@ -10,6 +10,7 @@
 //! | [`BufferedBody`] | request extension | [`KeyingLayer`], [`PinLayer`] (when it rewrites the body) | [`PinLayer`] |
 //! | [`Pinned`] | request extension | [`PinLayer`] | [`AffinityLayer`], [`Select`] |
 //! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
+//! | [`Outcome`] | request extension | [`AffinityLayer`], when it counted a decision | the gateway (its request log) |
 //! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], [`PinLayer`] |
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
 //! | [`NoCandidate`] | error | [`Select`] | the gateway (a 503 answer) |
@@ -18,6 +19,7 @@
 //! [`AffinityLayer`]: crate::affinity::AffinityLayer
 //! [`PinLayer`]: crate::pin::PinLayer
 //! [`ConfirmLayer`]: crate::confirm::ConfirmLayer
+//! [`Outcome`]: crate::affinity::Outcome
 //! [`Select`]: crate::select::Select
 
 use std::error::Error;

@@ -138,6 +138,21 @@ pub(crate) async fn queue(
     Ok(Json(json!({"waiting": waiting, "exact": exact})).into_response())
 }
 
+/// `POST /mock/metrics {"fail": true}`: `/metrics` answers 503 until `{"fail": false}`, so
+/// a gateway cannot read this engine's queue.
+pub(crate) async fn metrics_knob(
+    State(engine): State<Arc<Engine>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let body = body_object(&body)?;
+    let fail = body
+        .get("fail")
+        .and_then(Value::as_bool)
+        .ok_or_else(|| ApiError::bad_request("`fail` must be true or false").param("fail"))?;
+    engine.set_metrics_failing(fail);
+    Ok(Json(json!({"fail": fail})).into_response())
+}
+
 /// `GET /mock/stats`.
 pub(crate) async fn stats(State(engine): State<Arc<Engine>>) -> Response {
     Json(engine.stats()).into_response()
@@ -199,6 +214,13 @@ pub(crate) async fn models(State(engine): State<Arc<Engine>>) -> Response {
 
 /// `GET /metrics`.
 pub(crate) async fn metrics(State(engine): State<Arc<Engine>>) -> Response {
+    if engine.metrics_failing() {
+        return ApiError::with_status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics made to fail by /mock/metrics",
+        )
+        .into_response();
+    }
     let mut response = super::metrics::render(&engine).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -3,7 +3,7 @@
 use std::collections::hash_map::{DefaultHasher, RandomState};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -141,6 +141,8 @@ pub(crate) struct Engine {
     pub(crate) store: Mutex<Store>,
     failure: Mutex<Option<FailurePlan>>,
     waiting_override: Mutex<WaitingOverride>,
+    /// `/metrics` answers 503 while set (`POST /mock/metrics`).
+    metrics_failing: AtomicBool,
     tally: Mutex<Tally>,
     ids: IdSource,
 }
@@ -159,6 +161,7 @@ impl Engine {
             store: Mutex::new(Store::default()),
             failure: Mutex::new(None),
             waiting_override: Mutex::new(WaitingOverride::default()),
+            metrics_failing: AtomicBool::new(false),
             tally: Mutex::new(Tally::default()),
             ids: IdSource {
                 keys: RandomState::new(),
@@ -307,6 +310,14 @@ impl Engine {
         *lock(&self.waiting_override) = waiting_override;
     }
 
+    pub(crate) fn set_metrics_failing(&self, failing: bool) {
+        self.metrics_failing.store(failing, Ordering::SeqCst);
+    }
+
+    pub(crate) fn metrics_failing(&self) -> bool {
+        self.metrics_failing.load(Ordering::SeqCst)
+    }
+
     /// Each served model's reported waiting and running counts.
     pub(crate) fn load_report(&self) -> Vec<(&str, u64, u64)> {
         let waiting_override = *lock(&self.waiting_override);
@@ -365,6 +376,7 @@ impl Engine {
     pub(crate) fn reset(&self) {
         *lock(&self.failure) = None;
         *lock(&self.waiting_override) = WaitingOverride::default();
+        self.set_metrics_failing(false);
         *lock(&self.tally) = Tally::default();
         lock(&self.cache).clear();
         lock(&self.store).clear();

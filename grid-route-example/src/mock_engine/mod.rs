@@ -48,6 +48,7 @@
 //! | --- | --- |
 //! | `POST /mock/fail {"status":503,"count":2,"retry_after":1}` | the next `count` (default 1; 0 clears) requests to the four generation endpoints answer `status` with an error body (`retry_after` optional: a `Retry-After` header) |
 //! | `POST /mock/queue {"waiting":7}` | adds 7 to each model's reported waiting count; with `"exact":true` reports exactly 7; `{"waiting":0}` turns it off |
+//! | `POST /mock/metrics {"fail":true}` | `/metrics` answers 503 (the engine's queue cannot be read) until `{"fail":false}` |
 //! | `GET /mock/stats` | [`MockStats`] as JSON: requests per route, token totals, the last body's length and hash |
 //! | `GET /mock/last_body[?back=N]` | the exact bytes of the last (or N-th last, of 16 kept) `POST /v1/...` body, its path in `x-mock-path` |
 //! | `POST /mock/reset` | forgets knobs, counters, kept bodies, the prefix cache and the stores |
@@ -281,6 +282,7 @@ fn router(engine: Arc<Engine>) -> Router {
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/mock/fail", post(admin::fail))
         .route("/mock/queue", post(admin::queue))
+        .route("/mock/metrics", post(admin::metrics_knob))
         .route("/mock/stats", get(admin::stats))
         .route("/mock/last_body", get(admin::last_body))
         .route("/mock/reset", post(admin::reset))
@@ -390,6 +392,11 @@ impl MockEngine {
     /// Overrides the reported waiting count, as `POST /mock/queue` does.
     pub fn override_waiting(&self, waiting: WaitingOverride) {
         self.engine.set_waiting_override(waiting);
+    }
+
+    /// Makes `/metrics` answer 503 (or serve again), as `POST /mock/metrics` does.
+    pub fn fail_metrics(&self, fail: bool) {
+        self.engine.set_metrics_failing(fail);
     }
 
     /// Forgets knobs, counters, kept bodies, the prefix cache and the stores, as

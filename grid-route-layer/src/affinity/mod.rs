@@ -32,7 +32,8 @@
 //! # The layer
 //!
 //! [`AffinityLayer`] reads the request's [`Prompt`] (model and keys) and writes the
-//! [`Candidates`] extension for the balancer inside, counting
+//! [`Candidates`] extension for the balancer inside (and the [`Outcome`] itself, for the
+//! gateway's request log, when it counted one), counting
 //! `grid_route_prefix_affinity_total{outcome}` and emitting a `debug` event with the
 //! outcome, candidate count and depth (never keys or text). Decisions the design leaves
 //! open, made here:

@@ -7,14 +7,15 @@ use std::time::Instant;
 use http::Request;
 use tower::Service;
 
-use super::decide::{Affinity, Decision};
+use super::decide::{Affinity, Decision, Outcome};
 use super::draw::random_draw;
 use crate::grid::{Cluster, Grid};
 use crate::metrics::{OUTCOME_LABEL, PREFIX_AFFINITY_TOTAL};
 use crate::route::{Candidates, Pinned, Prompt};
 
 /// The service [`AffinityLayer`](super::AffinityLayer) builds: sets
-/// [`Candidates`] on each request, then calls `inner`.
+/// [`Candidates`] on each request (and the [`Outcome`] when it counted a decision), then
+/// calls `inner`.
 #[derive(Debug, Clone)]
 pub struct AffinityService<S> {
     inner: S,
@@ -47,11 +48,12 @@ impl<S> AffinityService<S> {
         self.inner
     }
 
-    fn candidates<B>(&self, req: &Request<B>) -> Candidates {
+    /// The candidates, and the outcome when the request was a counted decision.
+    fn candidates<B>(&self, req: &Request<B>) -> (Candidates, Option<Outcome>) {
         if let Some(pinned) = req.extensions().get::<Pinned>() {
             // Stored state lives on one cluster: no choice to make, nothing to count.
             // Whether it still admits is checked by the balancer.
-            return Candidates::new(vec![pinned.cluster().clone()]);
+            return (Candidates::new(vec![pinned.cluster().clone()]), None);
         }
         let view = self.grid.view();
         let prompt = req.extensions().get::<Prompt>();
@@ -65,10 +67,10 @@ impl<S> AffinityService<S> {
             ),
             // Not a request keying could read (another path, not JSON, too large, ...):
             // not a prompt decision, so it routes on load and counts nothing.
-            None => return ids(&candidates),
+            None => return (ids(&candidates), None),
         };
         record(&decision);
-        ids(decision.clusters())
+        (ids(decision.clusters()), decision.outcome())
     }
 }
 
@@ -110,8 +112,11 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let candidates = self.candidates(&req);
+        let (candidates, outcome) = self.candidates(&req);
         req.extensions_mut().insert(candidates);
+        if let Some(outcome) = outcome {
+            req.extensions_mut().insert(outcome);
+        }
         self.inner.call(req)
     }
 }

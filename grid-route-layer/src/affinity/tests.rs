@@ -587,6 +587,48 @@ fn the_layer_writes_the_sticky_candidates_and_counts_the_outcome() {
     assert_eq!(recorder.total(PREFIX_AFFINITY_TOTAL), 2);
 }
 
+/// Sends `req` through `service`; returns the outcome the inner service saw, if any.
+fn outcome_seen(
+    service: &mut AffinityService<Mock>,
+    handle: &mut Handle,
+    req: Request<String>,
+) -> Option<Outcome> {
+    let ready = std::future::poll_fn(|cx| service.poll_ready(cx));
+    assert!(matches!(
+        poll_once(&mut Box::pin(ready)),
+        Poll::Ready(Ok(()))
+    ));
+    let _pending = service.call(req);
+    let Poll::Ready(Some((req, _send))) = handle.poll_request() else {
+        panic!("the inner service got no request");
+    };
+    req.extensions().get::<Outcome>().copied()
+}
+
+#[test]
+fn the_layer_leaves_the_counted_outcome_on_the_request_and_none_otherwise() {
+    let f = two_sites();
+    f.affinity.set_settings(settings(&PrefixAffinityConfig {
+        exploration: 0.0,
+        ..PrefixAffinityConfig::default()
+    }));
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    let (mut service, mut handle) = layer_over(&f);
+    let seen = outcome_seen(&mut service, &mut handle, request_with(Some(&first)));
+    assert_eq!(seen, Some(Outcome::NoMatch));
+    f.confirm("east-a", &first);
+    let seen = outcome_seen(&mut service, &mut handle, request_with(Some(&next)));
+    assert_eq!(seen, Some(Outcome::Sticky));
+    // Not a decision: an unread request, and a pinned one.
+    assert_eq!(
+        outcome_seen(&mut service, &mut handle, request_with(None)),
+        None
+    );
+    let mut pinned = request_with(Some(&next));
+    pinned.extensions_mut().insert(Pinned::new(f.id("west-a")));
+    assert_eq!(outcome_seen(&mut service, &mut handle, pinned), None);
+}
+
 #[test]
 fn the_layer_counts_a_prompt_without_keys_as_not_applicable() {
     let f = two_sites();

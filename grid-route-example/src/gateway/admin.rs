@@ -1,0 +1,109 @@
+//! The admin listener: `/metrics` (Prometheus text) and `/healthz`.
+//!
+//! The Prometheus recorder is process-wide (the `metrics` facade has one global recorder),
+//! so it is installed once, by the first gateway started in the process; every gateway of
+//! the process renders the same registry. Each scrape first sets the grid gauges
+//! (`grid_route_queue_depth`, `grid_route_index_entries`) of the gateway scraped. Counters
+//! whose label values are known in advance start at 0, so dashboards see every series
+//! before its first event. The exporter cannot forget a series: gauges of a cluster that
+//! left the grid on reload keep their last value until the process restarts.
+//!
+//! `/healthz` answers 200 while the gateway serves, with the grid's generation and how
+//! many clusters are configured and admitted; it does not fail when none admits (the
+//! gateway still answers, with 503s), so an orchestrator does not restart it for its
+//! engines' sake.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use grid_route_layer::affinity::Outcome;
+use grid_route_layer::answer::ErrorAnswer;
+use grid_route_layer::metrics::{
+    CONFIG_RELOAD_TOTAL, OUTCOME_LABEL, PIN_TOTAL, PREFIX_AFFINITY_TOTAL, RESULT_LABEL,
+    describe_metrics, record_grid_gauges,
+};
+use http::StatusCode;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde_json::json;
+
+use super::Live;
+
+/// The outcomes of `grid_route_pin_total`.
+const PIN_OUTCOMES: [&str; 4] = ["pinned", "gone", "unavailable", "bad_tag"];
+
+static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// The process's Prometheus recorder, installed on first use; `None` when another
+/// recorder was installed first (then `/metrics` answers 503).
+pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
+    RECORDER
+        .get_or_init(|| {
+            let installed = PrometheusBuilder::new().install_recorder();
+            match installed {
+                Ok(handle) => {
+                    describe_metrics();
+                    for outcome in Outcome::ALL {
+                        metrics::counter!(PREFIX_AFFINITY_TOTAL, OUTCOME_LABEL => outcome.as_str())
+                            .increment(0);
+                    }
+                    for outcome in PIN_OUTCOMES {
+                        metrics::counter!(PIN_TOTAL, OUTCOME_LABEL => outcome).increment(0);
+                    }
+                    for result in ["applied", "rejected"] {
+                        metrics::counter!(CONFIG_RELOAD_TOTAL, RESULT_LABEL => result).increment(0);
+                    }
+                    Some(handle)
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot install the Prometheus recorder; /metrics will answer 503");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// The admin listener's router.
+pub(crate) fn router(live: Arc<Live>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(live)
+}
+
+async fn metrics(State(live): State<Arc<Live>>) -> Response {
+    let Some(handle) = prometheus() else {
+        return ErrorAnswer::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "another metrics recorder is installed in this process",
+        )
+        .into_response()
+        .into_response();
+    };
+    record_grid_gauges(&live.grid.view(), &live.index, Instant::now());
+    handle.run_upkeep();
+    let mut response = handle.render().into_response();
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+async fn healthz(State(live): State<Arc<Live>>) -> Response {
+    let view = live.grid.view();
+    let clusters = view.clusters().len();
+    let admitted = view.clusters().iter().filter(|c| c.admits()).count();
+    axum::Json(json!({
+        "status": "ok",
+        "generation": view.generation(),
+        "clusters": clusters,
+        "admitted": admitted,
+    }))
+    .into_response()
+}

@@ -1,0 +1,168 @@
+//! The client-facing listener: the request log, the provider role's gate, `/v1/models`,
+//! and everything else through the routing stack.
+//!
+//! - **`GET /v1/models`** is answered by the gateway: the union of the models of the
+//!   admitted clusters (configured, not asked of the engines), in config order, as an
+//!   OpenAI `list`.
+//! - **Provider role**: only the exact `provider_allowed_paths` pass, with GET or POST;
+//!   another path is a 404, another method a 405 with `Allow: GET, POST`, both
+//!   OpenAI-style JSON.
+//! - **The request log**: one `info` line per request (target `grid_route_example::access`)
+//!   with method, path (never the query), outcome (the affinity outcome, `pinned`, or `-`
+//!   when nothing was decided), site, cluster, status and latency to the answer's head. It
+//!   never holds prompt text or keys.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use grid_route_layer::answer::ErrorAnswer;
+use grid_route_layer::route::Served;
+use http::header::{ALLOW, HeaderValue};
+use http::{Method, StatusCode};
+use serde_json::json;
+use tower::Service;
+use tower::util::Oneshot;
+
+use super::Live;
+use super::stack::{RouteNote, Routing};
+use crate::config::Role;
+
+/// The front listener's router.
+pub(crate) fn router(live: Arc<Live>) -> Router {
+    Router::new()
+        .route("/v1/models", get(models))
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback_service(CurrentRouting {
+            live: Arc::clone(&live),
+        })
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&live),
+            provider_gate,
+        ))
+        .layer(middleware::from_fn(access_log))
+        .with_state(live)
+}
+
+/// Sends each request through the routing stack of the current configuration.
+#[derive(Clone)]
+struct CurrentRouting {
+    live: Arc<Live>,
+}
+
+impl Service<Request> for CurrentRouting {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Oneshot<Routing, Request>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Readiness is the stack's, checked by the oneshot for each request.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let routing = Routing::clone(&self.live.routing.load());
+        Oneshot::new(routing, request)
+    }
+}
+
+/// `GET /v1/models`: the models the admitted clusters serve.
+async fn models(State(live): State<Arc<Live>>) -> Response {
+    let view = live.grid.view();
+    let mut models: Vec<&str> = Vec::new();
+    for cluster in view.clusters().iter().filter(|c| c.admits()) {
+        for model in cluster.models() {
+            if !models.contains(&&**model) {
+                models.push(model);
+            }
+        }
+    }
+    let data: Vec<_> = models
+        .iter()
+        .map(|id| {
+            json!({
+                "id": id,
+                "object": "model",
+                "created": live.started_unix,
+                "owned_by": "grid-route",
+            })
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn method_not_allowed(method: Method) -> Response {
+    ErrorAnswer::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {method} is not allowed here"),
+    )
+    .code("method_not_allowed")
+    .into_response()
+    .into_response()
+}
+
+/// The provider role forwards only its allowed exact paths, with GET or POST.
+async fn provider_gate(State(live): State<Arc<Live>>, request: Request, next: Next) -> Response {
+    let settings = live.settings.load();
+    if settings.role == Role::Provider {
+        let path = request.uri().path();
+        if !settings.provider_allowed_paths.iter().any(|p| p == path) {
+            return ErrorAnswer::new(
+                StatusCode::NOT_FOUND,
+                format!("{path} is not served by this gateway"),
+            )
+            .code("not_found")
+            .into_response()
+            .into_response();
+        }
+        let method = request.method();
+        if method != Method::GET && method != Method::POST {
+            let mut response = ErrorAnswer::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("method {method} is not allowed on {path}"),
+            )
+            .code("method_not_allowed")
+            .into_response()
+            .into_response();
+            response
+                .headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET, POST"));
+            return response;
+        }
+    }
+    drop(settings);
+    next.run(request).await
+}
+
+/// One log line per request; never the query, prompt text or keys.
+async fn access_log(request: Request<Body>, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let served = response.extensions().get::<Served>();
+    let outcome = response
+        .extensions()
+        .get::<RouteNote>()
+        .map_or("-", |note| note.as_str());
+    tracing::info!(
+        target: "grid_route_example::access",
+        %method,
+        path,
+        outcome,
+        site = served.map_or("-", |s| s.site().as_str()),
+        cluster = served.map_or("-", |s| s.cluster().name()),
+        status = response.status().as_u16(),
+        latency_ms = format_args!("{latency_ms:.1}"),
+        "request"
+    );
+    response
+}

@@ -1,0 +1,533 @@
+//! The example gateway over real sockets: the grid-route layers in front of per-cluster
+//! p2c balancers, an engine client, the queue poller, an admin listener, reloads and
+//! graceful shutdown.
+//!
+//! [`Gateway::start`] runs one in this process (tests and the demo use it);
+//! [`serve`] runs one from a config file until SIGTERM or ctrl-c, reloading it on SIGHUP
+//! (`grid-route-example serve --config FILE.yaml`).
+//!
+//! ```no_run
+//! use grid_route_example::config::GatewayConfig;
+//! use grid_route_example::gateway::Gateway;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = GatewayConfig::from_yaml("
+//! listen: 127.0.0.1:0
+//! admin_listen: 127.0.0.1:0
+//! sites:
+//!   - name: east
+//!     clusters:
+//!       - { name: east-a, models: [demo-model], endpoints: [http://127.0.0.1:8001] }
+//! ")?;
+//! let gateway = Gateway::start(config).await?;
+//! println!("serving on {}, admin on {}", gateway.addr(), gateway.admin_addr());
+//! // ... later, with an edited config:
+//! // gateway.reload(&new_config)?;
+//! gateway.shutdown().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What runs
+//!
+//! - **Front listener** (`listen`; `gateway/front.rs`): the request log, the provider
+//!   role's gate, `GET /v1/models` aggregated over admitted clusters, and every other
+//!   request through the routing stack (`gateway/stack.rs`): keying → pinning →
+//!   confirmation → affinity → `Select` → the chosen cluster's p2c balancer over its
+//!   endpoints (`gateway/upstream.rs`). Paths the layers do not read still go through it
+//!   and route on load alone. No cluster for the request: 503 with `Retry-After: 5`; the
+//!   chosen cluster failed before answering: 502. Both OpenAI-style JSON.
+//! - **Admin listener** (`admin_listen`; `gateway/admin.rs`): `/metrics` and `/healthz`.
+//! - **Queue poller** (`gateway/queue.rs`): each endpoint's `/metrics` every
+//!   `queue.poll_interval_ms`, see [`queue_sample`].
+//!
+//! # Decisions the design leaves open
+//!
+//! - **Endpoint health.** A request that cannot *connect* marks its endpoint unhealthy
+//!   until the poller next reads that endpoint's queue metric; other transport failures
+//!   fail the one request (502) without judging the endpoint. Inside a cluster an
+//!   unhealthy endpoint takes no request while a sibling is healthy; a cluster with no
+//!   healthy endpoint is not admitted. A failed metrics read makes an endpoint unmeasured,
+//!   never unhealthy.
+//! - **Timeouts.** Connecting times out after [`CONNECT_TIMEOUT`], a metrics read after
+//!   [`POLL_TIMEOUT`]; requests have no overall timeout (an unstreamed completion answers
+//!   only when generation ends). Engines get `host` set to their own authority and no
+//!   hop-by-hop headers; everything else, bodies included, passes as sent.
+//! - **The request log** measures latency to the answer's head (time to first byte for a
+//!   stream) and logs at the head; its outcome is the affinity outcome, `pinned`, or `-`.
+//! - **Metrics** go to one process-wide Prometheus recorder, installed by the first
+//!   gateway; grid gauges are set at each scrape. `/healthz` is 200 while serving, even
+//!   when no cluster admits (the gateway still answers, with 503s).
+//!
+//! # Reload
+//!
+//! [`Gateway::reload`] (SIGHUP under [`serve`]) validates the whole new configuration
+//! first — grid, affinity settings, tag key file — and changes nothing if any of it is
+//! refused (counted `grid_serving_config_reload_total{result="rejected"}`, logged with
+//! the reason). Otherwise (`result="applied"`): the grid is reconfigured (clusters that
+//! stay keep their queue samples, health and in-flight counts), the prefix index resized
+//! to the new cluster list (clusters that left are dropped with their entries), the
+//! affinity settings swapped, the tag key rotated (the previous key keeps verifying for
+//! its grace period), and the routing stack rebuilt for the next requests. Requests in
+//! flight finish on the stack they started on. `listen` and `admin_listen` cannot change
+//! without a restart: a reload that changes them applies the rest and logs a warning.
+//!
+//! # Shutdown
+//!
+//! [`Gateway::shutdown`] stops accepting connections, lets requests in flight (streams
+//! included) finish for up to [`DRAIN_TIMEOUT`], then aborts what is left. Dropping a
+//! [`Gateway`] starts the same drain without waiting for it.
+
+mod admin;
+mod front;
+mod queue;
+mod serve;
+mod stack;
+mod upstream;
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use grid_route_layer::affinity::Affinity;
+use grid_route_layer::grid::{ClusterId, Grid, SiteName};
+use grid_route_layer::index::PrefixIndex;
+use grid_route_layer::keying::KeySeed;
+use grid_route_layer::metrics::{CONFIG_RELOAD_TOTAL, RESULT_LABEL};
+use grid_route_layer::pin::{PinKeys, TagKeys};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use queue::{MAX_METRICS_BYTES, POLL_TIMEOUT, queue_sample};
+pub use serve::serve;
+pub use stack::RETRY_AFTER_SECS;
+pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, POOL_IDLE_TIMEOUT};
+
+use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role};
+use stack::{Routing, StackParts, routing_stack};
+use upstream::HttpClient;
+
+/// How long [`Gateway::shutdown`] lets requests in flight finish.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A gateway running in this process. See the [module docs](self).
+#[must_use = "dropping the handle shuts the gateway down"]
+pub struct Gateway {
+    addr: SocketAddr,
+    admin_addr: SocketAddr,
+    live: Arc<Live>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<io::Result<()>>>,
+}
+
+/// What every part of a running gateway shares.
+pub(crate) struct Live {
+    grid: Grid,
+    index: Arc<PrefixIndex>,
+    affinity: Affinity,
+    seed: KeySeed,
+    tag_keys: PinKeys,
+    client: HttpClient,
+    settings: ArcSwap<Settings>,
+    routing: ArcSwap<Routing>,
+    /// Serialises reloads.
+    reloading: Mutex<()>,
+    /// Unix seconds at start, the `created` of `/v1/models`.
+    started_unix: u64,
+}
+
+/// The settings outside the grid and the layers, swapped whole on reload.
+pub(crate) struct Settings {
+    /// As configured (it may name port 0): compared on reload.
+    listen: SocketAddr,
+    admin_listen: SocketAddr,
+    role: Role,
+    provider_allowed_paths: Arc<[String]>,
+    queue_metric: Arc<str>,
+    poll_interval: Duration,
+}
+
+impl Settings {
+    fn of(checked: &CheckedConfig) -> Self {
+        Self {
+            listen: checked.listen,
+            admin_listen: checked.admin_listen,
+            role: checked.role,
+            provider_allowed_paths: Arc::clone(&checked.provider_allowed_paths),
+            queue_metric: Arc::clone(&checked.queue_metric),
+            poll_interval: checked.poll_interval,
+        }
+    }
+}
+
+impl Live {
+    fn routing_for(&self, checked: &CheckedConfig) -> Routing {
+        routing_stack(&StackParts {
+            grid: &self.grid,
+            affinity: &self.affinity,
+            seed: &self.seed,
+            tag_keys: &self.tag_keys,
+            max_body_bytes: checked.max_body_bytes,
+            client: &self.client,
+            recheck_every: checked.poll_interval,
+        })
+    }
+}
+
+impl Gateway {
+    /// Validates `config`, binds both listeners and starts serving, polling and
+    /// answering the admin port, each on its own task.
+    ///
+    /// Installs the process's Prometheus recorder if no gateway did yet.
+    pub async fn start(config: GatewayConfig) -> Result<Self, GatewayError> {
+        let checked = config.validate()?;
+        admin::prometheus();
+        let grid = Grid::new(&checked.grid_spec, checked.grid_settings.clone())
+            .map_err(ConfigError::Grid)?;
+        let index = Arc::new(PrefixIndex::new(
+            checked.prefix_affinity.index,
+            grid.view().cluster_ids(),
+        ));
+        let affinity = Affinity::new(Arc::clone(&index), checked.prefix_affinity.affinity);
+        let front_listener = bind("listen", checked.listen).await?;
+        let admin_listener = bind("admin_listen", checked.admin_listen).await?;
+        let addr = front_listener.local_addr()?;
+        let admin_addr = admin_listener.local_addr()?;
+        let started_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let seed = KeySeed::random();
+        let tag_keys = PinKeys::new(TagKeys::new(checked.tag_key.clone()));
+        let client = upstream::http_client();
+        let routing = routing_stack(&StackParts {
+            grid: &grid,
+            affinity: &affinity,
+            seed: &seed,
+            tag_keys: &tag_keys,
+            max_body_bytes: checked.max_body_bytes,
+            client: &client,
+            recheck_every: checked.poll_interval,
+        });
+        let live = Live {
+            grid,
+            index,
+            affinity,
+            seed,
+            tag_keys,
+            client,
+            settings: ArcSwap::from_pointee(Settings::of(&checked)),
+            routing: ArcSwap::from_pointee(routing),
+            reloading: Mutex::new(()),
+            started_unix,
+        };
+        let live = Arc::new(live);
+        let (stop, stopped) = watch::channel(false);
+        let tasks = vec![
+            tokio::spawn(serve_until(
+                front_listener,
+                front::router(Arc::clone(&live)),
+                stopped.clone(),
+            )),
+            tokio::spawn(serve_until(
+                admin_listener,
+                admin::router(Arc::clone(&live)),
+                stopped.clone(),
+            )),
+            tokio::spawn({
+                let live = Arc::clone(&live);
+                async move {
+                    queue::poll_queues(live, stopped).await;
+                    Ok(())
+                }
+            }),
+        ];
+        let view = live.grid.view();
+        tracing::info!(
+            %addr,
+            %admin_addr,
+            clusters = view.clusters().len(),
+            local_site = view.local_site().map(SiteName::as_str),
+            "gateway started"
+        );
+        Ok(Self {
+            addr,
+            admin_addr,
+            live,
+            stop,
+            tasks,
+        })
+    }
+
+    /// The address the front listener is bound to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address the admin listener is bound to.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// `http://IP:PORT` of the front listener.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `http://IP:PORT` of the admin listener.
+    pub fn admin_url(&self) -> String {
+        format!("http://{}", self.admin_addr)
+    }
+
+    /// The live grid: its clusters, their queue depths and health.
+    pub fn grid(&self) -> &Grid {
+        &self.live.grid
+    }
+
+    /// The prefix index: which cluster holds which prompt blocks (counts only).
+    pub fn index(&self) -> &Arc<PrefixIndex> {
+        &self.live.index
+    }
+
+    /// The tag keys the pin layer signs and checks ids with, rotated on reload.
+    pub fn tag_keys(&self) -> &PinKeys {
+        &self.live.tag_keys
+    }
+
+    /// Applies a new configuration, or refuses it whole and keeps the old one. See
+    /// [Reload](self#reload).
+    pub fn reload(&self, config: &GatewayConfig) -> Result<(), ConfigError> {
+        let _reloading = self
+            .live
+            .reloading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let checked = match config.validate() {
+            Ok(checked) => checked,
+            Err(error) => return Err(rejected(error)),
+        };
+        self.apply(&checked).map_err(rejected)?;
+        metrics::counter!(CONFIG_RELOAD_TOTAL, RESULT_LABEL => "applied").increment(1);
+        Ok(())
+    }
+
+    /// Reads the file at `path` and [reloads](Self::reload) it; an unreadable or
+    /// malformed file is refused like an invalid one.
+    pub fn reload_file(&self, path: impl AsRef<Path>) -> Result<(), ConfigError> {
+        match GatewayConfig::from_file(path.as_ref()) {
+            Ok(config) => self.reload(&config),
+            Err(error) => Err(rejected(error)),
+        }
+    }
+
+    fn apply(&self, checked: &CheckedConfig) -> Result<(), ConfigError> {
+        let live = &self.live;
+        let before: Vec<ClusterId> = live.grid.view().cluster_ids().collect();
+        live.grid
+            .reconfigure(&checked.grid_spec, checked.grid_settings.clone())
+            .map_err(ConfigError::Grid)?;
+        let view = live.grid.view();
+        live.index
+            .reconfigure(checked.prefix_affinity.index, view.cluster_ids());
+        live.affinity.set_settings(checked.prefix_affinity.affinity);
+        live.tag_keys
+            .rotate(checked.tag_key.clone(), Instant::now());
+        let old = live.settings.swap(Arc::new(Settings::of(checked)));
+        live.routing.store(Arc::new(live.routing_for(checked)));
+        for (field, was, now) in [
+            ("listen", old.listen, checked.listen),
+            ("admin_listen", old.admin_listen, checked.admin_listen),
+        ] {
+            if was != now {
+                tracing::warn!(
+                    field,
+                    running = %was,
+                    configured = %now,
+                    "listen addresses cannot change on reload; restart to move it"
+                );
+            }
+        }
+        let after: Vec<ClusterId> = view.cluster_ids().collect();
+        let added: Vec<String> = after
+            .iter()
+            .filter(|id| !before.contains(id))
+            .map(ToString::to_string)
+            .collect();
+        let removed: Vec<String> = before
+            .iter()
+            .filter(|id| !after.contains(id))
+            .map(ToString::to_string)
+            .collect();
+        tracing::info!(
+            generation = view.generation(),
+            clusters = after.len(),
+            ?added,
+            ?removed,
+            "config reload applied"
+        );
+        Ok(())
+    }
+
+    /// Stops accepting connections and waits up to [`DRAIN_TIMEOUT`] for requests in
+    /// flight to finish.
+    pub async fn shutdown(self) -> Result<(), GatewayError> {
+        self.shutdown_within(DRAIN_TIMEOUT).await
+    }
+
+    /// Stops accepting connections and waits up to `drain` for requests in flight to
+    /// finish; what is left then is aborted and the result is
+    /// [`GatewayError::DrainTimedOut`].
+    pub async fn shutdown_within(mut self, drain: Duration) -> Result<(), GatewayError> {
+        self.stop.send_replace(true);
+        let tasks = std::mem::take(&mut self.tasks);
+        let aborts: Vec<_> = tasks.iter().map(JoinHandle::abort_handle).collect();
+        let joined = tokio::time::timeout(drain, async {
+            let mut first_error = None;
+            for task in tasks {
+                let result = match task.await {
+                    Ok(result) => result,
+                    Err(error) => Err(io::Error::other(error)),
+                };
+                if let Err(error) = result {
+                    first_error.get_or_insert(error);
+                }
+            }
+            first_error
+        })
+        .await;
+        match joined {
+            Ok(None) => {
+                tracing::info!("gateway stopped");
+                Ok(())
+            }
+            Ok(Some(error)) => Err(GatewayError::Io(error)),
+            Err(_) => {
+                for abort in aborts {
+                    abort.abort();
+                }
+                tracing::warn!(?drain, "requests still in flight after the drain; aborted");
+                Err(GatewayError::DrainTimedOut(drain))
+            }
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+impl fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gateway")
+            .field("addr", &self.addr)
+            .field("admin_addr", &self.admin_addr)
+            .field("grid", &self.live.grid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Counts and logs a refused reload.
+fn rejected(error: ConfigError) -> ConfigError {
+    metrics::counter!(CONFIG_RELOAD_TOTAL, RESULT_LABEL => "rejected").increment(1);
+    tracing::warn!(%error, "config reload rejected; the running config stays");
+    error
+}
+
+async fn bind(field: &'static str, addr: SocketAddr) -> Result<TcpListener, GatewayError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| GatewayError::Bind {
+            field,
+            addr,
+            source,
+        })
+}
+
+/// Serves `router` on `listener` until `stopped` turns true, then drains.
+async fn serve_until(
+    listener: TcpListener,
+    router: axum::Router,
+    mut stopped: watch::Receiver<bool>,
+) -> io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            // A dropped sender (the handle is gone) stops the server too.
+            let _ = stopped.wait_for(|stopped| *stopped).await;
+        })
+        .await
+}
+
+/// Why a gateway could not start, serve or stop cleanly.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum GatewayError {
+    /// The configuration was refused.
+    Config(ConfigError),
+    /// A listener could not be bound.
+    Bind {
+        /// `listen` or `admin_listen`.
+        field: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why binding failed.
+        source: io::Error,
+    },
+    /// Requests were still in flight when the drain timed out.
+    DrainTimedOut(Duration),
+    /// Serving or installing signal handlers failed.
+    Io(io::Error),
+    /// The config file named on the command line could not be used.
+    ConfigFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: ConfigError,
+    },
+}
+
+impl fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Config(error) => error.fmt(f),
+            Self::Bind {
+                field,
+                addr,
+                source,
+            } => write!(f, "cannot bind {field} {addr}: {source}"),
+            Self::DrainTimedOut(drain) => {
+                write!(f, "requests still in flight after draining for {drain:?}")
+            }
+            Self::Io(error) => error.fmt(f),
+            Self::ConfigFile { path, source } => write!(f, "{}: {source}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for GatewayError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Config(error) | Self::ConfigFile { source: error, .. } => Some(error),
+            Self::Bind { source, .. } => Some(source),
+            Self::Io(error) => Some(error),
+            Self::DrainTimedOut(_) => None,
+        }
+    }
+}
+
+impl From<ConfigError> for GatewayError {
+    fn from(error: ConfigError) -> Self {
+        Self::Config(error)
+    }
+}
+
+impl From<io::Error> for GatewayError {
+    fn from(error: io::Error) -> Self {
+        Self::Io(error)
+    }
+}

@@ -1,0 +1,258 @@
+//! The queue signal: each endpoint's Prometheus `/metrics`, polled for one metric.
+//!
+//! Every `queue.poll_interval_ms` the poller reads `GET {endpoint}/metrics` of every
+//! endpoint in the grid, at once, and records the configured metric's value summed over
+//! its label sets (vLLM reports one series per model, data-parallel engines one per
+//! engine) with [`ClusterLoad::record_queue`]; the grid keeps the windowed worst. Metric
+//! names by engine:
+//!
+//! | engine | metric |
+//! |---|---|
+//! | vLLM | `vllm:num_requests_waiting` (the default) |
+//! | SGLang | `sglang:num_queue_reqs` |
+//! | llama.cpp (`--metrics`) | `llamacpp:requests_deferred` |
+//!
+//! An endpoint whose metrics cannot be read — refused, over [`POLL_TIMEOUT`], not 2xx,
+//! not UTF-8, over [`MAX_METRICS_BYTES`], or without the metric — is recorded as
+//! unmeasured (`None`), which makes its cluster's depth `+inf` once the window holds no
+//! readable sample. A successful read also marks the endpoint healthy again (a failed
+//! connection marks it unhealthy, see [`upstream`](super::upstream)); a failed read does
+//! not mark it unhealthy — unmeasured is not down.
+//!
+//! [`ClusterLoad::record_queue`]: grid_route_layer::grid::ClusterLoad::record_queue
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use grid_route_layer::grid::Cluster;
+use http::Request;
+use http::header::ACCEPT;
+use http_body_util::{BodyExt, Limited};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::Live;
+use super::upstream::HttpClient;
+
+/// How long one read of an endpoint's metrics may take.
+pub const POLL_TIMEOUT: Duration = Duration::from_secs(2);
+/// The largest metrics page read (vLLM's is some hundreds of KiB with histograms).
+pub const MAX_METRICS_BYTES: usize = 8 * 1024 * 1024;
+
+/// Polls every endpoint until `stop` turns true (or its sender is dropped).
+pub(crate) async fn poll_queues(live: Arc<Live>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let started = tokio::time::Instant::now();
+        let settings = live.settings.load_full();
+        poll_once(&live, &settings.queue_metric).await;
+        let next = started + settings.poll_interval;
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+    }
+}
+
+/// Reads every endpoint of the current grid once and records what it read.
+pub(crate) async fn poll_once(live: &Live, metric: &Arc<str>) {
+    let view = live.grid.view();
+    let mut reads = JoinSet::new();
+    for cluster in view.clusters() {
+        for url in cluster.endpoints() {
+            let client = live.client.clone();
+            let cluster: Arc<Cluster> = Arc::clone(cluster);
+            let url = Arc::clone(url);
+            let metric = Arc::clone(metric);
+            reads.spawn(async move {
+                let waiting = read_queue(&client, &url, &metric).await;
+                (cluster, url, waiting)
+            });
+        }
+    }
+    while let Some(read) = reads.join_next().await {
+        // A read task cannot panic short of a bug; its endpoint just goes unrecorded.
+        let Ok((cluster, url, waiting)) = read else {
+            continue;
+        };
+        // Samples of endpoints that stay across a reload are shared with the new grid, so
+        // recording on the view the poll started from is recording on the live one.
+        cluster.load().record_queue(&url, waiting, Instant::now());
+        if waiting.is_some() && cluster.load().endpoint_healthy(&url) == Some(false) {
+            cluster.load().set_endpoint_healthy(&url, true);
+            tracing::info!(cluster = %cluster.id(), endpoint = %url, "endpoint metrics read again; healthy");
+        }
+    }
+}
+
+/// The endpoint's waiting requests, or `None` when its metrics cannot be read.
+async fn read_queue(client: &HttpClient, base: &str, metric: &str) -> Option<f64> {
+    let url = format!("{}/metrics", base.trim_end_matches('/'));
+    let request = Request::get(url)
+        .header(ACCEPT, "text/plain")
+        .body(Body::empty())
+        .ok()?;
+    let read = async {
+        let response = client.request(request).await.ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        let body = Limited::new(response.into_body(), MAX_METRICS_BYTES)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        let text = std::str::from_utf8(&body).ok()?;
+        queue_sample(text, metric)
+    };
+    let waiting = tokio::time::timeout(POLL_TIMEOUT, read)
+        .await
+        .ok()
+        .flatten();
+    if waiting.is_none() {
+        tracing::debug!(
+            endpoint = base,
+            metric,
+            "queue metric unreadable; unmeasured"
+        );
+    }
+    waiting
+}
+
+/// The sum of `metric`'s samples over all its label sets in a Prometheus text exposition
+/// (format 0.0.4 or OpenMetrics); `None` when it has no sample or a sample of it cannot be
+/// read.
+///
+/// Only series named exactly `metric` count (not `metric_bucket` or a longer name).
+/// Label values may hold any character, escaped quotes and braces included. A sample's
+/// optional timestamp is ignored.
+///
+/// ```
+/// use grid_route_example::gateway::queue_sample;
+///
+/// let text = "# HELP vllm:num_requests_waiting Waiting.\n\
+///             # TYPE vllm:num_requests_waiting gauge\n\
+///             vllm:num_requests_waiting{model_name=\"a\"} 3.0\n\
+///             vllm:num_requests_waiting{model_name=\"b\"} 4\n";
+/// assert_eq!(queue_sample(text, "vllm:num_requests_waiting"), Some(7.0));
+/// assert_eq!(queue_sample(text, "sglang:num_queue_reqs"), None);
+/// ```
+pub fn queue_sample(text: &str, metric: &str) -> Option<f64> {
+    let mut sum: Option<f64> = None;
+    for line in text.lines() {
+        let line = line.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name_end = line
+            .find(|c: char| c == '{' || c.is_ascii_whitespace())
+            .unwrap_or(line.len());
+        if &line[..name_end] != metric {
+            continue;
+        }
+        let rest = &line[name_end..];
+        let rest = match rest.strip_prefix('{') {
+            Some(labels) => after_labels(labels)?,
+            None => rest,
+        };
+        let value: f64 = rest.split_ascii_whitespace().next()?.parse().ok()?;
+        sum = Some(sum.unwrap_or(0.0) + value);
+    }
+    sum
+}
+
+/// What follows the `}` closing a label set whose `{` was just before `labels`; `None`
+/// when it is not closed.
+fn after_labels(labels: &str) -> Option<&str> {
+    let mut quoted = false;
+    let mut escaped = false;
+    for (i, c) in labels.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            '}' if !quoted => return Some(&labels[i + 1..]),
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+// Tests compare sums of small integers: exactly representable.
+#[allow(clippy::float_cmp)]
+mod tests {
+    use super::*;
+
+    const VLLM: &str = "vllm:num_requests_waiting";
+
+    #[test]
+    fn samples_are_summed_over_label_sets() {
+        let text = "\
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0
+vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 5.0
+vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 9.0
+";
+        assert_eq!(queue_sample(text, VLLM), Some(7.0));
+    }
+
+    #[test]
+    fn a_series_without_labels_and_with_a_timestamp_is_read() {
+        assert_eq!(
+            queue_sample(
+                "llamacpp:requests_deferred 3 1712345678000\n",
+                "llamacpp:requests_deferred"
+            ),
+            Some(3.0)
+        );
+        assert_eq!(
+            queue_sample("sglang:num_queue_reqs{} 1e1\n", "sglang:num_queue_reqs"),
+            Some(10.0)
+        );
+    }
+
+    #[test]
+    fn only_the_exact_name_counts() {
+        let text = "\
+vllm:num_requests_waiting_by_reason{reason=\"capacity\"} 40
+vllm:num_requests_waiting_bucket{le=\"1\"} 50
+xvllm:num_requests_waiting 60
+vllm:num_requests_waiting 1
+";
+        assert_eq!(queue_sample(text, VLLM), Some(1.0));
+    }
+
+    #[test]
+    fn label_values_may_hold_braces_quotes_and_spaces() {
+        let text = r#"vllm:num_requests_waiting{model_name="a} \"b\" {c",x="\\"} 4"#;
+        assert_eq!(queue_sample(text, VLLM), Some(4.0));
+    }
+
+    #[test]
+    fn a_missing_metric_or_an_unreadable_sample_is_unmeasured() {
+        assert_eq!(queue_sample("", VLLM), None);
+        assert_eq!(
+            queue_sample("# TYPE vllm:num_requests_waiting gauge\n", VLLM),
+            None
+        );
+        assert_eq!(
+            queue_sample("vllm:num_requests_waiting{a=\"1\" 3\n", VLLM),
+            None
+        );
+        assert_eq!(queue_sample("vllm:num_requests_waiting lots\n", VLLM), None);
+        assert_eq!(queue_sample("vllm:num_requests_waiting\n", VLLM), None);
+        let mixed = "vllm:num_requests_waiting{m=\"a\"} 1\nvllm:num_requests_waiting{m=\"b\"} x\n";
+        assert_eq!(queue_sample(mixed, VLLM), None);
+    }
+
+    #[test]
+    fn prometheus_special_values_parse_and_leave_the_judgement_to_the_grid() {
+        assert!(queue_sample("vllm:num_requests_waiting NaN\n", VLLM).is_some_and(f64::is_nan));
+        assert_eq!(
+            queue_sample("vllm:num_requests_waiting +Inf\n", VLLM),
+            Some(f64::INFINITY)
+        );
+    }
+}

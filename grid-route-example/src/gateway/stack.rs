@@ -1,0 +1,204 @@
+//! The routing stack: the library's layers over the per-cluster balancers, assembled in
+//! one place.
+//!
+//! ```text
+//! answer errors   NoCandidate -> 503 + Retry-After: 5; DispatchError -> 502 (JSON)
+//! KeyingLayer     buffer keyed bodies up to max_body_bytes   -> Prompt, BufferedBody
+//! PinLayer        tagged ids -> one cluster (404/503); ids in answers tagged -> Pinned
+//! ConfirmLayer    2xx confirms, 429/5xx/failed connection drops
+//! AffinityLayer   the sticky set, or every admitted candidate -> Candidates, Outcome
+//! RouteNoteLayer  Outcome / Pinned onto the response, for the request log
+//! Select          least windowed-worst queue among Candidates -> Served
+//!   per cluster:  Buffer(p2c Balance over one Endpoint each)  (see upstream)
+//! ```
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::error_handling::HandleError;
+use axum::response::{IntoResponse, Response};
+use grid_route_layer::affinity::{Affinity, AffinityLayer, Outcome};
+use grid_route_layer::answer::ErrorAnswer;
+use grid_route_layer::confirm::ConfirmLayer;
+use grid_route_layer::grid::{Cluster, Grid};
+use grid_route_layer::keying::{KeySeed, KeyingLayer};
+use grid_route_layer::pin::{PinKeys, PinLayer};
+use grid_route_layer::route::{BoxError, DispatchError, NoCandidate, Pinned};
+use http::{Request, StatusCode};
+use http_body::Body as HttpBody;
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, Service, ServiceBuilder};
+
+use super::upstream::{HttpClient, cluster_service};
+
+/// `Retry-After` of the 503 answered when no cluster may take a request: the pin layer's,
+/// so every "try again" of the gateway says the same.
+pub use grid_route_layer::pin::RETRY_AFTER_SECS;
+
+/// The whole routing stack as one cloneable service that never fails: errors are answers.
+pub(crate) type Routing = BoxCloneSyncService<Request<Body>, Response, Infallible>;
+
+/// What the routing stack is built from.
+pub(crate) struct StackParts<'a> {
+    pub(crate) grid: &'a Grid,
+    pub(crate) affinity: &'a Affinity,
+    pub(crate) seed: &'a KeySeed,
+    /// The pin layer's keys, rotated on reload.
+    pub(crate) tag_keys: &'a PinKeys,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) client: &'a HttpClient,
+    /// How often an unhealthy endpoint re-checks whether it may take requests.
+    pub(crate) recheck_every: Duration,
+}
+
+/// Assembles the routing stack. The one place the layers are ordered.
+pub(crate) fn routing_stack(parts: &StackParts<'_>) -> Routing {
+    let factory = {
+        let client = parts.client.clone();
+        let grid = parts.grid.clone();
+        let recheck_every = parts.recheck_every;
+        move |cluster: &Cluster| cluster_service(&client, &grid, recheck_every, cluster)
+    };
+    let layers = ServiceBuilder::new()
+        .layer(
+            KeyingLayer::new(parts.seed.clone())
+                .body_limit(parts.max_body_bytes)
+                .follow(parts.affinity.clone()),
+        )
+        .layer(PinLayer::new(parts.grid.clone(), parts.tag_keys.clone()))
+        .layer(ConfirmLayer::new(parts.affinity.clone()))
+        .layer(AffinityLayer::new(
+            parts.grid.clone(),
+            parts.affinity.clone(),
+        ))
+        .layer(RouteNoteLayer)
+        .map_request(to_engine_body)
+        .service(grid_route_layer::select::Select::new(
+            parts.grid.clone(),
+            factory,
+        ));
+    BoxCloneSyncService::new(HandleError::new(layers, answer_error))
+}
+
+/// Any request body, boxed into the one type the engine client sends.
+fn to_engine_body<B>(request: Request<B>) -> Request<Body>
+where
+    B: HttpBody<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    request.map(Body::new)
+}
+
+/// The answer to a request the stack could not serve.
+async fn answer_error(error: BoxError) -> Response {
+    if let Some(none) = find::<NoCandidate>(&*error) {
+        tracing::debug!(%none, "no candidate");
+        return ErrorAnswer::new(StatusCode::SERVICE_UNAVAILABLE, none.to_string())
+            .code("no_backend_available")
+            .retry_after(RETRY_AFTER_SECS)
+            .into_response()
+            .into_response();
+    }
+    if let Some(failed) = DispatchError::find_in(&*error) {
+        tracing::warn!(error = %failed, "backend cluster failed before answering");
+        return ErrorAnswer::new(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "backend cluster {} failed before answering",
+                failed.cluster()
+            ),
+        )
+        .code("backend_unreachable")
+        .into_response()
+        .into_response();
+    }
+    tracing::error!(%error, "request failed in the gateway");
+    ErrorAnswer::new(StatusCode::INTERNAL_SERVER_ERROR, "the gateway failed")
+        .code("gateway_error")
+        .into_response()
+        .into_response()
+}
+
+fn find<'a, E: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(found) = error.downcast_ref::<E>() {
+            return Some(found);
+        }
+        next = error.source();
+    }
+    None
+}
+
+/// How a request was routed, on its response, for the request log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RouteNote {
+    /// Affinity decided (with at least two admitted candidates).
+    Affinity(Outcome),
+    /// Pinned to the cluster holding its stored state.
+    Pinned,
+}
+
+impl RouteNote {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Affinity(outcome) => outcome.as_str(),
+            Self::Pinned => "pinned",
+        }
+    }
+}
+
+/// Copies the request's [`Outcome`] or [`Pinned`] onto its response as a [`RouteNote`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RouteNoteLayer;
+
+impl<S> Layer<S> for RouteNoteLayer {
+    type Service = RouteNoteService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RouteNoteService { inner }
+    }
+}
+
+/// See [`RouteNoteLayer`].
+#[derive(Debug, Clone)]
+pub(crate) struct RouteNoteService<S> {
+    inner: S,
+}
+
+impl<S, B, ResB> Service<Request<B>> for RouteNoteService<S>
+where
+    S: Service<Request<B>, Response = http::Response<ResB>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<ResB>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let ext = request.extensions();
+        let note = if ext.get::<Pinned>().is_some() {
+            Some(RouteNote::Pinned)
+        } else {
+            ext.get::<Outcome>().copied().map(RouteNote::Affinity)
+        };
+        let future = self.inner.call(request);
+        Box::pin(async move {
+            let mut response = future.await?;
+            if let Some(note) = note {
+                response.extensions_mut().insert(note);
+            }
+            Ok(response)
+        })
+    }
+}

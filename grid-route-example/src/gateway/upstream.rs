@@ -1,0 +1,340 @@
+//! Sending requests to the engines: one pooled HTTP client, one service per endpoint, and
+//! `tower::balance` p2c over each cluster's endpoints.
+//!
+//! - **The client** is hyper-util's pooled HTTP/1.1 client, shared by every endpoint and
+//!   the queue poller. Connecting times out after [`CONNECT_TIMEOUT`]; nothing else does,
+//!   since an unstreamed completion only answers when the whole generation is done.
+//! - **Bodies stream both ways**: the request body is handed to the client as it comes
+//!   (bytes as sent, or the buffered bytes keying read), the response body is returned as
+//!   the client's incoming body, frame by frame — SSE events flow as the engine writes
+//!   them.
+//! - **Headers**: hop-by-hop headers (`connection` and those it names, `keep-alive`,
+//!   `proxy-connection`, `te`, `trailer`, `transfer-encoding`, `upgrade`) are dropped both
+//!   ways; `host` becomes the endpoint's authority; everything else passes untouched.
+//! - **Health**: a request that cannot connect marks its endpoint unhealthy in the grid's
+//!   [`ClusterLoad`](grid_route_layer::grid::ClusterLoad), until the queue poller next
+//!   reads its metrics. Other transport failures (a reset mid-answer) fail that request
+//!   (a 502, and confirmation drops its keys) but are not taken as the endpoint being
+//!   down. An unhealthy endpoint takes no request inside its cluster while a sibling is
+//!   healthy (it reports not ready, and re-checks every poll interval); a cluster with no
+//!   healthy endpoint is not admitted, and a request that had already chosen it tries its
+//!   endpoints anyway rather than wait.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::body::Body;
+use grid_route_layer::grid::{Cluster, ClusterId, Grid};
+use grid_route_layer::route::BoxError;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, Uri, Version};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::Sleep;
+use tower::Service;
+use tower::balance::p2c::Balance;
+use tower::buffer::Buffer;
+use tower::discover::ServiceList;
+use tower::load::{CompleteOnResponse, PendingRequests};
+
+/// How long connecting to an engine may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an idle pooled connection is kept.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Requests a cluster's balancer queues while it picks endpoints.
+pub const CLUSTER_QUEUE_CAPACITY: usize = 1024;
+
+/// The pooled HTTP client that reaches every engine.
+pub(crate) type HttpClient = Client<HttpConnector, Body>;
+
+/// Builds the gateway's one engine client.
+pub(crate) fn http_client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .build(connector)
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// One endpoint's service inside its cluster's p2c balancer.
+type Balanced = PendingRequests<Endpoint, CompleteOnResponse>;
+type ClusterBalance = Balance<ServiceList<Vec<Balanced>>, Request<Body>>;
+
+/// A cluster's service: p2c over its endpoints, behind a buffer so that it is cheap to
+/// clone for each request.
+pub(crate) type ClusterService =
+    Buffer<Request<Body>, <ClusterBalance as Service<Request<Body>>>::Future>;
+
+/// Builds `cluster`'s service: p2c (by requests pending) over one [`Endpoint`] each.
+pub(crate) fn cluster_service(
+    client: &HttpClient,
+    grid: &Grid,
+    recheck_every: Duration,
+    cluster: &Cluster,
+) -> ClusterService {
+    let endpoints: Vec<Balanced> = cluster
+        .endpoints()
+        .iter()
+        .map(|url| {
+            let endpoint = Endpoint {
+                client: client.clone(),
+                base: Arc::new(BaseUrl::new(url)),
+                grid: grid.clone(),
+                cluster: cluster.id().clone(),
+                recheck_every,
+                recheck: None,
+            };
+            PendingRequests::new(endpoint, CompleteOnResponse::default())
+        })
+        .collect();
+    Buffer::new(
+        Balance::new(ServiceList::new(endpoints)),
+        CLUSTER_QUEUE_CAPACITY,
+    )
+}
+
+/// An endpoint's base URL, split for joining request paths onto it.
+struct BaseUrl {
+    /// As configured: how the grid names the endpoint.
+    url: Arc<str>,
+    /// `http://host:port`.
+    origin: String,
+    /// The path prefix without a trailing `/` (often empty).
+    prefix: String,
+    /// The `host` header to send.
+    host: Option<HeaderValue>,
+}
+
+impl BaseUrl {
+    fn new(url: &Arc<str>) -> Self {
+        // Config validation parsed every endpoint URL already; a URL that would not parse
+        // here leaves an empty origin and every request fails with a clear error.
+        let parsed = url.parse::<Uri>().ok();
+        let authority = parsed.as_ref().and_then(|uri| uri.authority().cloned());
+        let origin = authority
+            .as_ref()
+            .map(|a| format!("http://{a}"))
+            .unwrap_or_default();
+        let prefix = parsed
+            .as_ref()
+            .map(|uri| uri.path().trim_end_matches('/').to_owned())
+            .unwrap_or_default();
+        let host = authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+        Self {
+            url: Arc::clone(url),
+            origin,
+            prefix,
+            host,
+        }
+    }
+
+    /// The engine URI for a request to `uri` (its path and query, under the prefix).
+    fn join(&self, uri: &Uri) -> Result<Uri, BoxError> {
+        let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let joined = format!("{}{}{}", self.origin, self.prefix, path_and_query);
+        joined
+            .parse()
+            .map_err(|error| format!("bad engine URL {joined:?}: {error}").into())
+    }
+}
+
+/// Sends requests to one engine endpoint. See the [module docs](self).
+pub(crate) struct Endpoint {
+    client: HttpClient,
+    base: Arc<BaseUrl>,
+    grid: Grid,
+    cluster: ClusterId,
+    recheck_every: Duration,
+    recheck: Option<Pin<Box<Sleep>>>,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("url", &self.base.url)
+            .field("cluster", &self.cluster)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Endpoint {
+    /// Whether this endpoint should take requests: it is healthy, or no endpoint of its
+    /// cluster is (a request that chose the cluster then tries rather than waits). An
+    /// endpoint whose cluster left the grid takes requests: its service is being dropped.
+    fn takes_requests(&self) -> bool {
+        let view = self.grid.view();
+        let Some(cluster) = view.cluster(&self.cluster) else {
+            return true;
+        };
+        let load = cluster.load();
+        load.endpoint_healthy(&self.base.url).unwrap_or(true) || !load.any_healthy()
+    }
+}
+
+impl Service<Request<Body>> for Endpoint {
+    type Response = Response<Body>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Response<Body>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        loop {
+            if self.takes_requests() {
+                self.recheck = None;
+                return Poll::Ready(Ok(()));
+            }
+            let every = self.recheck_every;
+            let sleep = self
+                .recheck
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(every)));
+            ready!(sleep.as_mut().poll(cx));
+            self.recheck = None;
+        }
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let client = self.client.clone();
+        let base = Arc::clone(&self.base);
+        let grid = self.grid.clone();
+        let cluster = self.cluster.clone();
+        Box::pin(async move {
+            let request = to_engine(request, &base)?;
+            match client.request(request).await {
+                Ok(response) => {
+                    let (mut parts, body) = response.into_parts();
+                    strip_hop_by_hop(&mut parts.headers);
+                    Ok(Response::from_parts(parts, Body::new(body)))
+                }
+                Err(error) => {
+                    if error.is_connect()
+                        && let Some(cluster) = grid.view().cluster(&cluster)
+                    {
+                        cluster.load().set_endpoint_healthy(&base.url, false);
+                        tracing::warn!(
+                            cluster = %cluster.id(),
+                            endpoint = %base.url,
+                            %error,
+                            "endpoint unreachable; marked unhealthy until its metrics read again"
+                        );
+                    }
+                    Err(error.into())
+                }
+            }
+        })
+    }
+}
+
+/// The request as the engine gets it: its URI, HTTP/1.1, hop-by-hop headers dropped and
+/// `host` set to the endpoint; body untouched.
+fn to_engine(request: Request<Body>, base: &BaseUrl) -> Result<Request<Body>, BoxError> {
+    let (mut parts, body) = request.into_parts();
+    parts.uri = base.join(&parts.uri)?;
+    parts.version = Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    match &base.host {
+        Some(host) => {
+            parts.headers.insert(header::HOST, host.clone());
+        }
+        None => {
+            parts.headers.remove(header::HOST);
+        }
+    }
+    Ok(Request::from_parts(parts, body))
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_paths_join_under_the_endpoints_prefix() {
+        let join = |base: &str, path: &str| {
+            BaseUrl::new(&Arc::from(base))
+                .join(&path.parse().unwrap())
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            join("http://10.0.0.1:8000", "/v1/chat/completions?x=1"),
+            "http://10.0.0.1:8000/v1/chat/completions?x=1"
+        );
+        assert_eq!(
+            join("http://10.0.0.1:8000/", "/v1/models"),
+            "http://10.0.0.1:8000/v1/models"
+        );
+        assert_eq!(
+            join("http://engine:8000/pool-a/", "/v1/models"),
+            "http://engine:8000/pool-a/v1/models"
+        );
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_the_ones_connection_names_are_dropped() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("x-private, close"),
+        );
+        headers.insert("x-private", HeaderValue::from_static("1"));
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["content-type"]);
+    }
+
+    #[test]
+    fn the_engine_request_names_the_endpoint_as_host() {
+        let base = BaseUrl::new(&Arc::from("http://10.0.0.1:8000/pool"));
+        let request = Request::builder()
+            .uri("/v1/completions")
+            .version(Version::HTTP_10)
+            .header(header::HOST, "gateway.example")
+            .header(header::CONNECTION, "keep-alive")
+            .body(Body::empty())
+            .unwrap();
+        let request = to_engine(request, &base).unwrap();
+        assert_eq!(request.uri(), "http://10.0.0.1:8000/pool/v1/completions");
+        assert_eq!(request.headers()[header::HOST], "10.0.0.1:8000");
+        assert_eq!(request.version(), Version::HTTP_11);
+        assert!(request.headers().get(header::CONNECTION).is_none());
+    }
+}

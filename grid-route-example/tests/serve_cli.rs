@@ -1,0 +1,196 @@
+//! `grid-route-example serve --config FILE` as a process: it serves, reloads on SIGHUP
+//! (refusing a bad file and keeping the running config), logs one line per request
+//! without the query or the prompt, and drains and exits 0 on SIGTERM.
+#![cfg(unix)]
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A port nothing listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Sends a request; `None` while nothing answers.
+async fn send(method: Method, url: &str, body: &str) -> Option<(StatusCode, Bytes)> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let request = Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    let response = client.request(request).await.ok()?;
+    let status = response.status();
+    let body = response.into_body().collect().await.ok()?.to_bytes();
+    Some((status, body))
+}
+
+/// Polls `/healthz` until it answers with `generation`.
+async fn wait_generation(admin: &str, generation: u64) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some((StatusCode::OK, body)) =
+            send(Method::GET, &format!("{admin}/healthz"), "").await
+        {
+            let health: Value = serde_json::from_slice(&body).unwrap();
+            if health["generation"] == generation {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no generation {generation} in time"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of a sample line of the admin `/metrics`.
+async fn metric(admin: &str, series: &str) -> Option<f64> {
+    let (_, body) = send(Method::GET, &format!("{admin}/metrics"), "").await?;
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .args([name, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {name}");
+}
+
+fn config(listen: u16, admin: u16, engine: &MockEngine, window_secs: u64) -> String {
+    format!(
+        "listen: 127.0.0.1:{listen}\nadmin_listen: 127.0.0.1:{admin}\n\
+         queue: {{ poll_interval_ms: 50, window_secs: {window_secs} }}\n\
+         sites:\n  - name: east\n    clusters:\n      - {{ name: east-a, models: [demo-model], endpoints: [{}] }}\n",
+        engine.url()
+    )
+}
+
+/// The log without terminal colour codes.
+fn plain_log(path: &Path) -> String {
+    let raw = std::fs::read_to_string(path).unwrap();
+    let mut plain = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // An escape sequence runs to its final letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+#[tokio::test]
+async fn serve_reloads_on_sighup_and_drains_on_sigterm() {
+    let engine = MockEngine::start("127.0.0.1:0", MockEngineConfig::named("east-a"))
+        .await
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("grid-route-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gateway.yaml");
+    let log = dir.join("gateway.log");
+    let (listen, admin_port) = (free_port(), free_port());
+    std::fs::write(&file, config(listen, admin_port, &engine, 10)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let admin = format!("http://127.0.0.1:{admin_port}");
+    wait_generation(&admin, 0).await;
+
+    let secret = "a very secret prompt";
+    let body =
+        format!(r#"{{"model":"demo-model","messages":[{{"role":"user","content":"{secret}"}}]}}"#);
+    let url = format!("http://127.0.0.1:{listen}/v1/chat/completions?api_key=hidden");
+    let (status, _) = send(Method::POST, &url, &body).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+
+    std::fs::write(&file, config(listen, admin_port, &engine, 5)).unwrap();
+    signal(&child, "-HUP");
+    wait_generation(&admin, 1).await;
+
+    std::fs::write(&file, "sites: [").unwrap();
+    signal(&child, "-HUP");
+    let deadline = Instant::now() + WAIT;
+    while metric(
+        &admin,
+        r#"grid_serving_config_reload_total{result="rejected"}"#,
+    )
+    .await
+        != Some(1.0)
+    {
+        assert!(Instant::now() < deadline, "the bad reload was not counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_generation(&admin, 1).await;
+    let (status, _) = send(Method::POST, &url, &body).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+
+    signal(&child, "-TERM");
+    let deadline = Instant::now() + WAIT;
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "serve did not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(exit.success(), "{exit}");
+
+    let log = plain_log(&log);
+    assert!(log.contains("config reload applied"), "{log}");
+    assert!(log.contains("config reload rejected"), "{log}");
+    let requests: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("grid_route_example::access"))
+        .collect();
+    assert_eq!(requests.len(), 2, "{log}");
+    for line in requests {
+        for field in [
+            "method=POST",
+            r#"path="/v1/chat/completions""#,
+            "outcome=",
+            r#"site="east""#,
+            r#"cluster="east-a""#,
+            "status=200",
+            "latency_ms=",
+        ] {
+            assert!(line.contains(field), "{field} in {line}");
+        }
+    }
+    assert!(!log.contains(secret), "the prompt reached the log");
+    assert!(!log.contains("hidden"), "the query reached the log");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,1103 @@
+//! The example gateway end to end: `Gateway::start` in process, mock engines behind it,
+//! real sockets between them, a plain hyper client in front.
+//!
+//! Each test runs its own engines (one per cluster, named after the cluster, so the
+//! `x-mock-engine` header says where a request went) and its own gateway: polls every
+//! 20 ms, a 1 s queue window, no exploration. Waits poll a condition with a deadline;
+//! none guesses a duration.
+
+// Test code: a failed unwrap is a failed test. Queue depths are small integers read back
+// exactly, so they compare exactly.
+#![allow(clippy::unwrap_used, clippy::float_cmp)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use grid_route_example::config::GatewayConfig;
+use grid_route_example::gateway::Gateway;
+use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_layer::grid::ClusterId;
+use http_body_util::{BodyExt, Full};
+use hyper::header::HeaderMap;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+const MODEL: &str = "demo-model";
+const WAIT: Duration = Duration::from_secs(10);
+
+// ---- engines and gateways ----------------------------------------------------------
+
+/// A fast mock engine named `name` serving `models`.
+async fn engine_serving(name: &str, models: &[&str]) -> MockEngine {
+    let config = MockEngineConfig {
+        models: models.iter().map(|m| (*m).to_owned()).collect(),
+        prefill_tokens_per_second: 50_000_000,
+        decode_delay_per_token: Duration::ZERO,
+        ..MockEngineConfig::named(name)
+    };
+    MockEngine::start("127.0.0.1:0", config).await.unwrap()
+}
+
+async fn engine(name: &str) -> MockEngine {
+    engine_serving(name, &[MODEL]).await
+}
+
+/// One cluster in the YAML: its name, models, admit, engines.
+struct ClusterYaml<'a> {
+    name: &'a str,
+    models: &'a [&'a str],
+    admit: bool,
+    engines: Vec<&'a MockEngine>,
+}
+
+fn cluster<'a>(name: &'a str, engines: &[&'a MockEngine]) -> ClusterYaml<'a> {
+    ClusterYaml {
+        name,
+        models: &[MODEL],
+        admit: true,
+        engines: engines.to_vec(),
+    }
+}
+
+/// A gateway config: sites with their clusters, then `extra` top-level YAML.
+fn config_yaml(sites: &[(&str, Vec<ClusterYaml<'_>>)], extra: &str) -> String {
+    let mut yaml = String::from(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n\
+         queue: { poll_interval_ms: 20, window_secs: 1 }\n",
+    );
+    yaml.push_str(extra);
+    if !extra.contains("grid_site_route") {
+        yaml.push_str("grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n");
+    }
+    yaml.push_str("sites:\n");
+    for (site, clusters) in sites {
+        let _ = write!(yaml, "  - name: {site}\n    clusters:\n");
+        for c in clusters {
+            let endpoints: Vec<String> = c.engines.iter().map(|e| e.url()).collect();
+            let _ = writeln!(
+                yaml,
+                "      - {{ name: {}, models: [{}], admit: {}, endpoints: [{}] }}",
+                c.name,
+                c.models.join(", "),
+                c.admit,
+                endpoints.join(", ")
+            );
+        }
+    }
+    yaml
+}
+
+fn parse(yaml: &str) -> GatewayConfig {
+    GatewayConfig::from_yaml(yaml).unwrap()
+}
+
+/// Starts a gateway and waits until it has read every admitted cluster's queue.
+async fn gateway(yaml: &str) -> Gateway {
+    let gateway = Gateway::start(parse(yaml)).await.unwrap();
+    wait_measured(&gateway).await;
+    gateway
+}
+
+async fn wait_measured(gateway: &Gateway) {
+    eventually("every cluster measured", || async {
+        let view = gateway.grid().view();
+        let now = Instant::now();
+        view.clusters()
+            .iter()
+            .all(|c| c.load().queue_depth(now).is_finite())
+    })
+    .await;
+}
+
+/// Waits until `condition` holds, polling every 10 ms; fails after [`WAIT`].
+async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn cluster_id(gateway: &Gateway, name: &str) -> ClusterId {
+    let view = gateway.grid().view();
+    view.clusters()
+        .iter()
+        .find(|c| c.id().name() == name)
+        .unwrap_or_else(|| panic!("no cluster {name}"))
+        .id()
+        .clone()
+}
+
+fn queue_depth(gateway: &Gateway, name: &str) -> f64 {
+    let view = gateway.grid().view();
+    let id = cluster_id(gateway, name);
+    view.cluster(&id)
+        .unwrap()
+        .load()
+        .queue_depth(Instant::now())
+}
+
+fn entries(gateway: &Gateway, name: &str) -> usize {
+    gateway.index().entries(&cluster_id(gateway, name))
+}
+
+// ---- the client ---------------------------------------------------------------------
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    /// When each body frame arrived, from sending the request.
+    frame_times: Vec<Duration>,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8(self.body.to_vec()).unwrap()
+    }
+
+    /// The engine that answered.
+    fn engine(&self) -> String {
+        self.headers
+            .get("x-mock-engine")
+            .unwrap_or_else(|| panic!("no engine answered: {} {}", self.status, self.text()))
+            .to_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    fn error_code(&self) -> String {
+        self.json()["error"]["code"].as_str().unwrap().to_owned()
+    }
+}
+
+async fn send(
+    method: Method,
+    url: &str,
+    content_type: Option<&str>,
+    body: impl Into<Bytes>,
+) -> Answer {
+    let mut request = Request::builder().method(method).uri(url);
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
+    let request = request.body(Full::new(body.into())).unwrap();
+    let started = Instant::now();
+    let response = client().request(request).await.unwrap();
+    let (parts, mut body) = response.into_parts();
+    let mut bytes = Vec::new();
+    let mut frame_times = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            frame_times.push(started.elapsed());
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: bytes.into(),
+        frame_times,
+    }
+}
+
+async fn post(gateway: &Gateway, path: &str, body: impl Into<Bytes>) -> Answer {
+    let url = format!("{}{path}", gateway.url());
+    send(Method::POST, &url, Some("application/json"), body).await
+}
+
+async fn get(url: String) -> Answer {
+    send(Method::GET, &url, None, Bytes::new()).await
+}
+
+// ---- prompts ------------------------------------------------------------------------
+
+/// `bytes` of text that differs by `topic`.
+fn text(topic: &str, bytes: usize) -> String {
+    let mut text = String::new();
+    let mut i = 0;
+    while text.len() < bytes {
+        let _ = write!(text, "{topic} rule {i}: answer precisely. ");
+        i += 1;
+    }
+    text.truncate(bytes);
+    text
+}
+
+/// A multi-turn Chat conversation with a long system prompt.
+struct Conversation {
+    messages: Vec<Value>,
+}
+
+impl Conversation {
+    fn new(topic: &str, system_bytes: usize) -> Self {
+        Self {
+            messages: vec![json!({"role": "system", "content": text(topic, system_bytes)})],
+        }
+    }
+
+    /// The body of the next turn, asking `question`.
+    fn ask(&mut self, question: &str) -> Vec<u8> {
+        self.messages
+            .push(json!({"role": "user", "content": question}));
+        serde_json::to_vec(&json!({"model": MODEL, "messages": self.messages})).unwrap()
+    }
+
+    /// Sends the next turn; records the answer in the conversation.
+    async fn turn(&mut self, gateway: &Gateway, question: &str) -> Answer {
+        let body = self.ask(question);
+        let answer = post(gateway, "/v1/chat/completions", body).await;
+        if answer.status == StatusCode::OK {
+            let reply = answer.json()["choices"][0]["message"]["content"].clone();
+            self.messages
+                .push(json!({"role": "assistant", "content": reply}));
+        } else {
+            // A failed turn is asked again next time.
+            self.messages.pop();
+        }
+        answer
+    }
+}
+
+fn chat(content: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"model": MODEL, "messages": [{"role": "user", "content": content}]}))
+        .unwrap()
+}
+
+async fn two_sites() -> (MockEngine, MockEngine, Gateway) {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let yaml = config_yaml(
+        &[
+            ("east", vec![cluster("east-a", &[&east])]),
+            ("west", vec![cluster("west-a", &[&west])]),
+        ],
+        "",
+    );
+    let gateway = gateway(&yaml).await;
+    (east, west, gateway)
+}
+
+fn other(site_engine: &str) -> &'static str {
+    if site_engine == "east-a" {
+        "west-a"
+    } else {
+        "east-a"
+    }
+}
+
+async fn set_queue(engine: &MockEngine, waiting: u64) {
+    let url = format!("{}/mock/queue", engine.url());
+    let body = json!({"waiting": waiting, "exact": true}).to_string();
+    let answer = send(Method::POST, &url, Some("application/json"), body).await;
+    assert_eq!(answer.status, StatusCode::OK);
+}
+
+// ---- affinity -----------------------------------------------------------------------
+
+#[tokio::test]
+async fn conversation_turns_stay_on_their_site() {
+    let (_east, _west, gateway) = two_sites().await;
+    for topic in ["billing", "travel"] {
+        let mut conversation = Conversation::new(topic, 9 * 1024);
+        let first = conversation.turn(&gateway, "hello there").await;
+        assert_eq!(first.status, StatusCode::OK);
+        let home = first.engine();
+        for question in ["and then?", "why so?", "tell me more", "thanks"] {
+            let answer = conversation.turn(&gateway, question).await;
+            assert_eq!(answer.status, StatusCode::OK);
+            assert_eq!(answer.engine(), home, "{topic}: {question}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn distinct_first_turns_spread_over_the_sites() {
+    let (_east, _west, gateway) = two_sites().await;
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..8 {
+        let mut conversation = Conversation::new(&format!("topic-{i}"), 9 * 1024);
+        let answer = conversation.turn(&gateway, "hello").await;
+        *seen.entry(answer.engine()).or_default() += 1;
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen.values().all(|&n| n >= 2), "{seen:?}");
+}
+
+#[tokio::test]
+async fn identical_short_prompts_spread_by_load() {
+    let (_east, _west, gateway) = two_sites().await;
+    // Three blocks: a match this short never sticks.
+    let body = chat(&text("short", 3 * 256 + 10));
+    let mut seen = BTreeSet::new();
+    for _ in 0..6 {
+        let answer = post(&gateway, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        seen.insert(answer.engine());
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}
+
+#[tokio::test]
+async fn a_deeper_queue_overrides_a_short_match() {
+    let (east, west, gateway) = two_sites().await;
+    let mut conversation = Conversation::new("gate", 9 * 1024);
+    let home = conversation.turn(&gateway, "hello").await.engine();
+    let (busy, idle) = if home == "east-a" {
+        (&east, &west)
+    } else {
+        (&west, &east)
+    };
+    // 9 KiB saves about 0.1 of a queued request: 5 waiting outweighs it.
+    set_queue(busy, 5).await;
+    set_queue(idle, 0).await;
+    eventually("the gateway sees the queue", || async {
+        queue_depth(&gateway, &home) >= 5.0 && queue_depth(&gateway, other(&home)) == 0.0
+    })
+    .await;
+    let answer = conversation.turn(&gateway, "next").await;
+    assert_eq!(answer.engine(), other(&home));
+}
+
+#[tokio::test]
+async fn a_long_match_keeps_its_site_one_queued_request_heavier() {
+    let (east, west, gateway) = two_sites().await;
+    // 110 KiB: about 1.4 queued requests of prefill saved.
+    let mut conversation = Conversation::new("long", 110 * 1024);
+    let home = conversation.turn(&gateway, "hello").await.engine();
+    let (busy, idle) = if home == "east-a" {
+        (&east, &west)
+    } else {
+        (&west, &east)
+    };
+    set_queue(busy, 1).await;
+    set_queue(idle, 0).await;
+    eventually("the gateway sees the queue", || async {
+        queue_depth(&gateway, &home) == 1.0 && queue_depth(&gateway, other(&home)) == 0.0
+    })
+    .await;
+    assert_eq!(conversation.turn(&gateway, "next").await.engine(), home);
+    // Two queued requests are worth more than the match.
+    set_queue(busy, 2).await;
+    eventually("the gateway sees the deeper queue", || async {
+        queue_depth(&gateway, &home) == 2.0
+    })
+    .await;
+    assert_eq!(
+        conversation.turn(&gateway, "again").await.engine(),
+        other(&home)
+    );
+}
+
+#[tokio::test]
+async fn an_unmeasured_site_gives_way_to_a_measured_one() {
+    let (east, west, gateway) = two_sites().await;
+    let mut conversation = Conversation::new("blind", 9 * 1024);
+    let home = conversation.turn(&gateway, "hello").await.engine();
+    let blind = if home == "east-a" { &east } else { &west };
+    blind.fail_metrics(true);
+    eventually("the site's window empties", || async {
+        queue_depth(&gateway, &home).is_infinite()
+    })
+    .await;
+    let answer = conversation.turn(&gateway, "next").await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.engine(), other(&home));
+    // Unmeasured is not unhealthy: the site still admits.
+    let view = gateway.grid().view();
+    assert!(view.cluster(&cluster_id(&gateway, &home)).unwrap().admits());
+}
+
+#[tokio::test]
+async fn a_5xx_or_a_429_answer_drops_the_prompt_from_its_cluster() {
+    let (east, west, gateway) = two_sites().await;
+    for (topic, status) in [
+        ("failing", StatusCode::SERVICE_UNAVAILABLE),
+        ("throttled", StatusCode::TOO_MANY_REQUESTS),
+    ] {
+        let mut conversation = Conversation::new(topic, 9 * 1024);
+        let before = [entries(&gateway, "east-a"), entries(&gateway, "west-a")];
+        let home = conversation.turn(&gateway, "hello").await.engine();
+        let held = entries(&gateway, &home);
+        assert!(held > before[usize::from(home == "west-a")], "{topic}");
+        let engine = if home == "east-a" { &east } else { &west };
+        engine.fail_next(status, 1);
+        let failed = conversation.turn(&gateway, "next").await;
+        // Sticky to its site, which answers the failure; the client sees it as is.
+        assert_eq!(failed.status, status, "{topic}");
+        assert_eq!(failed.engine(), home);
+        assert!(failed.json()["error"].is_object());
+        assert_eq!(
+            entries(&gateway, &home),
+            before[usize::from(home == "west-a")],
+            "{topic}: its blocks are dropped"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_drained_site_takes_no_new_request() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let sites = |drain_west: bool| {
+        let mut west_cluster = cluster("west-a", &[&west]);
+        west_cluster.admit = !drain_west;
+        config_yaml(
+            &[
+                ("east", vec![cluster("east-a", &[&east])]),
+                ("west", vec![west_cluster]),
+            ],
+            "",
+        )
+    };
+    let gateway = gateway(&sites(false)).await;
+    // Find a conversation that lives on west.
+    let mut conversation = loop {
+        let mut candidate = Conversation::new(&format!("drain-{}", rand_topic()), 9 * 1024);
+        if candidate.turn(&gateway, "hello").await.engine() == "west-a" {
+            break candidate;
+        }
+    };
+    gateway.reload(&parse(&sites(true))).unwrap();
+    for question in ["next", "and next", "last"] {
+        assert_eq!(
+            conversation.turn(&gateway, question).await.engine(),
+            "east-a"
+        );
+    }
+    for i in 0..4 {
+        let answer = post(&gateway, "/v1/chat/completions", chat(&format!("q{i}"))).await;
+        assert_eq!(answer.engine(), "east-a");
+    }
+}
+
+/// A topic no other conversation of the test used.
+fn rand_topic() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+// ---- reload -------------------------------------------------------------------------
+
+#[tokio::test]
+async fn reload_adds_and_removes_clusters() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let east_only = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let both = config_yaml(
+        &[
+            ("east", vec![cluster("east-a", &[&east])]),
+            ("west", vec![cluster("west-a", &[&west])]),
+        ],
+        "",
+    );
+    let west_only = config_yaml(&[("west", vec![cluster("west-a", &[&west])])], "");
+    let gateway = gateway(&east_only).await;
+    for i in 0..3 {
+        let answer = post(&gateway, "/v1/chat/completions", chat(&format!("a{i}"))).await;
+        assert_eq!(answer.engine(), "east-a");
+    }
+
+    gateway.reload(&parse(&both)).unwrap();
+    assert_eq!(gateway.index().clusters().len(), 2);
+    wait_measured(&gateway).await;
+    let mut seen = BTreeSet::new();
+    for i in 0..6 {
+        let mut conversation = Conversation::new(&format!("grow-{i}"), 2048);
+        seen.insert(conversation.turn(&gateway, "hello").await.engine());
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+
+    gateway.reload(&parse(&west_only)).unwrap();
+    assert_eq!(gateway.index().clusters(), [cluster_id(&gateway, "west-a")]);
+    for i in 0..3 {
+        let answer = post(&gateway, "/v1/chat/completions", chat(&format!("b{i}"))).await;
+        assert_eq!(answer.engine(), "west-a");
+    }
+    assert_eq!(gateway.grid().view().generation(), 2);
+}
+
+#[tokio::test]
+async fn a_bad_reload_keeps_the_running_config_and_says_why() {
+    let east = engine("east-a").await;
+    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let gateway = gateway(&yaml).await;
+    let error = gateway
+        .reload(&parse(&yaml.replace("name: east\n", "name: East\n")))
+        .unwrap_err();
+    assert!(
+        error.to_string().starts_with(r#"sites[0].name "East""#),
+        "{error}"
+    );
+    let dir = std::env::temp_dir().join(format!("grid-route-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gateway.yaml");
+    std::fs::write(&file, format!("{yaml}surprise: 1\n")).unwrap();
+    let error = gateway.reload_file(&file).unwrap_err();
+    assert!(
+        error.to_string().contains("unknown field `surprise`"),
+        "{error}"
+    );
+    std::fs::write(&file, &yaml).unwrap();
+    gateway.reload_file(&file).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(gateway.grid().view().generation(), 1);
+    let answer = post(&gateway, "/v1/chat/completions", chat("still here")).await;
+    assert_eq!(answer.engine(), "east-a");
+}
+
+// ---- forwarding ---------------------------------------------------------------------
+
+#[tokio::test]
+async fn bodies_reach_the_engine_byte_for_byte() {
+    let east = engine("east-a").await;
+    let yaml = config_yaml(
+        &[("east", vec![cluster("east-a", &[&east])])],
+        "max_body_bytes: 4096\n",
+    );
+    let gateway = gateway(&yaml).await;
+    let last_body = || get(format!("{}/mock/last_body", east.url()));
+
+    // Keyed: escapes, spacing, field order and unknown fields as the client wrote them.
+    let keyed = " {\"messages\" : [ {\"content\":\"caf\\u00e9 \\/ ok\",\"role\":\"user\", \"x\":1} ],\n\"temperature\":0.5,  \"model\":\"demo-model\"}  ";
+    let answer = post(&gateway, "/v1/chat/completions", keyed).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(last_body().await.body, keyed.as_bytes());
+
+    // Over the keying limit: streamed through unkeyed.
+    let large = chat(&text("large", 20_000));
+    let answer = post(&gateway, "/v1/chat/completions", large.clone()).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(last_body().await.body, large);
+
+    // A path and a body the layers do not read.
+    let url = format!("{}/v1/embeddings?trace=1", gateway.url());
+    let odd = "not json \u{0} at all";
+    let answer = send(Method::POST, &url, Some("text/plain"), odd).await;
+    assert_eq!(answer.engine(), "east-a");
+    let kept = last_body().await;
+    assert_eq!(kept.body, odd.as_bytes());
+    assert_eq!(kept.headers["x-mock-path"], "/v1/embeddings");
+}
+
+#[tokio::test]
+async fn server_sent_events_stream_through_as_the_engine_writes_them() {
+    let config = MockEngineConfig {
+        prefill_tokens_per_second: 50_000_000,
+        decode_delay_per_token: Duration::from_millis(40),
+        ..MockEngineConfig::named("east-a")
+    };
+    let east = MockEngine::start("127.0.0.1:0", config).await.unwrap();
+    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let gateway = gateway(&yaml).await;
+    let body = json!({
+        "model": MODEL,
+        "stream": true,
+        "messages": [{"role": "user", "content": "one two three four five six"}],
+    });
+    let answer = post(&gateway, "/v1/chat/completions", body.to_string()).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(
+        answer.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = answer.text();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(text.matches("data: ").count() >= 7, "{text}");
+    // Seven tokens 40 ms apart: frames arrive spread over the stream, not at its end.
+    let times = &answer.frame_times;
+    assert!(times.len() >= 5, "{} frames", times.len());
+    let spread = times.last().unwrap().saturating_sub(times[0]);
+    assert!(
+        spread >= Duration::from_millis(150),
+        "frames within {spread:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_cluster_spreads_its_requests_over_its_endpoints() {
+    let a = engine("east-a").await;
+    let b = engine("east-a").await;
+    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&a, &b])])], "");
+    let gateway = gateway(&yaml).await;
+    for i in 0..24 {
+        let answer = post(&gateway, "/v1/chat/completions", chat(&format!("p{i}"))).await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+    let counts = [a.stats(), b.stats()].map(|s| {
+        s.requests
+            .get("POST /v1/chat/completions")
+            .copied()
+            .unwrap_or(0)
+    });
+    assert!(counts.iter().all(|&n| n > 0), "{counts:?}");
+}
+
+// ---- errors -------------------------------------------------------------------------
+
+#[tokio::test]
+async fn no_cluster_for_the_model_is_a_503_with_retry_after() {
+    let east = engine("east-a").await;
+    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let gateway = gateway(&yaml).await;
+    let body =
+        json!({"model": "nobody-serves-this", "messages": [{"role": "user", "content": "hi"}]});
+    let answer = post(&gateway, "/v1/chat/completions", body.to_string()).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.headers["retry-after"], "5");
+    assert_eq!(answer.headers["content-type"], "application/json");
+    assert_eq!(answer.error_code(), "no_backend_available");
+    assert!(
+        answer.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nobody-serves-this")
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_endpoint_is_a_502_and_stops_taking_requests() {
+    let east = engine("east-a").await;
+    // A port that was free a moment ago: nothing listens there.
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let yaml = config_yaml(
+        &[
+            ("east", vec![cluster("east-a", &[&east])]),
+            ("west", vec![cluster("west-a", &[])]),
+        ],
+        "",
+    )
+    .replace("endpoints: [] }", &format!("endpoints: [{dead}] }}"));
+    let gateway = Gateway::start(parse(&yaml)).await.unwrap();
+    let west = cluster_id(&gateway, "west-a");
+    eventually("east measured", || async {
+        queue_depth(&gateway, "east-a").is_finite()
+    })
+    .await;
+    // West is unmeasured, so it loses to east until it is the only candidate: drain east.
+    let view = gateway.grid().view();
+    assert!(view.cluster(&west).unwrap().admits());
+    drop(view);
+    let drained = yaml.replace(
+        "name: east-a, models: [demo-model], admit: true",
+        "name: east-a, models: [demo-model], admit: false",
+    );
+    gateway.reload(&parse(&drained)).unwrap();
+    let answer = post(&gateway, "/v1/chat/completions", chat("hello")).await;
+    assert_eq!(answer.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(answer.error_code(), "backend_unreachable");
+    assert!(answer.text().contains("west/west-a"));
+    let view = gateway.grid().view();
+    assert!(!view.cluster(&west).unwrap().admits());
+    // Nothing admits now: the next request is a 503, not another failed connection.
+    let answer = post(&gateway, "/v1/chat/completions", chat("again")).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+// ---- roles, models, admin -----------------------------------------------------------
+
+#[tokio::test]
+async fn the_provider_role_forwards_only_its_allowed_paths() {
+    let east = engine("east-a").await;
+    let yaml = config_yaml(
+        &[("east", vec![cluster("east-a", &[&east])])],
+        "role: provider\n",
+    );
+    let gateway = gateway(&yaml).await;
+    let allowed = post(&gateway, "/v1/chat/completions", chat("hi")).await;
+    assert_eq!(allowed.status, StatusCode::OK);
+    assert_eq!(allowed.engine(), "east-a");
+    let models = get(format!("{}/v1/models", gateway.url())).await;
+    assert_eq!(models.status, StatusCode::OK);
+
+    for path in [
+        "/v1/responses/resp_abc",
+        "/v1/conversations",
+        "/v1/responses",
+    ] {
+        let refused = post(&gateway, path, "{}").await;
+        assert_eq!(refused.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(refused.error_code(), "not_found");
+        assert!(refused.headers.get("x-mock-engine").is_none());
+    }
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let refused = send(Method::DELETE, &url, None, Bytes::new()).await;
+    assert_eq!(refused.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(refused.headers["allow"], "GET, POST");
+    assert_eq!(refused.error_code(), "method_not_allowed");
+    // The path is exact: no prefix matching.
+    let refused = post(&gateway, "/v1/chat/completions/x", "{}").await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn models_are_the_union_over_the_admitted_clusters() {
+    let a = engine_serving("east-a", &["alpha", "beta"]).await;
+    let b = engine_serving("west-a", &["beta", "gamma"]).await;
+    let c = engine_serving("west-b", &["delta"]).await;
+    let yaml = config_yaml(
+        &[
+            (
+                "east",
+                vec![ClusterYaml {
+                    models: &["alpha", "beta"],
+                    ..cluster("east-a", &[&a])
+                }],
+            ),
+            (
+                "west",
+                vec![
+                    ClusterYaml {
+                        models: &["beta", "gamma"],
+                        ..cluster("west-a", &[&b])
+                    },
+                    ClusterYaml {
+                        models: &["delta"],
+                        admit: false,
+                        ..cluster("west-b", &[&c])
+                    },
+                ],
+            ),
+        ],
+        "",
+    );
+    let gateway = gateway(&yaml).await;
+    let answer = get(format!("{}/v1/models", gateway.url())).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let list = answer.json();
+    assert_eq!(list["object"], "list");
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            assert_eq!(m["object"], "model");
+            m["id"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(ids, ["alpha", "beta", "gamma"]);
+}
+
+#[tokio::test]
+async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
+    let (_east, _west, gateway) = two_sites().await;
+    let mut conversation = Conversation::new("metrics", 9 * 1024);
+    conversation.turn(&gateway, "hello").await;
+    conversation.turn(&gateway, "again").await;
+    let scrape = get(format!("{}/metrics", gateway.admin_url())).await;
+    assert_eq!(scrape.status, StatusCode::OK);
+    assert!(
+        scrape.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let text = scrape.text();
+    for name in [
+        "grid_route_prefix_affinity_total",
+        "grid_route_pin_total",
+        "grid_route_decisions_total",
+        "grid_route_keying_seconds",
+        "grid_route_keys_per_request",
+        "grid_route_index_entries",
+        "grid_route_queue_depth",
+        "grid_serving_config_reload_total",
+    ] {
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} help:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("\n{name}")),
+            "{name} sample:\n{text}"
+        );
+    }
+    assert!(text.contains(r#"grid_route_prefix_affinity_total{outcome="sticky"}"#));
+    assert!(text.contains(r#"grid_route_queue_depth{site="east",cluster="east-a"}"#));
+
+    let health = get(format!("{}/healthz", gateway.admin_url())).await;
+    assert_eq!(health.status, StatusCode::OK);
+    let health = health.json();
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["clusters"], 2);
+    assert_eq!(health["admitted"], 2);
+}
+
+#[tokio::test]
+async fn shutdown_lets_a_stream_in_flight_finish() {
+    let config = MockEngineConfig {
+        decode_delay_per_token: Duration::from_millis(30),
+        ..MockEngineConfig::named("east-a")
+    };
+    let east = MockEngine::start("127.0.0.1:0", config).await.unwrap();
+    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let gateway = gateway(&yaml).await;
+    let body = json!({
+        "model": MODEL,
+        "stream": true,
+        "messages": [{"role": "user", "content": "one two three four five six"}],
+    });
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let stream = tokio::spawn(async move {
+        send(
+            Method::POST,
+            &url,
+            Some("application/json"),
+            body.to_string(),
+        )
+        .await
+    });
+    eventually("the stream started", || async {
+        east.stats()
+            .requests
+            .contains_key("POST /v1/chat/completions")
+    })
+    .await;
+    let addr = gateway.addr();
+    gateway.shutdown().await.unwrap();
+    let answer = stream.await.unwrap();
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(answer.text().ends_with("data: [DONE]\n\n"));
+    // Stopped: no new connection is accepted.
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+// ---- pinning ------------------------------------------------------------------------
+
+/// A fresh directory for this test's files.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("grid-route-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `resp_<site>.<digest>.<mac>.<id>`: the site and whether the mac is 16 hex digits.
+fn tag_of(id: &str) -> (String, bool) {
+    let tail = id.split_once('_').unwrap().1;
+    let parts: Vec<&str> = tail.splitn(4, '.').collect();
+    assert_eq!(parts.len(), 4, "not a tagged id: {id}");
+    assert_eq!(parts[1].len(), 8, "digest of {id}");
+    let mac = parts[2];
+    assert!(mac.is_empty() || mac.len() == 16, "mac of {id}");
+    (parts[0].to_owned(), !mac.is_empty())
+}
+
+/// The engine's id inside a tagged id.
+fn untagged(id: &str) -> String {
+    let (kind, tail) = id.split_once('_').unwrap();
+    format!("{kind}_{}", tail.splitn(4, '.').nth(3).unwrap())
+}
+
+fn responses_body(input: &str, previous: Option<&str>) -> String {
+    let mut body = json!({"model": MODEL, "input": input});
+    if let Some(previous) = previous {
+        body["previous_response_id"] = json!(previous);
+    }
+    body.to_string()
+}
+
+#[tokio::test]
+async fn a_stored_response_chain_stays_pinned_to_its_cluster() {
+    let (east, west, gateway) = two_sites().await;
+    let first = post(&gateway, "/v1/responses", responses_body("hello", None)).await;
+    assert_eq!(first.status, StatusCode::OK);
+    let home = first.engine();
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let (site, signed) = tag_of(&id);
+    assert_eq!(site, home.trim_end_matches("-a"));
+    assert!(!signed, "no tag key configured: empty mac");
+
+    // However deep its queue, the chain goes where its state is.
+    let (busy, idle) = if home == "east-a" {
+        (&east, &west)
+    } else {
+        (&west, &east)
+    };
+    set_queue(busy, 50).await;
+    set_queue(idle, 0).await;
+    eventually("the gateway sees the queue", || async {
+        queue_depth(&gateway, &home) >= 50.0
+    })
+    .await;
+    let mut previous = id.clone();
+    for turn in ["second", "third"] {
+        let next = post(
+            &gateway,
+            "/v1/responses",
+            responses_body(turn, Some(&previous)),
+        )
+        .await;
+        assert_eq!(next.status, StatusCode::OK, "{}", next.text());
+        assert_eq!(next.engine(), home);
+        // The engine saw its own id, never the tag.
+        let sent = get(format!("{}/mock/last_body", busy.url())).await.json();
+        let engine_id = sent["previous_response_id"].as_str().unwrap();
+        assert_eq!(engine_id, untagged(&previous));
+        let json = next.json();
+        assert_eq!(json["previous_response_id"], previous.as_str());
+        previous = json["id"].as_str().unwrap().to_owned();
+        assert_eq!(tag_of(&previous).0, site);
+    }
+
+    let fetched = get(format!("{}/v1/responses/{id}", gateway.url())).await;
+    assert_eq!(fetched.status, StatusCode::OK);
+    assert_eq!(fetched.engine(), home);
+    assert_eq!(fetched.json()["id"], id.as_str());
+}
+
+#[tokio::test]
+async fn a_new_conversation_lives_on_the_local_site() {
+    let (_east, _west, gateway) = two_sites().await;
+    // `local_site` defaults to the first site: east.
+    for _ in 0..3 {
+        let created = post(&gateway, "/v1/conversations", "{}").await;
+        assert_eq!(created.status, StatusCode::OK, "{}", created.text());
+        assert_eq!(created.engine(), "east-a");
+        let id = created.json()["id"].as_str().unwrap().to_owned();
+        assert_eq!(tag_of(&id).0, "east");
+        let items = json!({"items": [{"type": "message", "role": "user", "content": "hi"}]});
+        let added = post(
+            &gateway,
+            &format!("/v1/conversations/{id}/items"),
+            items.to_string(),
+        )
+        .await;
+        assert_eq!(added.status, StatusCode::OK, "{}", added.text());
+        let listed = get(format!("{}/v1/conversations/{id}/items", gateway.url())).await;
+        assert_eq!(listed.status, StatusCode::OK);
+        assert_eq!(listed.engine(), "east-a");
+    }
+}
+
+#[tokio::test]
+async fn stored_ids_that_cannot_be_served_are_404_or_503() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let dir = scratch_dir("pin-answers");
+    let key = dir.join("tag.key");
+    std::fs::write(&key, [42u8; 32]).unwrap();
+    let affinity = format!(
+        "grid_site_route: {{ prefix_affinity: {{ exploration: 0.0, tag_key_path: {} }} }}\n",
+        key.display()
+    );
+    let sites = |west_admits: bool, with_west: bool| {
+        let mut west_cluster = cluster("west-a", &[&west]);
+        west_cluster.admit = west_admits;
+        let mut sites = vec![("east", vec![cluster("east-a", &[&east])])];
+        if with_west {
+            sites.push(("west", vec![west_cluster]));
+        }
+        config_yaml(&sites, &affinity)
+    };
+    let gateway = gateway(&sites(true, true)).await;
+    // A response stored on west.
+    let id = loop {
+        let answer = post(&gateway, "/v1/responses", responses_body("hi", None)).await;
+        if answer.engine() == "west-a" {
+            break answer.json()["id"].as_str().unwrap().to_owned();
+        }
+    };
+    assert_eq!(tag_of(&id), ("west".to_owned(), true));
+    let fetch = |id: String| get(format!("{}/v1/responses/{id}", gateway.url()));
+    assert_eq!(fetch(id.clone()).await.status, StatusCode::OK);
+
+    // Untagged, malformed or forged: 404, and no engine sees it.
+    let engine_id = untagged(&id);
+    let (head, tail) = id.rsplit_once('.').unwrap();
+    let mac_start = head.len() - 16;
+    let forged = format!("{}{}.{tail}", &head[..mac_start], "0".repeat(16));
+    for bad in [engine_id, "resp_east.zz..x".to_owned(), forged] {
+        let answer = fetch(bad.clone()).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{bad}");
+        assert!(answer.json()["error"].is_object());
+        assert!(answer.headers.get("x-mock-engine").is_none(), "{bad}");
+    }
+
+    // Drained: 503 with Retry-After; gone from the grid: 404.
+    gateway.reload(&parse(&sites(false, true))).unwrap();
+    let answer = fetch(id.clone()).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.headers["retry-after"], "5");
+    gateway.reload(&parse(&sites(true, false))).unwrap();
+    let answer = fetch(id.clone()).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    // Back again: the id still works.
+    gateway.reload(&parse(&sites(true, true))).unwrap();
+    wait_measured(&gateway).await;
+    assert_eq!(fetch(id.clone()).await.engine(), "west-a");
+
+    // A new key: ids signed with the old one keep working through the grace period.
+    std::fs::write(&key, [7u8; 40]).unwrap();
+    gateway.reload(&parse(&sites(true, true))).unwrap();
+    assert_eq!(fetch(id.clone()).await.status, StatusCode::OK);
+    let fresh = post(&gateway, "/v1/responses", responses_body("again", None)).await;
+    let fresh_id = fresh.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(fetch(fresh_id).await.status, StatusCode::OK);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn ids_in_a_streamed_response_are_tagged_as_they_flow() {
+    let config = MockEngineConfig {
+        prefill_tokens_per_second: 50_000_000,
+        decode_delay_per_token: Duration::from_millis(40),
+        ..MockEngineConfig::named("east-a")
+    };
+    let east = MockEngine::start("127.0.0.1:0", config).await.unwrap();
+    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let gateway = gateway(&yaml).await;
+    let body = json!({"model": MODEL, "stream": true, "input": "one two three four five six"});
+    let answer = post(&gateway, "/v1/responses", body.to_string()).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let text = answer.text();
+    let mut ids = BTreeSet::new();
+    for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let event: Value = serde_json::from_str(data).unwrap();
+        if let Some(id) = event["response"]["id"].as_str() {
+            ids.insert(id.to_owned());
+        }
+    }
+    assert_eq!(ids.len(), 1, "{text}");
+    let id = ids.into_iter().next().unwrap();
+    assert_eq!(tag_of(&id).0, "east");
+    let spread = answer
+        .frame_times
+        .last()
+        .unwrap()
+        .saturating_sub(answer.frame_times[0]);
+    assert!(
+        spread >= Duration::from_millis(150),
+        "frames within {spread:?}"
+    );
+    // The stored response is found through its tagged id.
+    let fetched = get(format!("{}/v1/responses/{id}", gateway.url())).await;
+    assert_eq!(fetched.status, StatusCode::OK);
+}
