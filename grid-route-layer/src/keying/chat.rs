@@ -2,11 +2,11 @@
 
 use super::canonical;
 use super::keys::NoKeys;
-use super::scan::{Kind, Scanner, TextSink};
+use super::scan::{Scanner, TextSink};
 use super::stream::{KeySeed, Marker, marker};
 use super::walk::{
-    Found, Rendered, defer, marked, marked_string, media, media_digest, open_message, read_object,
-    unknown, write_rendered,
+    self, Found, Rendered, defer, marked, marked_string, media, media_digest, open_message,
+    read_object, unknown, write_rendered,
 };
 
 const ROLE: usize = 0;
@@ -67,20 +67,7 @@ pub(super) fn messages(
 
 /// A string, or an array of parts; a string keys like one text part holding it.
 fn content(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<(), NoKeys> {
-    match s.peek_kind()? {
-        Kind::String => {
-            marker(out, Marker::Text);
-            s.string(out)?;
-        }
-        Kind::Array => {
-            let mut items = s.begin_array()?;
-            while s.next_item(&mut items)? {
-                part(seed, s, out)?;
-            }
-        }
-        _ => return Err(NoKeys::unreadable("string or array message content")),
-    }
-    Ok(())
+    walk::content(s, out, |s, out| part(seed, s, out))
 }
 
 const TYPE: usize = 0;

@@ -5,8 +5,8 @@ use super::keys::NoKeys;
 use super::scan::{Kind, Scanner, TextSink};
 use super::stream::{KeySeed, Marker, marker};
 use super::walk::{
-    Found, Rendered, defer, marked, marked_string, media, media_digest, open_message, read_object,
-    unknown, write_rendered,
+    self, Found, Rendered, defer, marked, marked_string, media, media_digest, open_message,
+    read_object, unknown, write_rendered,
 };
 
 /// Writes the input: a string keys as one user message holding it; an array is read item
@@ -130,22 +130,9 @@ fn item(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<
     Ok(())
 }
 
-/// A string, or an array of content parts; a string keys like one text part.
+/// A string, or an array of content parts; a string keys like one text part holding it.
 fn content(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<(), NoKeys> {
-    match s.peek_kind()? {
-        Kind::String => {
-            marker(out, Marker::Text);
-            s.string(out)?;
-        }
-        Kind::Array => {
-            let mut items = s.begin_array()?;
-            while s.next_item(&mut items)? {
-                part(seed, s, out)?;
-            }
-        }
-        _ => return Err(NoKeys::unreadable("string or array content")),
-    }
-    Ok(())
+    walk::content(s, out, |s, out| part(seed, s, out))
 }
 
 const PART_TYPE: usize = 0;

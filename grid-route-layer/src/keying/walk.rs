@@ -148,6 +148,29 @@ pub(crate) fn write_rendered(rendered: Rendered, out: &mut impl TextSink) -> Res
     Ok(())
 }
 
+/// Message content: a string, which keys like one text part holding it, or an array whose
+/// elements `part` reads (parts, blocks: each format has its own).
+pub(crate) fn content<'a, S: TextSink>(
+    s: &mut Scanner<'a>,
+    out: &mut S,
+    mut part: impl FnMut(&mut Scanner<'a>, &mut S) -> Result<(), NoKeys>,
+) -> Result<(), NoKeys> {
+    match s.peek_kind()? {
+        Kind::String => {
+            marker(out, Marker::Text);
+            s.string(out)?;
+        }
+        Kind::Array => {
+            let mut items = s.begin_array()?;
+            while s.next_item(&mut items)? {
+                part(s, out)?;
+            }
+        }
+        _ => return Err(NoKeys::unreadable("a string or an array as content")),
+    }
+    Ok(())
+}
+
 /// Starts a message: the marker, then the role's text (a message without a role has none).
 pub(crate) fn open_message(
     buf: &[u8],
