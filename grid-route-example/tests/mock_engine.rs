@@ -636,6 +636,11 @@ async fn responses_are_stored_retrievable_and_deletable() {
     );
     assert_eq!(created["output"][0]["content"][0]["text"], "[east-a] hello");
     assert_eq!(created["usage"]["input_tokens_details"]["cached_tokens"], 0);
+    // Required by OpenAI's schema (and the SDKs' types), though the mock counts no writes.
+    assert_eq!(
+        created["usage"]["input_tokens_details"]["cache_write_tokens"],
+        0
+    );
     assert!(created.get("conversation").is_none());
 
     assert_eq!(
@@ -648,6 +653,7 @@ async fn responses_are_stored_retrievable_and_deletable() {
     assert_eq!(items["object"], "list");
     assert_eq!(items["data"][0]["role"], "user");
     assert_eq!(items["data"][0]["content"][0]["text"], "hello");
+    assert_eq!(items["data"][0]["status"], "completed");
 
     let deleted = delete(&engine, &format!("/v1/responses/{id}")).await.json();
     assert_eq!(deleted["deleted"], true);
@@ -836,6 +842,15 @@ async fn conversations_hold_items_and_responses_append_their_turns() {
         .map(|item| item["content"][0]["text"].as_str().unwrap())
         .collect();
     assert_eq!(texts, ["first", "second", "third", "[east-a] third"]);
+    // Stored items are finished, each with a status, as OpenAI lists them.
+    assert!(
+        items["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|item| item["status"] == "completed"),
+        "{items}"
+    );
     let newest = get(&engine, &format!("/v1/conversations/{id}/items?limit=1"))
         .await
         .json();

@@ -104,7 +104,12 @@ impl Draft {
                 "usage".into(),
                 json!({
                     "input_tokens": prompt.prompt_tokens,
-                    "input_tokens_details": {"cached_tokens": prompt.cached_tokens},
+                    // OpenAI's schema requires `cache_write_tokens` (the SDKs' types mark it
+                    // required); the mock counts no cache writes, as vLLM reports none.
+                    "input_tokens_details": {
+                        "cached_tokens": prompt.cached_tokens,
+                        "cache_write_tokens": 0,
+                    },
                     "output_tokens": output_tokens,
                     "output_tokens_details": {"reasoning_tokens": 0},
                     "total_tokens": prompt.prompt_tokens + output_tokens,

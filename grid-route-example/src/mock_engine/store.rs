@@ -84,8 +84,9 @@ impl Store {
     }
 }
 
-/// Turns a Responses `input` or a Conversations `items` value into items with ids: a string
-/// becomes one user message; a message's string `content` becomes one text part.
+/// Turns a Responses `input` or a Conversations `items` value into items with ids and
+/// statuses: a string becomes one user message; a message's string `content` becomes one
+/// text part.
 pub(crate) fn normalize_items(engine: &Engine, value: &Value) -> Result<Vec<Value>, ApiError> {
     let items = match value {
         Value::String(text) => {
@@ -94,6 +95,7 @@ pub(crate) fn normalize_items(engine: &Engine, value: &Value) -> Result<Vec<Valu
                 "id": engine.new_id("msg_"),
                 "role": "user",
                 "content": [{"type": "input_text", "text": text}],
+                "status": "completed",
             })]);
         }
         Value::Array(items) => items,
@@ -134,6 +136,15 @@ fn normalize_item(engine: &Engine, mut item: Map<String, Value>) -> Map<String, 
             let content = json!([{"type": part, "text": text}]);
             item.insert("content".into(), content);
         }
+    }
+    // Stored items are finished: OpenAI lists every stored message and tool call with a
+    // status, and the SDKs' item types require one.
+    if matches!(
+        kind.as_str(),
+        "message" | "function_call" | "function_call_output"
+    ) && !item.contains_key("status")
+    {
+        item.insert("status".into(), "completed".into());
     }
     if !item.contains_key("id") {
         let prefix = match kind.as_str() {
