@@ -201,16 +201,22 @@ pub async fn run(options: &DemoOptions, progress: Progress) -> Result<DemoReport
         ENGINES.prefill_tokens_per_second,
         ENGINES.max_running,
     ));
+    let plural =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     progress.phase(&format!(
-        "workload: {chats} chat conversations x {turns} turns ({shared} on {prompts} shared system \
-         prompts, {private} private), {chains} Responses chain(s) and {stored} Conversation(s) \
-         x {turns}; {concurrency} at a time, {requests} requests a run",
+        "workload: {} x {turns} turns ({shared} on {prompts}, {private} private), {} and {} \
+         x {turns}; {concurrency} sessions at a time, {requests} requests a run",
+        plural(chats, "chat conversation", "chat conversations"),
+        plural(shape.chains, "Responses chain", "Responses chains"),
+        plural(shape.stored_conversations, "Conversation", "Conversations"),
         turns = shape.turns,
         shared = workload.shared_conversations(),
-        prompts = shape.shared_prompts.min(chats),
+        prompts = plural(
+            shape.shared_prompts.min(chats),
+            "shared system prompt",
+            "shared system prompts"
+        ),
         private = chats - workload.shared_conversations(),
-        chains = shape.chains,
-        stored = shape.stored_conversations,
         concurrency = options.concurrency,
         requests = workload.requests(),
     ));
