@@ -4,6 +4,9 @@
 //! - [`gateway`]: the gateway over real sockets — [`gateway::Gateway::start`] runs it in
 //!   process, [`gateway::serve`] runs it from a config file with signals (`serve`).
 //! - [`config`]: its YAML configuration.
+//! - [`demo`]: the demo — three mock sites, the gateway, a multi-turn workload replayed
+//!   with prefix affinity on and off, and a table comparing the two
+//!   (`grid-route-example demo`, the binary's default).
 //! - [`keys`]: the `keys` command, which prints a request body's prefix keys.
 //! - [`mock_engine`]: an OpenAI-compatible mock inference engine (vLLM-like: block prefix
 //!   cache, prefill-time model, queue metric, Responses and Conversations store), started
@@ -11,6 +14,7 @@
 //!   `grid-route-example mock-engine`.
 
 pub mod config;
+pub mod demo;
 pub mod gateway;
 pub mod keys;
 pub mod mock_engine;

@@ -1,15 +1,21 @@
 //! The example gateway built from the grid-route layers.
 //!
-//! Subcommands: `serve` runs the gateway from a config file; `keys` prints a body's prefix
-//! keys; `mock-engine` runs a mock inference engine.
+//! Subcommands: `demo` (the default, with no command) runs the gateway against three mock
+//! sites with prefix affinity on and off and prints a comparison; `serve` runs the gateway
+//! from a config file; `keys` prints a body's prefix keys; `mock-engine` runs a mock
+//! inference engine.
 
 use std::process::ExitCode;
 
-use grid_route_example::{gateway, keys, mock_engine};
+use grid_route_example::{demo, gateway, keys, mock_engine};
 
-const USAGE: &str = "usage: grid-route-example <command> [args]
+const USAGE: &str = "usage: grid-route-example [command] [args]
 
 commands:
+  demo [--conversations N] [--turns N] [--concurrency N] [--quick]
+                        three mock sites behind the gateway, a multi-turn workload with
+                        prefix affinity on and off, and a table comparing them
+                        (the default when no command is given; see demo --help)
   serve --config FILE.yaml
                         run the gateway (SIGHUP reloads FILE, SIGTERM drains and stops)
   keys --api chat|completions|messages|responses FILE...
@@ -21,14 +27,16 @@ commands:
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((command, rest)) = args.split_first() else {
-        eprint!("{USAGE}");
-        return ExitCode::from(2);
+        return run_demo(&[]);
     };
     match command.as_str() {
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             ExitCode::SUCCESS
         }
+        "demo" => run_demo(rest),
+        // `grid-route-example --quick` is the default command with options.
+        option if option.starts_with("--") => run_demo(&args),
         "serve" => run_serve(rest),
         "keys" => run_keys(rest),
         "mock-engine" => run_mock_engine(rest),
@@ -42,12 +50,72 @@ fn main() -> ExitCode {
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`).
 fn init_tracing() {
+    init_tracing_at("info");
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `default_filter`).
+fn init_tracing_at(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+}
+
+fn run_demo(args: &[String]) -> ExitCode {
+    if args.iter().any(|arg| arg == "-h" || arg == "--help") {
+        print!("{}", demo::USAGE);
+        return ExitCode::SUCCESS;
+    }
+    let options = match demo::parse_args(args) {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("demo: {error}\n");
+            eprint!("{}", demo::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    // The gateway's request log would drown the progress lines: warnings only, unless
+    // RUST_LOG asks for more.
+    init_tracing_at("warn");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("demo: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = match runtime.block_on(demo::run(&options, demo::Progress::Stderr)) {
+        Ok(report) => report,
+        Err(error) => {
+            eprintln!("demo: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    eprintln!();
+    print!("{report}");
+    let mut failed = false;
+    for run in [&report.affinity_on, &report.affinity_off] {
+        if !run.all_ok() {
+            failed = true;
+            let mode = if run.affinity { "on" } else { "off" };
+            eprintln!(
+                "demo: with affinity {mode}, {} of {} requests failed; first failures: {:?}",
+                run.requests - run.requests_ok,
+                run.requests,
+                run.failures
+            );
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn run_keys(args: &[String]) -> ExitCode {
