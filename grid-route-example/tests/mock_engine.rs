@@ -271,6 +271,29 @@ async fn a_repeated_prompt_is_cached_and_reaches_its_first_token_sooner() {
     assert_eq!(stats.cached_tokens, cached);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_prefill_and_decode_rates_answer_at_once() {
+    // scripts/load-check measures the gateway against engines that take no time. A 4 MiB
+    // prompt is a million tokens: 52 s of prefill at the default rate, 3 s even at 350,000
+    // tokens a second.
+    let engine = start(MockEngineConfig {
+        prefill_tokens_per_second: 0,
+        decode_delay_per_token: Duration::ZERO,
+        ..MockEngineConfig::named("east-a")
+    })
+    .await;
+    let body = chat(&"z".repeat(4 << 20)).to_string();
+    let started = Instant::now();
+    let answer = send(&engine, Method::POST, "/v1/chat/completions", body).await;
+    let elapsed = started.elapsed();
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert!(
+        answer.json()["usage"]["prompt_tokens"].as_u64().unwrap() >= 1 << 20,
+        "the whole prompt was counted"
+    );
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
+}
+
 #[tokio::test]
 async fn models_and_cache_salts_do_not_share_cached_blocks() {
     let engine = start(MockEngineConfig {

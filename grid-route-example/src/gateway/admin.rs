@@ -8,13 +8,18 @@
 //! before its first event. The exporter cannot forget a series: gauges of a cluster that
 //! left the grid on reload keep their last value until the process restarts.
 //!
+//! The exporter keeps every histogram sample until upkeep folds it into the summaries, so
+//! a thread runs upkeep every [`METRICS_UPKEEP_INTERVAL`] (as the exporter's own
+//! `install` would): without it, a gateway that nobody scrapes grows by the samples of
+//! every request it serves.
+//!
 //! `/healthz` answers 200 while the gateway serves, with the grid's generation and how
 //! many clusters are configured and admitted; it does not fail when none admits (the
 //! gateway still answers, with 503s), so an orchestrator does not restart it for its
 //! engines' sake.
 
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -35,6 +40,10 @@ use super::Live;
 
 /// The outcomes of `grid_route_pin_total`.
 const PIN_OUTCOMES: [&str; 4] = ["pinned", "gone", "unavailable", "bad_tag"];
+
+/// How often the process's histogram samples are folded into its summaries, scraped or
+/// not (the exporter's own default).
+pub const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -57,6 +66,7 @@ pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
                     for result in ["applied", "rejected"] {
                         metrics::counter!(CONFIG_RELOAD_TOTAL, RESULT_LABEL => result).increment(0);
                     }
+                    spawn_upkeep(handle.clone());
                     Some(handle)
                 }
                 Err(error) => {
@@ -66,6 +76,23 @@ pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
             }
         })
         .as_ref()
+}
+
+/// Runs the recorder's upkeep every [`METRICS_UPKEEP_INTERVAL`] for the rest of the
+/// process, as the recorder lives that long. A thread, not a task: the recorder outlives
+/// any one gateway and the runtime it was started on.
+fn spawn_upkeep(handle: PrometheusHandle) {
+    let spawned = std::thread::Builder::new()
+        .name("metrics-upkeep".to_owned())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(METRICS_UPKEEP_INTERVAL);
+                handle.run_upkeep();
+            }
+        });
+    if let Err(error) = spawned {
+        tracing::warn!(%error, "cannot start the metrics upkeep thread; histogram samples are folded only on scrapes");
+    }
 }
 
 /// The admin listener's router.

@@ -103,6 +103,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use admin::METRICS_UPKEEP_INTERVAL;
 pub use queue::{MAX_METRICS_BYTES, POLL_TIMEOUT, queue_sample};
 pub use serve::serve;
 pub use stack::RETRY_AFTER_SECS;
