@@ -17,22 +17,8 @@ use grid_route_layer::index::{IndexSettings, PrefixIndex};
 const PROMPT_KEYS: usize = 512;
 const DEPTHS: [usize; 8] = [0, 16, 64, 200, 300, 400, 511, 512];
 
-/// splitmix64: keys as uniformly spread as the keyed SipHash output the index gets.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 fn prompt(seed: u64) -> Vec<u64> {
-    let mut key = mix(seed);
-    (0..PROMPT_KEYS)
-        .map(|_| {
-            key = mix(key);
-            key
-        })
-        .collect()
+    grid_route_benches::synthetic_keys(seed, PROMPT_KEYS)
 }
 
 fn clusters(n: usize) -> Vec<ClusterId> {

@@ -23,23 +23,9 @@ use serde_json::json;
 
 const DEPTHS: [usize; 8] = [0, 16, 64, 200, 300, 400, 511, 512];
 
-/// splitmix64: keys as uniformly spread as the keyed hashes the index gets.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// A chain of `MAX_KEYS` unrelated keys.
 fn synthetic_prompt(seed: u64) -> Vec<u64> {
-    let mut key = mix(seed);
-    (0..MAX_KEYS)
-        .map(|_| {
-            key = mix(key);
-            key
-        })
-        .collect()
+    grid_route_benches::synthetic_keys(seed, MAX_KEYS)
 }
 
 /// Four sites of two clusters, every endpoint measured.

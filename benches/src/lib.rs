@@ -313,3 +313,23 @@ pub fn chat_20m() -> Vec<u8> {
     )
     .expect("serialising a Value")
 }
+
+/// splitmix64: a step of a generator whose outputs are as uniformly spread as the keyed
+/// hashes the index gets as keys.
+pub fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A chain of `len` unrelated synthetic keys, seeded by `seed`.
+pub fn synthetic_keys(seed: u64, len: usize) -> Vec<u64> {
+    let mut key = mix(seed);
+    (0..len)
+        .map(|_| {
+            key = mix(key);
+            key
+        })
+        .collect()
+}

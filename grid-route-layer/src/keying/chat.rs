@@ -5,15 +5,14 @@ use super::keys::NoKeys;
 use super::scan::{Scanner, TextSink};
 use super::stream::{KeySeed, Marker, marker};
 use super::walk::{
-    self, Found, Rendered, defer, marked, marked_string, media, media_digest, open_message,
-    read_object, unknown, write_rendered,
+    self, Found, Rendered, defer, marked, marked_string, media, media_digest, read_object, unknown,
+    write_rendered,
 };
 
-const ROLE: usize = 0;
-const CONTENT: usize = 1;
 const NAME: usize = 2;
 const TOOL_CALLS: usize = 3;
 const FUNCTION_CALL: usize = 4;
+/// Role and content first, as [`walk::message`] reads them.
 const MESSAGE_FIELDS: [&[u8]; 5] = [
     b"role",
     b"content",
@@ -33,25 +32,13 @@ pub(super) fn messages(
     let buf = s.buf();
     let mut items = s.begin_array()?;
     while s.next_item(&mut items)? {
-        let mut early: Option<Rendered> = None;
-        let found = read_object(s, MESSAGE_FIELDS, |i, found: &Found<5>, s| {
-            if i != CONTENT {
-                return Ok(false);
-            }
-            if found.seen(ROLE) {
-                open_message(buf, found.span(ROLE), out)?;
-                content(seed, s, out)?;
-            } else {
-                early = Some(defer(s, |s, d| content(seed, s, d))?);
-            }
-            Ok(true)
-        })?;
-        if !found.seen(CONTENT) || early.is_some() {
-            open_message(buf, found.span(ROLE), out)?;
-            if let Some(rendered) = early {
-                write_rendered(rendered, out)?;
-            }
-        }
+        let found = walk::message(
+            s,
+            MESSAGE_FIELDS,
+            out,
+            |s, out| content(seed, s, out),
+            |s, d| content(seed, s, d),
+        )?;
         if let Some(span) = found.span(NAME) {
             marked_string(buf, Marker::Name, span, out)?;
         }

@@ -5,12 +5,9 @@ use super::keys::NoKeys;
 use super::scan::{Kind, Scanner, TextSink};
 use super::stream::{KeySeed, Marker, marker};
 use super::walk::{
-    self, Found, Rendered, defer, marked, marked_string, media, media_digest, open_message,
-    read_object, unknown, write_rendered,
+    self, Found, Rendered, defer, marked, marked_string, media, media_digest, read_object, unknown,
+    write_rendered,
 };
-
-const ROLE: usize = 0;
-const CONTENT: usize = 1;
 
 /// Writes each message: its role, then its content (rendered aside when it comes first).
 pub(super) fn messages(
@@ -18,28 +15,15 @@ pub(super) fn messages(
     s: &mut Scanner<'_>,
     out: &mut impl TextSink,
 ) -> Result<(), NoKeys> {
-    let buf = s.buf();
     let mut items = s.begin_array()?;
     while s.next_item(&mut items)? {
-        let mut early: Option<Rendered> = None;
-        let found = read_object(s, [b"role", b"content"], |i, found: &Found<2>, s| {
-            if i != CONTENT {
-                return Ok(false);
-            }
-            if found.seen(ROLE) {
-                open_message(buf, found.span(ROLE), out)?;
-                content(seed, s, out)?;
-            } else {
-                early = Some(defer(s, |s, d| content(seed, s, d))?);
-            }
-            Ok(true)
-        })?;
-        if !found.seen(CONTENT) || early.is_some() {
-            open_message(buf, found.span(ROLE), out)?;
-            if let Some(rendered) = early {
-                write_rendered(rendered, out)?;
-            }
-        }
+        walk::message(
+            s,
+            [b"role", b"content"],
+            out,
+            |s, out| content(seed, s, out),
+            |s, d| content(seed, s, d),
+        )?;
     }
     Ok(())
 }

@@ -148,6 +148,42 @@ pub(crate) fn write_rendered(rendered: Rendered, out: &mut impl TextSink) -> Res
     Ok(())
 }
 
+/// Reads one message object whose first two `names` are its role and its content, and
+/// writes the message's start: the role, then the content — streamed by `stream` when the
+/// role came first, else rendered aside by `render` and written once the role is known.
+/// Returns where the other named fields are, for the caller to write after the content.
+pub(crate) fn message<'a, const N: usize, S: TextSink>(
+    s: &mut Scanner<'a>,
+    names: [&[u8]; N],
+    out: &mut S,
+    mut stream: impl FnMut(&mut Scanner<'a>, &mut S) -> Result<(), NoKeys>,
+    mut render: impl FnMut(&mut Scanner<'a>, &mut Deferred) -> Result<(), NoKeys>,
+) -> Result<Found<N>, NoKeys> {
+    const ROLE: usize = 0;
+    const CONTENT: usize = 1;
+    let buf = s.buf();
+    let mut early: Option<Rendered> = None;
+    let found = read_object(s, names, |i, found: &Found<N>, s| {
+        if i != CONTENT {
+            return Ok(false);
+        }
+        if found.seen(ROLE) {
+            open_message(buf, found.span(ROLE), out)?;
+            stream(s, out)?;
+        } else {
+            early = Some(defer(s, |s, d| render(s, d))?);
+        }
+        Ok(true)
+    })?;
+    if !found.seen(CONTENT) || early.is_some() {
+        open_message(buf, found.span(ROLE), out)?;
+        if let Some(rendered) = early {
+            write_rendered(rendered, out)?;
+        }
+    }
+    Ok(found)
+}
+
 /// Message content: a string, which keys like one text part holding it, or an array whose
 /// elements `part` reads (parts, blocks: each format has its own).
 pub(crate) fn content<'a, S: TextSink>(
