@@ -63,18 +63,29 @@ fn init_tracing_at(default_filter: &str) {
         .init();
 }
 
-fn run_demo(args: &[String]) -> ExitCode {
+/// A subcommand's arguments parsed by `parse`; `--help` prints `usage` and exits 0, bad
+/// arguments print the error and `usage` and exit 2.
+fn parsed<T, E: std::fmt::Display>(
+    args: &[String],
+    command: &str,
+    usage: &str,
+    parse: impl FnOnce(&[String]) -> Result<T, E>,
+) -> Result<T, ExitCode> {
     if args.iter().any(|arg| arg == "-h" || arg == "--help") {
-        print!("{}", demo::USAGE);
-        return ExitCode::SUCCESS;
+        print!("{usage}");
+        return Err(ExitCode::SUCCESS);
     }
-    let options = match demo::parse_args(args) {
+    parse(args).map_err(|error| {
+        eprintln!("{command}: {error}\n");
+        eprint!("{usage}");
+        ExitCode::from(2)
+    })
+}
+
+fn run_demo(args: &[String]) -> ExitCode {
+    let options = match parsed(args, "demo", demo::USAGE, demo::parse_args) {
         Ok(options) => options,
-        Err(error) => {
-            eprintln!("demo: {error}\n");
-            eprint!("{}", demo::USAGE);
-            return ExitCode::from(2);
-        }
+        Err(exit) => return exit,
     };
     // The gateway's request log would drown the progress lines: warnings only, unless
     // RUST_LOG asks for more.
@@ -119,17 +130,9 @@ fn run_demo(args: &[String]) -> ExitCode {
 }
 
 fn run_keys(args: &[String]) -> ExitCode {
-    if args.iter().any(|arg| arg == "-h" || arg == "--help") {
-        print!("{}", keys::USAGE);
-        return ExitCode::SUCCESS;
-    }
-    let args = match keys::parse_args(args) {
+    let args = match parsed(args, "keys", keys::USAGE, keys::parse_args) {
         Ok(args) => args,
-        Err(error) => {
-            eprintln!("keys: {error}\n");
-            eprint!("{}", keys::USAGE);
-            return ExitCode::from(2);
-        }
+        Err(exit) => return exit,
     };
     let stdout = std::io::stdout();
     match keys::run(&args, &mut stdout.lock()) {
@@ -143,17 +146,14 @@ fn run_keys(args: &[String]) -> ExitCode {
 }
 
 fn run_mock_engine(args: &[String]) -> ExitCode {
-    if args.iter().any(|arg| arg == "-h" || arg == "--help") {
-        print!("{}", mock_engine::USAGE);
-        return ExitCode::SUCCESS;
-    }
-    let args = match mock_engine::parse_args(args) {
+    let args = match parsed(
+        args,
+        "mock-engine",
+        mock_engine::USAGE,
+        mock_engine::parse_args,
+    ) {
         Ok(args) => args,
-        Err(error) => {
-            eprintln!("mock-engine: {error}\n");
-            eprint!("{}", mock_engine::USAGE);
-            return ExitCode::from(2);
-        }
+        Err(exit) => return exit,
     };
     init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -943,3 +943,16 @@ fn debug_prints_no_keys() {
     }
     assert!(!debug.contains("Keys must"));
 }
+
+#[test]
+fn with_affinity_off_only_the_model_is_read_and_duplicates_are_still_refused() {
+    let prompt = grid_route_layer::keying::read_model(
+        br#"{"messages":[{"role":"user","content":"hi"}],"model":"m"}"#,
+    )
+    .unwrap();
+    assert_eq!(prompt.model(), Some("m"));
+    assert_eq!(prompt.keys().unwrap_err(), &NoKeys::Disabled);
+    let duplicate =
+        grid_route_layer::keying::read_model(br#"{"model":"a","model":"b"}"#).unwrap_err();
+    assert_eq!(duplicate.field, "model");
+}

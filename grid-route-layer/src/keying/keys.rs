@@ -351,8 +351,7 @@ pub fn key_body(seed: &KeySeed, api: Api, body: &[u8]) -> Result<Prompt, Duplica
 
 /// Reads only a request's `model` (and refuses duplicated routing fields), for when prefix
 /// affinity is switched off: routing still needs the model, but no prompt is read.
-pub fn read_model(api: Api, body: &[u8]) -> Result<Prompt, DuplicateField> {
-    let _ = api;
+pub fn read_model(body: &[u8]) -> Result<Prompt, DuplicateField> {
     let mut s = Scanner::new(body);
     let mut given = [false; ROUTING_FIELDS.len()];
     let mut model = None;

@@ -253,7 +253,7 @@ async fn prompt_of(shared: &Arc<Shared>, api: Api, bytes: Bytes) -> Result<Promp
         .as_ref()
         .is_none_or(|affinity| affinity.settings().enabled());
     if !reads_prompts {
-        return read_model(api, &bytes);
+        return read_model(&bytes);
     }
     let started = Instant::now();
     let prompt = if bytes.len() > BLOCKING_THRESHOLD_BYTES {
