@@ -638,6 +638,62 @@ fn media_parts_key_by_uuid_when_present() {
 }
 
 #[test]
+fn media_parts_key_by_uuid_in_responses_and_messages_too() {
+    let text = long("m");
+    let responses = |part: Value, uuid: Option<&str>| {
+        let mut part = part;
+        if let Some(uuid) = uuid {
+            part["uuid"] = json!(uuid);
+        }
+        keys(
+            Api::Responses,
+            &json!({"model":"m","input":[{"role":"user","content":[part,{"type":"input_text","text":text}]}]}),
+        )
+    };
+    let image = |url: &str| json!({"type":"input_image","image_url":url});
+    let file = |id: &str| json!({"type":"input_file","file_id":id});
+    let audio = |data: &str| json!({"type":"input_audio","input_audio":{"data":data,"format":"wav"}});
+    for part in [image as fn(&str) -> Value, file, audio] {
+        assert_eq!(
+            responses(part("a"), Some("media-1")),
+            responses(part("b"), Some("media-1"))
+        );
+        assert_ne!(
+            responses(part("a"), Some("media-1")),
+            responses(part("a"), Some("media-2"))
+        );
+        assert_ne!(responses(part("a"), None), responses(part("b"), None));
+    }
+
+    let messages = |part: Value, uuid: Option<&str>| {
+        let mut part = part;
+        if let Some(uuid) = uuid {
+            part["uuid"] = json!(uuid);
+        }
+        keys(
+            Api::Messages,
+            &json!({"model":"m","messages":[{"role":"user","content":[part,{"type":"text","text":text}]}]}),
+        )
+    };
+    let image = |url: &str| json!({"type":"image","source":{"type":"url","url":url}});
+    let document = |url: &str| json!({"type":"document","source":{"type":"url","url":url}});
+    for part in [image as fn(&str) -> Value, document] {
+        assert_eq!(
+            messages(part("https://a/1"), Some("media-1")),
+            messages(part("https://b/2"), Some("media-1"))
+        );
+        assert_ne!(
+            messages(part("https://a/1"), Some("media-1")),
+            messages(part("https://a/1"), Some("media-2"))
+        );
+        assert_ne!(
+            messages(part("https://a/1"), None),
+            messages(part("https://b/2"), None)
+        );
+    }
+}
+
+#[test]
 fn an_inline_4_mib_image_costs_the_same_blocks_as_a_url() {
     let text = long("img");
     let data = format!("data:image/png;base64,{}", "QUJD".repeat(1 << 20));

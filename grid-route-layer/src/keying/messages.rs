@@ -60,7 +60,8 @@ const NAME: usize = 3;
 const INPUT: usize = 4;
 const RESULT: usize = 5;
 const IS_ERROR: usize = 6;
-const BLOCK_FIELDS: [&[u8]; 7] = [
+const UUID: usize = 7;
+const BLOCK_FIELDS: [&[u8]; 8] = [
     b"type",
     b"text",
     b"source",
@@ -68,6 +69,7 @@ const BLOCK_FIELDS: [&[u8]; 7] = [
     b"input",
     b"content",
     b"is_error",
+    b"uuid",
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -90,7 +92,7 @@ fn block(
     let buf = s.buf();
     let mut early: Option<Rendered> = None;
     let mut source = None;
-    let found = read_object(s, BLOCK_FIELDS, |i, found: &Found<7>, s| {
+    let found = read_object(s, BLOCK_FIELDS, |i, found: &Found<8>, s| {
         let kind = found.small_string(buf, TYPE);
         match (i, kind.as_deref()) {
             (TEXT, Some(b"text")) => marked(s, Marker::Text, out)?,
@@ -121,8 +123,8 @@ fn block(
             write_early(early, out, TEXT)?;
             return Ok(BlockKind::Text);
         }
-        Some(b"image") => media(seed, buf, Marker::Image, None, source, out)?,
-        Some(b"document") => media(seed, buf, Marker::Document, None, source, out)?,
+        Some(b"image") => media(seed, buf, Marker::Image, found.span(UUID), source, out)?,
+        Some(b"document") => media(seed, buf, Marker::Document, found.span(UUID), source, out)?,
         Some(b"tool_use") => {
             let name = found
                 .span(NAME)

@@ -146,7 +146,9 @@ const FILE_ID: usize = 4;
 const FILE_DATA: usize = 5;
 const FILE_URL: usize = 6;
 const INPUT_AUDIO: usize = 7;
-const PART_FIELDS: [&[u8]; 8] = [
+/// vLLM's stable media id: a media part with one keys by it, whatever its source.
+const UUID: usize = 8;
+const PART_FIELDS: [&[u8]; 9] = [
     b"type",
     b"text",
     b"refusal",
@@ -155,6 +157,7 @@ const PART_FIELDS: [&[u8]; 8] = [
     b"file_data",
     b"file_url",
     b"input_audio",
+    b"uuid",
 ];
 
 /// One content part. `input_text` and `output_text` key alike (an assistant turn replayed
@@ -162,13 +165,13 @@ const PART_FIELDS: [&[u8]; 8] = [
 fn part(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<(), NoKeys> {
     let buf = s.buf();
     let mut early: Option<Rendered> = None;
-    let mut sources = [None; PART_FIELDS.len() - FIRST_SOURCE];
-    let found = read_object(s, PART_FIELDS, |i, found: &Found<8>, s| {
+    let mut sources = [None; UUID - FIRST_SOURCE];
+    let found = read_object(s, PART_FIELDS, |i, found: &Found<9>, s| {
         let kind = found.small_string(buf, PART_TYPE);
         match (i, kind.as_deref()) {
             (TEXT, Some(b"input_text" | b"output_text")) => marked(s, Marker::Text, out)?,
             (TEXT, None) => early = Some(defer(s, |s, d| marked(s, Marker::Text, d))?),
-            (TEXT | REFUSAL | PART_TYPE, _) => return Ok(false),
+            (TEXT | REFUSAL | PART_TYPE | UUID, _) => return Ok(false),
             (source, _) => {
                 sources[source - FIRST_SOURCE] = Some(media_digest(seed, s, &[b"data"])?);
             }
@@ -192,7 +195,7 @@ fn part(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<
             seed,
             buf,
             Marker::Image,
-            None,
+            found.span(UUID),
             source(&[IMAGE_URL, FILE_ID]),
             out,
         )?,
@@ -200,11 +203,18 @@ fn part(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<
             seed,
             buf,
             Marker::File,
-            None,
+            found.span(UUID),
             source(&[FILE_ID, FILE_DATA, FILE_URL]),
             out,
         )?,
-        Some(b"input_audio") => media(seed, buf, Marker::Audio, None, source(&[INPUT_AUDIO]), out)?,
+        Some(b"input_audio") => media(
+            seed,
+            buf,
+            Marker::Audio,
+            found.span(UUID),
+            source(&[INPUT_AUDIO]),
+            out,
+        )?,
         other => return Err(unknown("content part", other)),
     }
     Ok(())
