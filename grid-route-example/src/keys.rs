@@ -7,7 +7,8 @@
 //!   blocks of the canonical stream (past the 512th key too);
 //! - `{"file":F,"keys":null,"reason":"..."}` when the body gets no keys, including a body a
 //!   gateway would refuse with a 400 (a duplicated routing field) and a file that cannot
-//!   be read. The command then exits with status 1 only for unreadable files.
+//!   be read. The command exits with status 1 when a file cannot be read or is not JSON
+//!   (after printing every line).
 //!
 //! Keys are printed for inspection (comparing two bodies, checking a prefix); a gateway
 //! never logs or exports them.
@@ -16,7 +17,6 @@ use std::io::Write;
 use std::path::Path;
 
 use grid_route_layer::keying::{Api, KeySeed, key_body};
-use serde_json::{Value, json};
 
 /// Usage of the `keys` command.
 pub const USAGE: &str =
@@ -59,38 +59,77 @@ pub fn parse_args(args: &[String]) -> Result<KeysArgs, String> {
     Ok(KeysArgs { api, files })
 }
 
-/// The JSON line for one body.
-pub fn line_for_body(seed: &KeySeed, api: Api, file: &str, body: &[u8]) -> Value {
-    match key_body(seed, api, body) {
-        Ok(prompt) => match prompt.keys() {
-            Ok(keys) => json!({
-                "file": file,
-                "keys": keys.as_slice().iter().map(|k| format!("{k:016x}")).collect::<Vec<_>>(),
-                "blocks": keys.blocks(),
-            }),
-            Err(reason) => json!({"file": file, "keys": null, "reason": reason.to_string()}),
-        },
-        Err(duplicate) => json!({
-            "file": file,
-            "keys": null,
-            "reason": format!("{duplicate} (a gateway answers 400)"),
-        }),
+/// One output line. Fields serialise in declaration order, the documented
+/// `file`, `keys`, then `blocks` or `reason`.
+#[derive(Debug, serde::Serialize)]
+pub struct Line {
+    /// The file as named on the command line.
+    pub file: String,
+    /// The keys as 16 hex digits each, or `None` when the body gets none.
+    pub keys: Option<Vec<String>>,
+    /// Full blocks of the canonical stream, when keyed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<u64>,
+    /// Why the body gets no keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Whether the file could be read as JSON at all (a missing or non-JSON file makes the
+    /// command fail).
+    #[serde(skip)]
+    pub readable: bool,
+}
+
+impl Line {
+    fn no_keys(file: &str, reason: String, readable: bool) -> Self {
+        Self {
+            file: file.to_owned(),
+            keys: None,
+            blocks: None,
+            reason: Some(reason),
+            readable,
+        }
     }
 }
 
-/// Runs the command, writing lines to `out`. Returns whether every file could be read.
+/// The line for one body.
+pub fn line_for_body(seed: &KeySeed, api: Api, file: &str, body: &[u8]) -> Line {
+    match key_body(seed, api, body) {
+        Ok(prompt) => match prompt.keys() {
+            Ok(keys) => Line {
+                file: file.to_owned(),
+                keys: Some(
+                    keys.as_slice()
+                        .iter()
+                        .map(|k| format!("{k:016x}"))
+                        .collect(),
+                ),
+                blocks: Some(keys.blocks()),
+                reason: None,
+                readable: true,
+            },
+            Err(reason) => {
+                // Keying stops at the first thing it cannot follow; whether the file is JSON
+                // at all is a separate, full check (only for the CLI's exit status).
+                let readable = serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok();
+                Line::no_keys(file, reason.to_string(), readable)
+            }
+        },
+        Err(duplicate) => Line::no_keys(file, format!("{duplicate} (a gateway answers 400)"), true),
+    }
+}
+
+/// Runs the command, writing lines to `out`. Returns whether every file could be read as JSON.
 pub fn run(args: &KeysArgs, out: &mut impl Write) -> std::io::Result<bool> {
     let seed = KeySeed::random();
     let mut all_read = true;
     for file in &args.files {
         let line = match std::fs::read(Path::new(file)) {
             Ok(body) => line_for_body(&seed, args.api, file, &body),
-            Err(error) => {
-                all_read = false;
-                json!({"file": file, "keys": null, "reason": format!("cannot read the file: {error}")})
-            }
+            Err(error) => Line::no_keys(file, format!("cannot read the file: {error}"), false),
         };
-        writeln!(out, "{line}")?;
+        all_read &= line.readable;
+        serde_json::to_writer(&mut *out, &line)?;
+        writeln!(out)?;
     }
     Ok(all_read)
 }

@@ -5,18 +5,25 @@ use std::process::Command;
 
 use serde_json::Value;
 
-fn run(args: &[&str]) -> (i32, Vec<Value>) {
+fn run_raw(args: &[&str]) -> (i32, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
         .arg("keys")
         .args(args)
         .output()
         .unwrap();
-    let lines = String::from_utf8(output.stdout)
-        .unwrap()
+    (
+        output.status.code().unwrap(),
+        String::from_utf8(output.stdout).unwrap(),
+    )
+}
+
+fn run(args: &[&str]) -> (i32, Vec<Value>) {
+    let (status, stdout) = run_raw(args);
+    let lines = stdout
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();
-    (output.status.code().unwrap(), lines)
+    (status, lines)
 }
 
 fn write(dir: &std::path::Path, name: &str, body: &str) -> String {
@@ -87,6 +94,54 @@ fn an_unreadable_file_gets_a_reason_and_a_failing_status() {
     assert_eq!(status, 1);
     assert!(lines[0]["keys"].is_null());
     assert!(lines[0]["reason"].as_str().unwrap().contains("cannot read"));
+}
+
+#[test]
+fn fields_print_in_the_documented_order() {
+    let dir = std::env::temp_dir().join(format!("grid-route-keys-order-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = "A prompt long enough for a block or two. ".repeat(20);
+    let keyed = write(
+        &dir,
+        "keyed.json",
+        &serde_json::json!({"model":"m","prompt":text}).to_string(),
+    );
+    let short = write(&dir, "short.json", r#"{"model":"m","prompt":"hi"}"#);
+    let (status, stdout) = run_raw(&["--api", "completions", &keyed, &short]);
+    assert_eq!(status, 0);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!(r#"{{"file":{:?},"keys":["#, keyed)),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains(r#"],"blocks":"#), "{}", lines[0]);
+    assert!(
+        lines[1].starts_with(&format!(r#"{{"file":{short:?},"keys":null,"reason":""#)),
+        "{}",
+        lines[1]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_file_that_is_not_json_fails_after_printing_its_line() {
+    let dir = std::env::temp_dir().join(format!("grid-route-keys-notjson-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = "A prompt long enough for a block or two. ".repeat(20);
+    let good = write(
+        &dir,
+        "good.json",
+        &serde_json::json!({"model":"m","prompt":text}).to_string(),
+    );
+    let bad = write(&dir, "notes.txt", "these are notes, not a request body");
+    let (status, lines) = run(&["--api", "completions", &bad, &good]);
+    assert_eq!(status, 1);
+    assert_eq!(lines.len(), 2, "every file still gets its line");
+    assert!(lines[0]["keys"].is_null());
+    assert!(lines[0]["reason"].as_str().unwrap().contains("unreadable"));
+    assert!(lines[1]["keys"].is_array());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -652,7 +652,8 @@ fn media_parts_key_by_uuid_in_responses_and_messages_too() {
     };
     let image = |url: &str| json!({"type":"input_image","image_url":url});
     let file = |id: &str| json!({"type":"input_file","file_id":id});
-    let audio = |data: &str| json!({"type":"input_audio","input_audio":{"data":data,"format":"wav"}});
+    let audio =
+        |data: &str| json!({"type":"input_audio","input_audio":{"data":data,"format":"wav"}});
     for part in [image as fn(&str) -> Value, file, audio] {
         assert_eq!(
             responses(part("a"), Some("media-1")),
