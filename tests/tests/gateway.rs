@@ -842,6 +842,18 @@ async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
     }
     assert!(text.contains(r#"grid_route_prefix_affinity_total{outcome="sticky"}"#));
     assert!(text.contains(r#"grid_route_queue_depth{site="east",cluster="east-a"}"#));
+    for histogram in ["grid_route_keying_seconds", "grid_route_keys_per_request"] {
+        assert!(
+            text.contains(&format!("# TYPE {histogram} histogram")),
+            "{histogram} type:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("{histogram}_bucket{{le=\"")),
+            "{histogram} buckets:\n{text}"
+        );
+    }
+    assert!(text.contains(r#"grid_route_keys_per_request_bucket{le="512"}"#));
+    assert!(text.contains(r#"grid_route_keying_seconds_bucket{le="0.00001"}"#));
 
     let health = get(format!("{}/healthz", gateway.admin_url())).await;
     assert_eq!(health.status, StatusCode::OK);

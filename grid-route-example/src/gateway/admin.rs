@@ -8,7 +8,9 @@
 //! before its first event. The exporter cannot forget a series: gauges of a cluster that
 //! left the grid on reload keep their last value until the process restarts.
 //!
-//! The exporter keeps every histogram sample until upkeep folds it into the summaries, so
+//! `grid_route_keying_seconds` and `grid_route_keys_per_request` are Prometheus histograms
+//! with the library's bucket bounds (`KEYING_SECONDS_BUCKETS`, `KEYS_PER_REQUEST_BUCKETS`).
+//! The exporter keeps every histogram sample until upkeep folds it into the buckets, so
 //! a thread runs upkeep every [`METRICS_UPKEEP_INTERVAL`] (as the exporter's own
 //! `install` would): without it, a gateway that nobody scrapes grows by the samples of
 //! every request it serves.
@@ -28,12 +30,13 @@ use axum::routing::get;
 use grid_route_layer::affinity::Outcome;
 use grid_route_layer::answer::ErrorAnswer;
 use grid_route_layer::metrics::{
-    CONFIG_RELOAD_TOTAL, OUTCOME_LABEL, PIN_TOTAL, PREFIX_AFFINITY_TOTAL, RESULT_LABEL,
+    CONFIG_RELOAD_TOTAL, KEYING_SECONDS, KEYING_SECONDS_BUCKETS, KEYS_PER_REQUEST,
+    KEYS_PER_REQUEST_BUCKETS, OUTCOME_LABEL, PIN_TOTAL, PREFIX_AFFINITY_TOTAL, RESULT_LABEL,
     describe_metrics, record_grid_gauges,
 };
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderValue};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 
 use super::Live;
@@ -52,7 +55,8 @@ static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
     RECORDER
         .get_or_init(|| {
-            let installed = PrometheusBuilder::new().install_recorder();
+            let installed = histogram_buckets(PrometheusBuilder::new())
+                .and_then(PrometheusBuilder::install_recorder);
             match installed {
                 Ok(handle) => {
                     describe_metrics();
@@ -76,6 +80,20 @@ pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
             }
         })
         .as_ref()
+}
+
+/// The library's histograms are Prometheus histograms with its bucket bounds (the
+/// exporter's default would be summaries, which cannot be aggregated across replicas).
+fn histogram_buckets(builder: PrometheusBuilder) -> Result<PrometheusBuilder, BuildError> {
+    builder
+        .set_buckets_for_metric(
+            Matcher::Full(KEYING_SECONDS.into()),
+            &KEYING_SECONDS_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full(KEYS_PER_REQUEST.into()),
+            &KEYS_PER_REQUEST_BUCKETS,
+        )
 }
 
 /// Runs the recorder's upkeep every [`METRICS_UPKEEP_INTERVAL`] for the rest of the
