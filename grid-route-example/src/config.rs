@@ -33,6 +33,7 @@
 //!     capacity: 16384
 //!     ttl_secs: 600
 //!     tag_key_path: /etc/grid/tag.key   # optional; at least 32 bytes
+//!     previous_tag_key_path: /etc/grid/tag.prev.key   # optional; the only way an old key verifies
 //! ```
 //!
 //! Decisions the design leaves open:
@@ -75,7 +76,7 @@ use std::time::Duration;
 
 use grid_route_layer::config::{PrefixAffinity, PrefixAffinityConfig};
 use grid_route_layer::grid::{ClusterSpec, Grid, GridError, GridSettings, GridSpec, SiteSpec};
-use grid_route_layer::pin::{TagKey, TagKeyError};
+use grid_route_layer::pin::{TagKey, TagKeyError, TagKeys};
 use serde::Deserialize;
 
 /// The queue metric of vLLM (the default): requests waiting for a running slot.
@@ -216,6 +217,10 @@ pub struct PrefixAffinityYaml {
     pub ttl_secs: u64,
     /// The key that signs tagged ids (at least 32 bytes); none leaves macs empty.
     pub tag_key_path: Option<PathBuf>,
+    /// The key before `tag_key_path`, still verifying ids it signed (never signing new
+    /// ones) for as long as it is named here; drop it to revoke those ids. Needs
+    /// `tag_key_path`.
+    pub previous_tag_key_path: Option<PathBuf>,
 }
 
 impl Default for PrefixAffinityYaml {
@@ -230,6 +235,7 @@ impl Default for PrefixAffinityYaml {
             capacity: d.capacity,
             ttl_secs: d.ttl_secs,
             tag_key_path: d.tag_key_path,
+            previous_tag_key_path: None,
         }
     }
 }
@@ -285,6 +291,15 @@ pub struct CheckedConfig {
     pub prefix_affinity: PrefixAffinity,
     /// The tag key read from `tag_key_path`, when set.
     pub tag_key: Option<TagKey>,
+    /// The previous tag key read from `previous_tag_key_path`, when set.
+    pub previous_tag_key: Option<TagKey>,
+}
+
+impl CheckedConfig {
+    /// The keys the pin layer signs and checks ids with.
+    pub fn tag_keys(&self) -> TagKeys {
+        TagKeys::new(self.tag_key.clone()).with_previous(self.previous_tag_key.clone())
+    }
 }
 
 impl GatewayConfig {
@@ -360,6 +375,17 @@ impl GatewayConfig {
             Some(path) => Some(TagKey::from_file(path).map_err(ConfigError::TagKey)?),
             None => None,
         };
+        let previous_tag_key = match &self.grid_site_route.prefix_affinity.previous_tag_key_path {
+            Some(path) if tag_key.is_none() => {
+                return Err(invalid(
+                    "grid_site_route.prefix_affinity.previous_tag_key_path",
+                    &path.display().to_string(),
+                    "needs tag_key_path: a previous key only verifies beside a current one",
+                ));
+            }
+            Some(path) => Some(TagKey::from_file(path).map_err(ConfigError::PreviousTagKey)?),
+            None => None,
+        };
         Ok(CheckedConfig {
             listen,
             admin_listen,
@@ -372,6 +398,7 @@ impl GatewayConfig {
             grid_settings,
             prefix_affinity,
             tag_key,
+            previous_tag_key,
         })
     }
 
@@ -492,6 +519,8 @@ pub enum ConfigError {
     PrefixAffinity(grid_route_layer::config::ConfigError),
     /// `grid_site_route.prefix_affinity.tag_key_path` could not be used.
     TagKey(TagKeyError),
+    /// `grid_site_route.prefix_affinity.previous_tag_key_path` could not be used.
+    PreviousTagKey(TagKeyError),
     /// Another field holds a value the gateway cannot use.
     Invalid {
         /// The field, as a path in the file (`queue.metric`).
@@ -516,6 +545,10 @@ impl fmt::Display for ConfigError {
             Self::TagKey(error) => {
                 write!(f, "grid_site_route.prefix_affinity.tag_key_path: {error}")
             }
+            Self::PreviousTagKey(error) => write!(
+                f,
+                "grid_site_route.prefix_affinity.previous_tag_key_path: {error}"
+            ),
             Self::Invalid {
                 field,
                 value,
@@ -532,7 +565,7 @@ impl std::error::Error for ConfigError {
             Self::Parse(error) => Some(error),
             Self::Grid(error) => Some(error),
             Self::PrefixAffinity(error) => Some(error),
-            Self::TagKey(error) => Some(error),
+            Self::TagKey(error) | Self::PreviousTagKey(error) => Some(error),
             Self::Invalid { .. } => None,
         }
     }
@@ -734,6 +767,46 @@ grid_site_route:
         );
         let checked = GatewayConfig::from_yaml(&yaml).unwrap().validate().unwrap();
         assert!(checked.tag_key.is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_previous_tag_key_needs_a_current_one_and_a_readable_file() {
+        let dir = std::env::temp_dir().join(format!("grid-route-prev-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.key");
+        std::fs::write(&good, [7u8; 32]).unwrap();
+        let short = dir.join("short.key");
+        std::fs::write(&short, b"too short").unwrap();
+        let alone = format!(
+            "{MINIMAL}grid_site_route: {{ prefix_affinity: {{ previous_tag_key_path: {} }} }}\n",
+            good.display()
+        );
+        assert!(
+            refused(&alone).starts_with(
+                "grid_site_route.prefix_affinity.previous_tag_key_path needs tag_key_path"
+            ),
+            "{}",
+            refused(&alone)
+        );
+        let bad = format!(
+            "{MINIMAL}grid_site_route: {{ prefix_affinity: {{ tag_key_path: {}, previous_tag_key_path: {} }} }}\n",
+            good.display(),
+            short.display()
+        );
+        assert!(
+            refused(&bad)
+                .starts_with("grid_site_route.prefix_affinity.previous_tag_key_path: tag key file"),
+            "{}",
+            refused(&bad)
+        );
+        let both = format!(
+            "{MINIMAL}grid_site_route: {{ prefix_affinity: {{ tag_key_path: {}, previous_tag_key_path: {} }} }}\n",
+            good.display(),
+            good.display()
+        );
+        let checked = GatewayConfig::from_yaml(&both).unwrap().validate().unwrap();
+        assert!(checked.previous_tag_key.is_some());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -1066,12 +1066,34 @@ async fn stored_ids_that_cannot_be_served_are_404_or_503() {
     wait_measured(&gateway).await;
     assert_eq!(fetch(id.clone()).await.engine(), "west-a");
 
-    // A new key: ids signed with the old one keep working through the grace period.
-    std::fs::write(&key, [7u8; 40]).unwrap();
-    gateway.reload(&parse(&sites(true, true))).unwrap();
+    // A new key with the old one named as previous: old ids keep working.
+    let next_key = dir.join("tag.next.key");
+    std::fs::write(&next_key, [7u8; 40]).unwrap();
+    let keyed = |previous: bool| {
+        let keys = if previous {
+            format!(
+                "tag_key_path: {}, previous_tag_key_path: {}",
+                next_key.display(),
+                key.display()
+            )
+        } else {
+            format!("tag_key_path: {}", next_key.display())
+        };
+        sites(true, true).replace(&format!("tag_key_path: {}", key.display()), &keys)
+    };
+    gateway.reload(&parse(&keyed(true))).unwrap();
     assert_eq!(fetch(id.clone()).await.status, StatusCode::OK);
     let fresh = post(&gateway, "/v1/responses", responses_body("again", None)).await;
     let fresh_id = fresh.json()["id"].as_str().unwrap().to_owned();
+    assert_ne!(tag_of(&fresh_id).0, "", "{fresh_id}");
+    assert_eq!(fetch(fresh_id.clone()).await.status, StatusCode::OK);
+    // The old key named no longer: its ids are revoked at once (404 invalid_id, nothing
+    // forwarded), the new key's keep working.
+    gateway.reload(&parse(&keyed(false))).unwrap();
+    let revoked = fetch(id.clone()).await;
+    assert_eq!(revoked.status, StatusCode::NOT_FOUND);
+    assert_eq!(revoked.json()["error"]["code"], "invalid_id");
+    assert!(revoked.headers.get("x-mock-engine").is_none());
     assert_eq!(fetch(fresh_id).await.status, StatusCode::OK);
     std::fs::remove_dir_all(&dir).unwrap();
 }

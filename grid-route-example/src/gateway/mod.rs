@@ -67,9 +67,10 @@
 //! the reason). Otherwise (`result="applied"`): the grid is reconfigured (clusters that
 //! stay keep their queue samples, health and in-flight counts), the prefix index resized
 //! to the new cluster list (clusters that left are dropped with their entries), the
-//! affinity settings swapped, the tag key rotated (the previous key keeps verifying for
-//! its grace period), and the routing stack rebuilt for the next requests. Requests in
-//! flight finish on the stack they started on. `listen` and `admin_listen` cannot change
+//! affinity settings swapped, the tag keys replaced (ids signed with any key but the
+//! current one and the `previous_tag_key_path` are refused from then on), and the
+//! routing stack rebuilt for the next requests. Requests in flight finish on the stack
+//! they started on. `listen` and `admin_listen` cannot change
 //! without a restart: a reload that changes them applies the rest and logs a warning.
 //!
 //! # Shutdown
@@ -90,7 +91,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use grid_route_layer::affinity::Affinity;
@@ -98,7 +99,7 @@ use grid_route_layer::grid::{ClusterId, Grid, SiteName};
 use grid_route_layer::index::PrefixIndex;
 use grid_route_layer::keying::KeySeed;
 use grid_route_layer::metrics::{CONFIG_RELOAD_TOTAL, RESULT_LABEL};
-use grid_route_layer::pin::{PinKeys, TagKeys};
+use grid_route_layer::pin::PinKeys;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -203,7 +204,7 @@ impl Gateway {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let seed = KeySeed::random();
-        let tag_keys = PinKeys::new(TagKeys::new(checked.tag_key.clone()));
+        let tag_keys = PinKeys::new(checked.tag_keys());
         let client = upstream::http_client();
         let routing = routing_stack(&StackParts {
             grid: &grid,
@@ -335,8 +336,7 @@ impl Gateway {
         live.index
             .reconfigure(checked.prefix_affinity.index, view.cluster_ids());
         live.affinity.set_settings(checked.prefix_affinity.affinity);
-        live.tag_keys
-            .rotate(checked.tag_key.clone(), Instant::now());
+        live.tag_keys.set(checked.tag_keys());
         let old = live.settings.swap(Arc::new(Settings::of(checked)));
         live.routing.store(Arc::new(live.routing_for(checked)));
         for (field, was, now) in [

@@ -1,25 +1,22 @@
 //! [`PinLayer`] and [`PinKeys`], the shared handle on the tag keys that a reload rotates.
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use tower::Layer;
 
 use super::service::PinService;
-use super::tag::{BadTag, IdKind, TagKey, TagKeys, TagStamp, UntaggedId};
+use super::tag::{BadTag, IdKind, TagKeys, TagStamp, UntaggedId};
 use crate::grid::{ClusterDigest, Grid, SiteName};
 
 /// The tag keys every [`PinService`] of a gateway reads, swapped atomically on reload.
 ///
-/// Clones share the keys. The gateway keeps one clone and calls [`rotate`](Self::rotate)
-/// with the key it reloaded: from then on new ids are signed with that key, and ids signed
-/// with the key before keep verifying for
-/// [`PREVIOUS_KEY_GRACE_SECS`](super::PREVIOUS_KEY_GRACE_SECS) (24 hours), so clients in
-/// the middle of a conversation are not cut off. Requests read the keys with one atomic
-/// load and never wait for a reload.
+/// Clones share the keys. The gateway keeps one clone and calls [`set`](Self::set) with the
+/// keys it reloaded: from then on new ids are signed with the current key, and ids signed
+/// with the previous key verify only while the configuration names it (see [`TagKeys`]).
+/// Requests read the keys with one atomic load and never wait for a reload.
 #[derive(Clone)]
 pub struct PinKeys {
     shared: Arc<SharedKeys>,
@@ -27,9 +24,6 @@ pub struct PinKeys {
 
 struct SharedKeys {
     keys: ArcSwap<TagKeys>,
-    /// Serialises rotations, so two reloads cannot both start from the same keys and
-    /// lose one of them.
-    rotating: Mutex<()>,
 }
 
 impl PinKeys {
@@ -38,7 +32,6 @@ impl PinKeys {
         Self {
             shared: Arc::new(SharedKeys {
                 keys: ArcSwap::from_pointee(keys),
-                rotating: Mutex::new(()),
             }),
         }
     }
@@ -48,24 +41,14 @@ impl PinKeys {
         self.shared.keys.load_full()
     }
 
-    /// Makes `next` the current key at `now`; see [`TagKeys::rotate`]. Reloading the same
-    /// key changes nothing. Concurrent rotations are applied one after the other;
-    /// requests keep reading the keys before or after, never a mix.
-    pub fn rotate(&self, next: Option<TagKey>, now: Instant) {
-        let _rotating = self
-            .shared
-            .rotating
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mut keys = TagKeys::clone(&self.shared.keys.load());
-        keys.rotate(next, now);
+    /// Replaces the keys: requests read the old keys or the new ones, never a mix.
+    pub fn set(&self, keys: TagKeys) {
         self.shared.keys.store(Arc::new(keys));
     }
 
-    /// Checks a tagged id of `kind` at `now` with the current keys; see
-    /// [`TagKeys::untag`].
-    pub fn untag(&self, kind: IdKind, tagged: &str, now: Instant) -> Result<UntaggedId, BadTag> {
-        self.shared.keys.load().untag(kind, tagged, now)
+    /// Checks a tagged id of `kind` with the current keys; see [`TagKeys::untag`].
+    pub fn untag(&self, kind: IdKind, tagged: &str) -> Result<UntaggedId, BadTag> {
+        self.shared.keys.load().untag(kind, tagged)
     }
 
     /// The stamp for ids stored at `site` in the cluster with `digest`, under the current

@@ -33,13 +33,13 @@
 //!
 //! # Key rotation
 //!
-//! [`TagKeys`] holds the current key and, after [`TagKeys::rotate`], the previous one:
-//! ids signed with the previous key keep verifying for [`PREVIOUS_KEY_GRACE_SECS`] (24
-//! hours) after the rotation, long enough for clients to finish conversations in flight;
-//! new ids are always signed with the current key. A restart forgets the previous key.
-//! Going from no key to a key grants no grace to empty-mac ids (nothing was verified
-//! before, so they prove nothing); going from a key to no key accepts any well-formed tag.
-//! Time is passed in (`now: Instant`), so the core never reads a clock.
+//! [`TagKeys`] holds the current key and, when the configuration names one
+//! ([`TagKeys::with_previous`]), the previous key: ids signed with it keep verifying for as
+//! long as it stays named, so clients finish the conversations they hold; new ids are
+//! always signed with the current key. Naming the previous key no longer revokes it at
+//! once — nothing verifies by time alone, so a leaked key can be withdrawn. Going from no
+//! key to a key refuses empty-mac ids (nothing was verified before, so they prove
+//! nothing); going from a key to no key accepts any well-formed tag.
 //!
 //! # Rewriting bodies
 //!
@@ -80,16 +80,16 @@
 //!
 //! // On the way in: check the tag and find the cluster and the engine's id.
 //! let now = Instant::now();
-//! let untagged = keys.untag(IdKind::Response, &tagged, now).unwrap();
+//! let untagged = keys.untag(IdKind::Response, &tagged).unwrap();
 //! assert_eq!(untagged.engine_id(), "resp_68a3");
 //! assert_eq!(untagged.digest(), ClusterDigest::of_name("east-a"));
 //!
 //! // A forged mac, an untagged id, or an id that is not one path segment is refused.
 //! let forged = tagged.replace(".1ef772aa.", ".00000000.");
-//! assert_eq!(keys.untag(IdKind::Response, &forged, now), Err(BadTag::BadMac));
-//! assert_eq!(keys.untag(IdKind::Response, "resp_68a3", now), Err(BadTag::Untagged));
+//! assert_eq!(keys.untag(IdKind::Response, &forged), Err(BadTag::BadMac));
+//! assert_eq!(keys.untag(IdKind::Response, "resp_68a3"), Err(BadTag::Untagged));
 //! let escape = format!("resp_{}..%2Fadmin", stamp.as_str());
-//! assert_eq!(keys.untag(IdKind::Response, &escape, now), Err(BadTag::UnsafeId));
+//! assert_eq!(keys.untag(IdKind::Response, &escape), Err(BadTag::UnsafeId));
 //! ```
 //!
 //! # The layer
@@ -170,16 +170,14 @@
 //! # Key rotation on reload
 //!
 //! The layer reads its keys from a [`PinKeys`] handle shared with the gateway. On reload
-//! the gateway calls [`PinKeys::rotate`] with the key it read: new ids are signed with it
-//! at once, ids signed with the key before keep working for
-//! [`PREVIOUS_KEY_GRACE_SECS`] (24 hours) after the rotation and are refused (404,
-//! `bad_tag`) after that. Only one previous key is kept, and a restart forgets it.
+//! the gateway calls [`PinKeys::set`] with the keys it read: new ids are signed with the
+//! current key at once; ids signed with another key verify only if it is the previous key
+//! the configuration names, and are refused (404, `invalid_id`) otherwise.
 //!
 //! # Example: the layer
 //!
 //! ```
 //! use std::convert::Infallible;
-//! use std::time::Instant;
 //!
 //! use bytes::Bytes;
 //! use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
@@ -202,7 +200,7 @@
 //! };
 //! let grid = Grid::new(&spec, GridSettings::default()).unwrap();
 //! let key = TagKey::from_bytes(b"an example key of at least 32 bytes!").unwrap();
-//! // Keep a clone of the handle: a reload rotates the key through it.
+//! // Keep a clone of the handle: a reload sets the keys through it.
 //! let keys = PinKeys::new(TagKeys::new(Some(key)));
 //!
 //! // Stands in for Confirm -> Affinity -> Select: goes where the request is pinned and
@@ -236,11 +234,17 @@
 //! let response = gateway.clone().oneshot(get(&forged)).await.unwrap();
 //! assert_eq!(response.status(), StatusCode::NOT_FOUND);
 //!
-//! // A reload brings a new key: ids signed with the old one keep working for 24 hours.
-//! let next = TagKey::from_bytes(b"the next key, also 32 bytes or more").unwrap();
-//! keys.rotate(Some(next), Instant::now());
-//! let response = gateway.oneshot(get(&tagged)).await.unwrap();
+//! // A reload brings a new key and names the old one as previous: old ids keep working.
+//! let next = || TagKey::from_bytes(b"the next key, also 32 bytes or more").unwrap();
+//! let old = TagKey::from_bytes(b"an example key of at least 32 bytes!").unwrap();
+//! keys.set(TagKeys::new(Some(next())).with_previous(Some(old)));
+//! let response = gateway.clone().oneshot(get(&tagged)).await.unwrap();
 //! assert_eq!(response.status(), StatusCode::OK);
+//!
+//! // The next reload names the old key no longer: its ids are revoked.
+//! keys.set(TagKeys::new(Some(next())));
+//! let response = gateway.oneshot(get(&tagged)).await.unwrap();
+//! assert_eq!(response.status(), StatusCode::NOT_FOUND);
 //! # });
 //! ```
 //!
@@ -263,6 +267,6 @@ pub use layer::{PinKeys, PinLayer};
 pub use rewrite::{Framing, IdRewriter};
 pub use service::{PinService, RETRY_AFTER_SECS};
 pub use tag::{
-    BadTag, IdKind, MAC_HEX_LEN, MAX_ENGINE_ID_BYTES, MIN_TAG_KEY_BYTES, PREVIOUS_KEY_GRACE_SECS,
-    TagKey, TagKeyError, TagKeys, TagStamp, UntaggedId,
+    BadTag, IdKind, MAC_HEX_LEN, MAX_ENGINE_ID_BYTES, MIN_TAG_KEY_BYTES, TagKey, TagKeyError,
+    TagKeys, TagStamp, UntaggedId,
 };

@@ -137,7 +137,7 @@ impl<S> PinService<S> {
         let now = Instant::now();
         let keys = self.shared.keys.load();
         let by_path = StoredPath::read(request.uri().path())
-            .map(|stored| self.pin_path(&keys, &stored, request.uri(), now));
+            .map(|stored| self.pin_path(&keys, &stored, request.uri()));
         if let Some(pinned) = by_path {
             let (cluster, uri) = pinned?;
             *request.uri_mut() = uri;
@@ -148,7 +148,7 @@ impl<S> PinService<S> {
             return Ok(());
         }
         match request.uri().path() {
-            RESPONSES_PATH => self.pin_body(&keys, request, now),
+            RESPONSES_PATH => self.pin_body(&keys, request),
             CONVERSATIONS_PATH => {
                 let cluster = self.new_conversation_cluster(now)?;
                 pin_to(request, cluster, "new_conversation");
@@ -165,12 +165,11 @@ impl<S> PinService<S> {
         keys: &TagKeys,
         stored: &StoredPath<'_>,
         uri: &Uri,
-        now: Instant,
     ) -> Result<(ClusterId, Uri), ErrorAnswer> {
         // The path is read as written, never percent-decoded: a tag holds only unreserved
         // characters, so a `%` anywhere makes the id unsafe and the core refuses it.
         let untagged = keys
-            .untag(stored.kind, stored.id, now)
+            .untag(stored.kind, stored.id)
             .map_err(|bad| refuse_bad_tag(stored.kind, Place::Path, bad))?;
         if !stored.rest_is_plain() {
             return Err(refuse_bad_tag(stored.kind, Place::Path, BadTag::UnsafeId));
@@ -196,7 +195,6 @@ impl<S> PinService<S> {
         &self,
         keys: &TagKeys,
         request: &mut Request<B>,
-        now: Instant,
     ) -> Result<(), ErrorAnswer> {
         // A body keying did not buffer (over its limit, unreadable) streams through as
         // sent: it cannot be read without holding it all.
@@ -213,7 +211,7 @@ impl<S> PinService<S> {
         let mut tagged: Vec<(BodyId, UntaggedId)> = Vec::with_capacity(ids.len());
         for id in ids {
             let checked = match &id.text {
-                Some(text) => keys.untag(id.kind, text, now),
+                Some(text) => keys.untag(id.kind, text),
                 None => Err(BadTag::UnsafeId),
             };
             match checked {

@@ -4,18 +4,14 @@
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use hmac::{Hmac, KeyInit, Mac};
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 
 use crate::grid::{ClusterDigest, SiteName};
 
 /// The fewest bytes a tag key may hold.
 pub const MIN_TAG_KEY_BYTES: usize = 32;
-
-/// How long after a key rotation ids signed with the previous key keep verifying.
-pub const PREVIOUS_KEY_GRACE_SECS: u64 = 24 * 60 * 60;
 
 /// The longest engine id (prefix included) that is tagged; longer ids pass untagged.
 ///
@@ -71,8 +67,6 @@ impl IdKind {
 pub struct TagKey {
     /// HMAC state with the key already absorbed; cloned for each mac.
     hmac: Hmac<Sha256>,
-    /// SHA-256 of the key, to tell whether a reload brought a different key.
-    fingerprint: [u8; 32],
 }
 
 /// A tag key that could not be loaded.
@@ -158,10 +152,7 @@ impl TagKey {
                 found: bytes.len(),
             });
         };
-        Ok(Self {
-            hmac,
-            fingerprint: Sha256::digest(bytes).into(),
-        })
+        Ok(Self { hmac })
     }
 
     /// HMAC-SHA256 over the domain label, the length-prefixed site and the digest bytes.
@@ -191,10 +182,6 @@ impl TagKey {
             .verify_truncated_left(&mac)
             .is_ok()
     }
-
-    fn same_key(&self, other: &Self) -> bool {
-        self.fingerprint == other.fingerprint
-    }
 }
 
 impl fmt::Debug for TagKey {
@@ -205,27 +192,27 @@ impl fmt::Debug for TagKey {
 
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
-/// The keys that sign and check tags: the current key, if any, and for a while after a
-/// rotation the previous one.
+/// The keys that sign and check tags: the current key, if any, and the previous one while
+/// the configuration names it.
 ///
 /// - New tags are always signed with the current key (or carry an empty mac without one).
-/// - After [`rotate`](Self::rotate) from key A to key B, tags signed with A keep verifying
-///   for [`PREVIOUS_KEY_GRACE_SECS`]; only one previous key is kept.
-/// - Going from no key to a key grants no grace: empty-mac tags are refused at once, as
-///   there was nothing to verify before.
-/// - Going from a key to no key accepts any well-formed tag, whatever its mac.
-/// - The previous key lives in memory only; a restart forgets it.
+/// - Tags signed with the previous key verify only while it is set
+///   ([`with_previous`](Self::with_previous)): an operator who rotates a key names the old
+///   one for as long as clients may still hold its ids, and revokes it (a leaked key, say)
+///   by naming it no longer. Nothing verifies by time alone.
+/// - Without a current key every well-formed tag is accepted, whatever its mac, and no
+///   previous key is kept (there is nothing to sign with).
 #[derive(Clone, Default)]
 pub struct TagKeys {
     current: Option<TagKey>,
-    previous: Option<(TagKey, Instant)>,
+    previous: Option<TagKey>,
 }
 
 impl fmt::Debug for TagKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TagKeys")
             .field("keyed", &self.current.is_some())
-            .field("previous_until", &self.previous.as_ref().map(|(_, d)| d))
+            .field("previous", &self.previous.is_some())
             .finish()
     }
 }
@@ -239,31 +226,17 @@ impl TagKeys {
         }
     }
 
+    /// These keys, with `previous` verifying tags too (not signing them). Ignored without
+    /// a current key.
+    #[must_use]
+    pub fn with_previous(mut self, previous: Option<TagKey>) -> Self {
+        self.previous = previous.filter(|_| self.current.is_some());
+        self
+    }
+
     /// Whether a key is set, so that tags are signed and checked.
     pub fn is_keyed(&self) -> bool {
         self.current.is_some()
-    }
-
-    /// Makes `next` the current key at `now`.
-    ///
-    /// Reloading the same key changes nothing (the grace period of an earlier rotation
-    /// keeps running). Replacing key A by key B keeps A verifying until
-    /// `now + PREVIOUS_KEY_GRACE_SECS`; replacing it by no key drops both.
-    pub fn rotate(&mut self, next: Option<TagKey>, now: Instant) {
-        match (self.current.take(), next) {
-            (Some(old), Some(new)) if old.same_key(&new) => self.current = Some(old),
-            (Some(old), Some(new)) => {
-                // A deadline the clock cannot represent grants no grace.
-                self.previous = now
-                    .checked_add(Duration::from_secs(PREVIOUS_KEY_GRACE_SECS))
-                    .map(|deadline| (old, deadline));
-                self.current = Some(new);
-            }
-            (_, next) => {
-                self.previous = None;
-                self.current = next;
-            }
-        }
     }
 
     /// The stamp that tags ids stored at `site` in the cluster with `digest`.
@@ -292,12 +265,12 @@ impl TagKeys {
         self.stamp(site, digest).tag(kind, engine_id)
     }
 
-    /// Parses and checks a tagged id of `kind` at `now`.
+    /// Parses and checks a tagged id of `kind`.
     ///
     /// The checks, in order: the prefix of `kind`, three dots, a site name, an 8-hex
     /// digest, a mac that is empty or 16 lowercase hex, a safe id part, and (with a key
     /// set) a mac that verifies, compared in constant time.
-    pub fn untag(&self, kind: IdKind, tagged: &str, now: Instant) -> Result<UntaggedId, BadTag> {
+    pub fn untag(&self, kind: IdKind, tagged: &str) -> Result<UntaggedId, BadTag> {
         let rest = tagged
             .strip_prefix(kind.prefix())
             .ok_or(BadTag::WrongKind)?;
@@ -306,9 +279,10 @@ impl TagKeys {
         if let Some(current) = &self.current {
             let mac = parts.mac.ok_or(BadTag::BadMac)?;
             let verified = current.verifies(&site, parts.digest, mac)
-                || self.previous.as_ref().is_some_and(|(previous, deadline)| {
-                    now < *deadline && previous.verifies(&site, parts.digest, mac)
-                });
+                || self
+                    .previous
+                    .as_ref()
+                    .is_some_and(|previous| previous.verifies(&site, parts.digest, mac));
             if !verified {
                 return Err(BadTag::BadMac);
             }
@@ -603,14 +577,13 @@ mod tests {
     #[test]
     fn a_tag_round_trips_to_the_engine_id_site_and_cluster() {
         let keys = keyed(KEY_A);
-        let now = Instant::now();
         for (kind, engine_id) in [
             (IdKind::Response, "resp_68a3f0c2e1b04"),
             (IdKind::Conversation, "conv_9f8e7d"),
             (IdKind::Response, "resp_with.more.dots.in-it_~"),
         ] {
             let tagged = keys.tag(kind, engine_id, &east(), east_a()).unwrap();
-            let untagged = keys.untag(kind, &tagged, now).unwrap();
+            let untagged = keys.untag(kind, &tagged).unwrap();
             assert_eq!(untagged.engine_id(), engine_id);
             assert_eq!(untagged.site(), &east());
             assert_eq!(untagged.digest(), east_a());
@@ -713,17 +686,14 @@ mod tests {
             .tag(IdKind::Response, "resp_abc", &east(), east_a())
             .unwrap();
         let forged = with_mac(&tagged, "0000000000000000");
-        assert_eq!(
-            keys.untag(IdKind::Response, &forged, Instant::now()),
-            Err(BadTag::BadMac)
-        );
+        assert_eq!(keys.untag(IdKind::Response, &forged), Err(BadTag::BadMac));
     }
 
     #[test]
     fn with_a_key_an_empty_mac_is_refused() {
         let tagged = "resp_east.1ef772aa..abc";
         assert_eq!(
-            keyed(KEY_A).untag(IdKind::Response, tagged, Instant::now()),
+            keyed(KEY_A).untag(IdKind::Response, tagged),
             Err(BadTag::BadMac)
         );
     }
@@ -731,35 +701,30 @@ mod tests {
     #[test]
     fn a_mac_for_another_site_or_cluster_is_refused() {
         let keys = keyed(KEY_A);
-        let now = Instant::now();
         let tagged = keys
             .tag(IdKind::Response, "resp_abc", &east(), east_a())
             .unwrap();
         let moved_site = tagged.replacen("resp_east.", "resp_west.", 1);
         let moved_cluster = tagged.replacen(".1ef772aa.", ".1ef772ab.", 1);
         for moved in [moved_site, moved_cluster] {
-            assert_eq!(
-                keys.untag(IdKind::Response, &moved, now),
-                Err(BadTag::BadMac)
-            );
+            assert_eq!(keys.untag(IdKind::Response, &moved), Err(BadTag::BadMac));
         }
     }
 
     #[test]
     fn without_a_key_any_well_formed_tag_is_accepted() {
         let keys = TagKeys::default();
-        let now = Instant::now();
         for tagged in [
             "resp_east.1ef772aa..abc",
             "resp_east.1ef772aa.0123456789abcdef.abc",
             "resp_west-2.00000000.ffffffffffffffff.a.b",
         ] {
-            let untagged = keys.untag(IdKind::Response, tagged, now).unwrap();
+            let untagged = keys.untag(IdKind::Response, tagged).unwrap();
             assert!(untagged.engine_id().starts_with("resp_a"), "{tagged}");
         }
         // Well-formed still means well-formed.
         assert_eq!(
-            keys.untag(IdKind::Response, "resp_east.1ef772aa.123.abc", now),
+            keys.untag(IdKind::Response, "resp_east.1ef772aa.123.abc"),
             Err(BadTag::MalformedMac)
         );
     }
@@ -767,7 +732,6 @@ mod tests {
     #[test]
     fn malformed_tags_are_refused_with_their_reason() {
         let keys = TagKeys::default();
-        let now = Instant::now();
         let cases = [
             ("conv_east.1ef772aa..abc", BadTag::WrongKind),
             ("msg_east.1ef772aa..abc", BadTag::WrongKind),
@@ -801,7 +765,7 @@ mod tests {
         ];
         for (tagged, reason) in cases {
             assert_eq!(
-                keys.untag(IdKind::Response, tagged, now),
+                keys.untag(IdKind::Response, tagged),
                 Err(reason),
                 "{tagged}"
             );
@@ -810,7 +774,6 @@ mod tests {
 
     #[test]
     fn ids_that_are_not_one_plain_path_segment_are_refused() {
-        let now = Instant::now();
         let unsafe_parts = [
             "",
             "a/b",
@@ -842,7 +805,7 @@ mod tests {
             for part in unsafe_parts {
                 let tagged = format!("resp_{}{part}", stamp.as_str());
                 assert_eq!(
-                    keys.untag(IdKind::Response, &tagged, now),
+                    keys.untag(IdKind::Response, &tagged),
                     Err(BadTag::UnsafeId),
                     "{tagged:?}"
                 );
@@ -854,14 +817,13 @@ mod tests {
     fn unreserved_ids_with_single_dots_are_accepted() {
         let keys = TagKeys::default();
         let tagged = "resp_east.1ef772aa..A-z.0_9~.x";
-        let untagged = keys.untag(IdKind::Response, tagged, Instant::now());
+        let untagged = keys.untag(IdKind::Response, tagged);
         assert_eq!(untagged.unwrap().engine_id(), "resp_A-z.0_9~.x");
     }
 
     #[test]
     fn random_macs_are_never_accepted() {
         let keys = keyed(KEY_A);
-        let now = Instant::now();
         let tagged = keys
             .tag(IdKind::Response, "resp_abc", &east(), east_a())
             .unwrap();
@@ -878,7 +840,7 @@ mod tests {
                 continue;
             }
             if keys
-                .untag(IdKind::Response, &with_mac(&tagged, &mac), now)
+                .untag(IdKind::Response, &with_mac(&tagged, &mac))
                 .is_ok()
             {
                 accepted += 1;
@@ -888,23 +850,15 @@ mod tests {
     }
 
     #[test]
-    fn the_previous_key_verifies_until_the_grace_period_ends() {
-        let start = Instant::now();
-        let mut keys = keyed(KEY_A);
-        let old = keys
+    fn the_previous_key_verifies_only_while_it_is_named() {
+        let old = keyed(KEY_A)
             .tag(IdKind::Response, "resp_abc", &east(), east_a())
             .unwrap();
-        keys.rotate(Some(TagKey::from_bytes(KEY_B).unwrap()), start);
-        let grace = Duration::from_secs(PREVIOUS_KEY_GRACE_SECS);
-        let before = start + Duration::from_secs(PREVIOUS_KEY_GRACE_SECS - 1);
-        assert!(keys.untag(IdKind::Response, &old, start).is_ok());
-        assert!(keys.untag(IdKind::Response, &old, before).is_ok());
-        assert_eq!(
-            keys.untag(IdKind::Response, &old, start + grace),
-            Err(BadTag::BadMac)
-        );
+        let rotated = TagKeys::new(Some(TagKey::from_bytes(KEY_B).unwrap()))
+            .with_previous(Some(TagKey::from_bytes(KEY_A).unwrap()));
+        assert!(rotated.untag(IdKind::Response, &old).is_ok());
         // New ids are signed with the new key only.
-        let new = keys
+        let new = rotated
             .tag(IdKind::Response, "resp_abc", &east(), east_a())
             .unwrap();
         assert_ne!(new, old);
@@ -914,72 +868,44 @@ mod tests {
                 .tag(IdKind::Response, "resp_abc", &east(), east_a())
                 .unwrap()
         );
-        assert!(keys.untag(IdKind::Response, &new, start + grace).is_ok());
+        // Revoked: the old key is named no longer.
+        let revoked = keyed(KEY_B);
+        assert_eq!(revoked.untag(IdKind::Response, &old), Err(BadTag::BadMac));
+        assert!(revoked.untag(IdKind::Response, &new).is_ok());
     }
 
     #[test]
-    fn reloading_the_same_key_keeps_the_running_grace_period() {
-        let start = Instant::now();
-        let mut keys = keyed(KEY_A);
-        let old = keys
+    fn a_previous_key_without_a_current_one_is_ignored() {
+        let keys = TagKeys::new(None).with_previous(Some(TagKey::from_bytes(KEY_A).unwrap()));
+        assert!(!keys.is_keyed());
+        assert_eq!(keys.stamp(&east(), east_a()).as_str(), "east.1ef772aa..");
+    }
+
+    #[test]
+    fn setting_a_first_key_refuses_empty_macs() {
+        let unsigned = TagKeys::default()
             .tag(IdKind::Response, "resp_abc", &east(), east_a())
             .unwrap();
-        keys.rotate(Some(TagKey::from_bytes(KEY_B).unwrap()), start);
-        let later = start + Duration::from_secs(3600);
-        keys.rotate(Some(TagKey::from_bytes(KEY_B).unwrap()), later);
-        let grace = Duration::from_secs(PREVIOUS_KEY_GRACE_SECS);
-        assert!(keys.untag(IdKind::Response, &old, later).is_ok());
-        assert_eq!(
-            keys.untag(IdKind::Response, &old, start + grace),
-            Err(BadTag::BadMac)
+        assert!(
+            TagKeys::default()
+                .untag(IdKind::Response, &unsigned)
+                .is_ok()
         );
-    }
-
-    #[test]
-    fn only_one_previous_key_is_kept() {
-        let start = Instant::now();
-        let mut keys = keyed(KEY_A);
-        let first = keys
-            .tag(IdKind::Response, "resp_abc", &east(), east_a())
-            .unwrap();
-        keys.rotate(Some(TagKey::from_bytes(KEY_B).unwrap()), start);
-        let third = [b'c'; MIN_TAG_KEY_BYTES];
-        keys.rotate(Some(TagKey::from_bytes(&third).unwrap()), start);
         assert_eq!(
-            keys.untag(IdKind::Response, &first, start),
-            Err(BadTag::BadMac)
-        );
-    }
-
-    #[test]
-    fn setting_a_first_key_grants_no_grace_to_empty_macs() {
-        let now = Instant::now();
-        let mut keys = TagKeys::default();
-        let unsigned = keys
-            .tag(IdKind::Response, "resp_abc", &east(), east_a())
-            .unwrap();
-        assert!(keys.untag(IdKind::Response, &unsigned, now).is_ok());
-        keys.rotate(Some(TagKey::from_bytes(KEY_A).unwrap()), now);
-        assert_eq!(
-            keys.untag(IdKind::Response, &unsigned, now),
+            keyed(KEY_A).untag(IdKind::Response, &unsigned),
             Err(BadTag::BadMac)
         );
     }
 
     #[test]
     fn dropping_the_key_accepts_any_well_formed_tag() {
-        let now = Instant::now();
-        let mut keys = keyed(KEY_A);
-        keys.rotate(None, now);
+        let keys = TagKeys::default();
         assert!(!keys.is_keyed());
         for tagged in [
             "resp_east.1ef772aa..abc",
             "resp_east.1ef772aa.0000000000000000.abc",
         ] {
-            assert!(
-                keys.untag(IdKind::Response, tagged, now).is_ok(),
-                "{tagged}"
-            );
+            assert!(keys.untag(IdKind::Response, tagged).is_ok(), "{tagged}");
         }
         assert_eq!(keys.stamp(&east(), east_a()).as_str(), "east.1ef772aa..");
     }
@@ -1063,7 +989,7 @@ mod tests {
                 prop_assert!(is_well_formed_tag(part.as_bytes()));
                 return Ok(());
             };
-            let untagged = keys.untag(kind, &tagged, Instant::now()).unwrap();
+            let untagged = keys.untag(kind, &tagged).unwrap();
             prop_assert_eq!(untagged.engine_id(), engine_id.as_str());
             prop_assert_eq!(untagged.site(), &site);
             prop_assert_eq!(untagged.digest(), digest);
