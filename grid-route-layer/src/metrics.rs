@@ -34,7 +34,8 @@ use crate::index::PrefixIndex;
 /// Affinity decisions by outcome (`sticky`, `no_match`, `load_override`, `exploration`,
 /// `not_applicable`).
 pub const PREFIX_AFFINITY_TOTAL: &str = "grid_route_prefix_affinity_total";
-/// Pinning decisions by outcome (`pinned`, `gone`, `unavailable`, `bad_tag`).
+/// Pinning decisions by outcome (`pinned`, `gone`, `unavailable`, `bad_tag`,
+/// `model_not_served`).
 pub const PIN_TOTAL: &str = "grid_route_pin_total";
 /// Requests dispatched, by site and cluster.
 pub const DECISIONS_TOTAL: &str = "grid_route_decisions_total";
@@ -80,7 +81,8 @@ pub fn describe_metrics() {
         PIN_TOTAL,
         Unit::Count,
         "Requests naming a stored response or conversation, by outcome: pinned, gone \
-         (cluster not in the grid), unavailable (cluster admits no new request), bad_tag."
+         (cluster not in the grid), unavailable (cluster admits no new request), bad_tag, \
+         model_not_served (the cluster does not serve the request's model)."
     );
     metrics::describe_counter!(
         DECISIONS_TOTAL,

@@ -6,14 +6,15 @@
 //!
 //! | seam | kind | written by | read by |
 //! |---|---|---|---|
-//! | [`Prompt`] | request extension | [`KeyingLayer`] | [`AffinityLayer`], [`ConfirmLayer`], [`Select`] (its model) |
+//! | [`Prompt`] | request extension | [`KeyingLayer`] | [`AffinityLayer`], [`ConfirmLayer`] |
+//! | [`RequestModel`] | request extension | [`KeyingLayer`], for any body it read (keyed or not) | [`PinLayer`], [`AffinityLayer`], [`Select`] |
 //! | [`BufferedBody`] | request extension | [`KeyingLayer`], [`PinLayer`] (when it rewrites the body) | [`PinLayer`] |
 //! | [`Pinned`] | request extension | [`PinLayer`] | [`AffinityLayer`], [`Select`] |
 //! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
 //! | [`Outcome`] | request extension | [`AffinityLayer`], when it counted a decision | the gateway (its request log) |
 //! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], [`PinLayer`] |
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
-//! | [`NoCandidate`] | error | [`Select`] | the gateway (a 503 answer) |
+//! | [`NoCandidate`] | error | [`Select`] | the gateway (404 when no cluster serves the model, else 503) |
 //!
 //! [`KeyingLayer`]: crate::keying::KeyingLayer
 //! [`AffinityLayer`]: crate::affinity::AffinityLayer
@@ -76,6 +77,43 @@ impl fmt::Debug for Prompt {
             Err(reason) => d.field("no_keys", reason),
         };
         d.finish()
+    }
+}
+
+/// The request's top-level `model`, read from its body: every request is routed only to
+/// clusters that serve its model.
+///
+/// Set by [`KeyingLayer`](crate::keying::KeyingLayer) on every request whose body it read
+/// (the keyed APIs, stored-state paths, and other JSON bodies, where a bounded prefix of
+/// the body is scanned) and that named a model as a string. Absent: the model is not known
+/// (no body, not JSON, compressed beyond the gateway's reach, or not within the first
+/// `max_body_bytes`) and every admitted cluster may take the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestModel(Arc<str>);
+
+impl RequestModel {
+    /// The request names `model`.
+    pub fn new(model: impl Into<Arc<str>>) -> Self {
+        Self(model.into())
+    }
+
+    /// The model.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The model as a shared string.
+    pub fn as_arc(&self) -> &Arc<str> {
+        &self.0
+    }
+
+    /// The model a request names: its [`RequestModel`], else its [`Prompt`]'s (for a
+    /// keying layer of the gateway's own that sets only the prompt).
+    pub fn of(extensions: &http::Extensions) -> Option<&str> {
+        extensions
+            .get::<RequestModel>()
+            .map(RequestModel::as_str)
+            .or_else(|| extensions.get::<Prompt>().and_then(Prompt::model))
     }
 }
 
@@ -250,30 +288,54 @@ impl Error for DispatchError {
     }
 }
 
-/// No admitted cluster may take the request: none serves its model, all are drained or
-/// unhealthy, or the one it is pinned to stopped admitting. A gateway answers 503.
+/// No admitted cluster may take the request. A gateway answers 404 `model_not_found` when
+/// no cluster of the grid serves the request's model at all ([`model_not_served`]), else
+/// 503 with `Retry-After` (every cluster that serves it is drained or unhealthy, or the one
+/// the request is pinned to stopped admitting): the first is the client's mistake, the
+/// second is worth retrying.
+///
+/// [`model_not_served`]: Self::model_not_served
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NoCandidate {
     model: Option<Arc<str>>,
+    served: bool,
 }
 
 impl NoCandidate {
-    /// No cluster for `model` (or for any model, when `None`).
+    /// No admitted cluster for `model` (or for any model, when `None`), though the grid
+    /// has clusters that serve it.
     pub fn new(model: Option<Arc<str>>) -> Self {
-        Self { model }
+        Self {
+            model,
+            served: true,
+        }
+    }
+
+    /// No cluster of the grid serves `model`, admitted or not.
+    pub fn unknown_model(model: Arc<str>) -> Self {
+        Self {
+            model: Some(model),
+            served: false,
+        }
     }
 
     /// The request's model, when it named one.
     pub fn model(&self) -> Option<&str> {
         self.model.as_deref()
     }
+
+    /// Whether no cluster of the grid serves the model (a 404, not a retryable 503).
+    pub fn model_not_served(&self) -> bool {
+        !self.served
+    }
 }
 
 impl fmt::Display for NoCandidate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.model {
-            Some(model) => write!(f, "no admitted backend cluster serves model {model:?}"),
-            None => f.write_str("no admitted backend cluster"),
+        match (&self.model, self.served) {
+            (Some(model), false) => write!(f, "no backend cluster serves model {model:?}"),
+            (Some(model), true) => write!(f, "no admitted backend cluster serves model {model:?}"),
+            (None, _) => f.write_str("no admitted backend cluster"),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use grid_route_layer::keying::{KeySeed, KeyedBody, KeyingLayer, NoKeys};
-use grid_route_layer::route::{BufferedBody, Prompt};
+use grid_route_layer::route::{BufferedBody, Prompt, RequestModel};
 use http::{Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
@@ -163,27 +163,155 @@ async fn passes_through(limit: usize, request: Request<Chunks>, body: &[u8]) {
 }
 
 #[tokio::test]
-async fn other_paths_and_methods_pass_through_unread() {
+async fn bodiless_methods_and_other_non_json_bodies_pass_through_unread() {
     let body = chat_body();
-    passes_through(1 << 20, post("/v1/embeddings", &body, 100), &body).await;
-    passes_through(1 << 20, post("/v1/chat/completions/", &body, 100), &body).await;
-    let put = Request::put("/v1/chat/completions")
-        .body(Chunks::of(&body, 100))
+    let get = Request::get("/v1/responses/resp_1")
+        .body(Chunks::of(b"", 1))
         .unwrap();
-    passes_through(1 << 20, put, &body).await;
+    passes_through(1 << 20, get, b"").await;
+    let delete = Request::delete("/v1/conversations/conv_1")
+        .body(Chunks::of(b"", 1))
+        .unwrap();
+    passes_through(1 << 20, delete, b"").await;
+    let mut form = post("/v1/audio/transcriptions", &body, 100);
+    form.headers_mut().insert(
+        "content-type",
+        "multipart/form-data; boundary=x".parse().unwrap(),
+    );
+    passes_through(1 << 20, form, &body).await;
+    let mut text = post("/v1/embeddings", &body, 100);
+    text.headers_mut()
+        .insert("content-type", "text/plain".parse().unwrap());
+    passes_through(1 << 20, text, &body).await;
 }
 
 #[tokio::test]
-async fn compressed_and_non_json_bodies_pass_through_unread() {
+async fn other_json_bodies_are_read_for_their_model_only() {
+    let body = br#"{"input":["one","two"],"model":"embedder","dimensions":8}"#;
+    for (method, path) in [
+        (http::Method::POST, "/v1/embeddings"),
+        (http::Method::POST, "/v1/chat/completions/"),
+        (http::Method::PUT, "/v1/chat/completions"),
+    ] {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(Chunks::of(body, 7))
+            .unwrap();
+        let (extensions, bytes) = forwarded(1 << 20, request).await;
+        assert_eq!(bytes, body, "{path}");
+        assert!(extensions.get::<Prompt>().is_none(), "{path}: not keyed");
+        assert_eq!(
+            extensions.get::<RequestModel>().map(RequestModel::as_str),
+            Some("embedder"),
+            "{path}"
+        );
+        assert_eq!(extensions.get::<BufferedBody>().unwrap().bytes(), &body[..]);
+    }
+}
+
+#[tokio::test]
+async fn a_compressed_body_passes_through_unread_on_a_keyed_path() {
     let body = chat_body();
     let mut gzip = post("/v1/chat/completions", &body, 100);
     gzip.headers_mut()
         .insert("content-encoding", "gzip".parse().unwrap());
     passes_through(1 << 20, gzip, &body).await;
-    let mut text = post("/v1/chat/completions", &body, 100);
-    text.headers_mut()
-        .insert("content-type", "text/plain".parse().unwrap());
-    passes_through(1 << 20, text, &body).await;
+}
+
+#[tokio::test]
+async fn a_keyed_body_is_read_as_json_whatever_its_content_type() {
+    let body = chat_body();
+    for content_type in ["text/plain", "application/x-www-form-urlencoded"] {
+        let mut request = post("/v1/chat/completions", &body, 100);
+        request
+            .headers_mut()
+            .insert("content-type", content_type.parse().unwrap());
+        let (extensions, bytes) = forwarded(1 << 20, request).await;
+        assert_eq!(bytes, body, "{content_type}: forwarded as sent");
+        assert!(
+            extensions.get::<Prompt>().unwrap().keys().is_ok(),
+            "{content_type}"
+        );
+    }
+}
+
+/// Sends a request the layer must answer itself, and checks its status and error code
+/// and that nothing was forwarded.
+async fn answered(limit: usize, request: Request<Chunks>, status: u16, code: &str) {
+    let (service, mut handle) = stack(limit);
+    let response = service.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), status);
+    let json: serde_json::Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(json["error"]["code"], code);
+    let nothing = tokio::time::timeout(Duration::from_millis(50), handle.next_request()).await;
+    assert!(
+        nothing.is_err() || nothing.unwrap().is_none(),
+        "nothing forwarded"
+    );
+}
+
+#[tokio::test]
+async fn a_stored_state_body_over_the_limit_is_a_413_and_nothing_is_forwarded() {
+    let body = format!(
+        r#"{{"model":"m","previous_response_id":"resp_east.1ef772aa..abc","input":{:?}}}"#,
+        "x".repeat(5000)
+    );
+    for path in ["/v1/responses", "/v1/conversations/conv_1/items"] {
+        // Chunked, growing past the limit.
+        answered(
+            1000,
+            post(path, body.as_bytes(), 300),
+            413,
+            "request_too_large",
+        )
+        .await;
+        // Declared over the limit: refused before reading.
+        let mut declared = post(path, body.as_bytes(), 300);
+        declared
+            .headers_mut()
+            .insert("content-length", body.len().into());
+        answered(1000, declared, 413, "request_too_large").await;
+    }
+}
+
+#[tokio::test]
+async fn a_stored_state_body_in_an_encoding_not_decoded_is_a_415() {
+    let body = br#"{"model":"m","previous_response_id":"resp_east.1ef772aa..abc","input":"hi"}"#;
+    for encoding in ["gzip", "compress"] {
+        let mut request = post("/v1/responses", body, 100);
+        request
+            .headers_mut()
+            .insert("content-encoding", encoding.parse().unwrap());
+        answered(1 << 20, request, 415, "unsupported_content_encoding").await;
+    }
+}
+
+#[tokio::test]
+async fn a_keyed_body_over_the_limit_is_routed_by_the_model_in_its_first_bytes() {
+    let body = chat_body();
+    let model_first = format!(
+        r#"{{"model":"early","messages":[{{"role":"user","content":{:?}}}]}}"#,
+        "x".repeat(5000)
+    );
+    let (extensions, bytes) = forwarded(
+        1000,
+        post("/v1/chat/completions", model_first.as_bytes(), 64),
+    )
+    .await;
+    assert_eq!(bytes, model_first.as_bytes());
+    assert!(extensions.get::<Prompt>().is_none());
+    assert!(extensions.get::<BufferedBody>().is_none());
+    assert_eq!(
+        extensions.get::<RequestModel>().map(RequestModel::as_str),
+        Some("early")
+    );
+    // The model past the first bytes: not known, and the body still arrives whole.
+    let (extensions, bytes) = forwarded(1000, post("/v1/chat/completions", &body, 64)).await;
+    assert_eq!(bytes, body);
+    assert!(extensions.get::<RequestModel>().is_none());
 }
 
 #[tokio::test]

@@ -661,23 +661,94 @@ async fn a_cluster_spreads_its_requests_over_its_endpoints() {
 // ---- errors -------------------------------------------------------------------------
 
 #[tokio::test]
-async fn no_cluster_for_the_model_is_a_503_with_retry_after() {
+async fn a_model_no_cluster_serves_is_a_404_and_a_drained_one_a_503() {
     let east = engine("east-a").await;
-    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let west = engine_serving("west-a", &["embedder"]).await;
+    let mut drained = cluster("west-a", &[&west]);
+    drained.models = &["embedder"];
+    drained.admit = false;
+    let yaml = config_yaml(
+        &[
+            ("east", vec![cluster("east-a", &[&east])]),
+            ("west", vec![drained]),
+        ],
+        "",
+    );
     let gateway = gateway(&yaml).await;
     let body =
         json!({"model": "nobody-serves-this", "messages": [{"role": "user", "content": "hi"}]});
     let answer = post(&gateway, "/v1/chat/completions", body.to_string()).await;
-    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(answer.headers["retry-after"], "5");
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    assert!(answer.headers.get("retry-after").is_none());
     assert_eq!(answer.headers["content-type"], "application/json");
-    assert_eq!(answer.error_code(), "no_backend_available");
+    assert_eq!(answer.error_code(), "model_not_found");
+    assert_eq!(answer.json()["error"]["param"], "model");
     assert!(
         answer.json()["error"]["message"]
             .as_str()
             .unwrap()
             .contains("nobody-serves-this")
     );
+    // Served, but only by a drained cluster: worth retrying.
+    let body = json!({"model": "embedder", "input": "hi"});
+    let answer = post(&gateway, "/v1/embeddings", body.to_string()).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.headers["retry-after"], "5");
+    assert_eq!(answer.error_code(), "no_backend_available");
+}
+
+#[tokio::test]
+async fn requests_the_layers_do_not_key_still_go_only_where_their_model_is_served() {
+    let east = engine("east-a").await;
+    let west = engine_serving("west-a", &["embedder"]).await;
+    let mut embedder = cluster("west-a", &[&west]);
+    embedder.models = &["embedder"];
+    let yaml = config_yaml(
+        &[
+            ("east", vec![cluster("east-a", &[&east])]),
+            ("west", vec![embedder]),
+        ],
+        "max_body_bytes: 4096\n",
+    );
+    let gateway = gateway(&yaml).await;
+    for i in 0..6 {
+        // The model after the input, as SDKs write it; then one with no content type.
+        let body = format!(r#"{{"input":["text {i}"],"model":"embedder"}}"#);
+        let answer = post(&gateway, "/v1/embeddings", body.clone()).await;
+        assert_eq!(answer.engine(), "west-a");
+        let url = format!("{}/v1/rerank", gateway.url());
+        let answer = send(Method::POST, &url, None, body).await;
+        assert_eq!(answer.engine(), "west-a");
+    }
+    // Over the body limit: the model in the first max_body_bytes routes it, and the whole
+    // body still reaches the engine.
+    let large = format!(
+        r#"{{"model":"embedder","input":[{:?}]}}"#,
+        text("large", 20_000)
+    );
+    let answer = post(&gateway, "/v1/embeddings", large.clone()).await;
+    assert_eq!(answer.engine(), "west-a");
+    let kept = get(format!("{}/mock/last_body", west.url())).await;
+    assert_eq!(kept.body, large.as_bytes());
+    // A chat body over the limit is routed by its model too.
+    let large_chat = format!(
+        r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":{:?}}}]}}"#,
+        text("chat", 20_000)
+    );
+    for _ in 0..4 {
+        let answer = post(&gateway, "/v1/chat/completions", large_chat.clone()).await;
+        assert_eq!(answer.engine(), "east-a");
+    }
+    // An unknown model on an unkeyed path: 404, nothing forwarded.
+    let answer = post(
+        &gateway,
+        "/v1/embeddings",
+        r#"{"model":"nope","input":"x"}"#,
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    assert_eq!(answer.error_code(), "model_not_found");
+    assert!(answer.headers.get("x-mock-engine").is_none());
 }
 
 #[tokio::test]

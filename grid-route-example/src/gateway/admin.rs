@@ -42,7 +42,13 @@ use serde_json::json;
 use super::Live;
 
 /// The outcomes of `grid_route_pin_total`.
-const PIN_OUTCOMES: [&str; 4] = ["pinned", "gone", "unavailable", "bad_tag"];
+const PIN_OUTCOMES: [&str; 5] = [
+    "pinned",
+    "gone",
+    "unavailable",
+    "bad_tag",
+    "model_not_served",
+];
 
 /// How often the process's histogram samples are folded into its summaries, scraped or
 /// not (the exporter's own default).

@@ -2,7 +2,10 @@
 //! one place.
 //!
 //! ```text
-//! answer errors   NoCandidate -> 503 + Retry-After: 5; DispatchError -> 502 (JSON)
+//! DecodeBodies    gzip/deflate/br/zstd bodies of keyed and stored-state paths decoded,
+//!                 at most max_body_bytes once decoded (tower-http request decompression)
+//! answer errors   NoCandidate -> 404 model_not_found when no cluster serves the model,
+//!                 else 503 + Retry-After: 5; DispatchError -> 502 (JSON)
 //! KeyingLayer     buffer keyed bodies up to max_body_bytes   -> Prompt, BufferedBody
 //! PinLayer        tagged ids -> one cluster (404/503); ids in answers tagged -> Pinned
 //! ConfirmLayer    2xx confirms, 429/5xx/failed connection drops
@@ -25,13 +28,16 @@ use grid_route_layer::affinity::{Affinity, AffinityLayer, Outcome};
 use grid_route_layer::answer::ErrorAnswer;
 use grid_route_layer::confirm::ConfirmLayer;
 use grid_route_layer::grid::{Cluster, Grid};
-use grid_route_layer::keying::{KeySeed, KeyingLayer};
-use grid_route_layer::pin::{PinKeys, PinLayer};
+use grid_route_layer::keying::{Api, KeySeed, KeyingLayer};
+use grid_route_layer::pin::{PinKeys, PinLayer, is_stored_state_api};
 use grid_route_layer::route::{BoxError, DispatchError, NoCandidate, Pinned};
+use http::header::CONTENT_ENCODING;
 use http::{Request, StatusCode};
 use http_body::Body as HttpBody;
+use http_body_util::Limited;
 use tower::util::BoxCloneSyncService;
-use tower::{Layer, Service, ServiceBuilder};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower_http::decompression::{DecompressionBody, RequestDecompressionLayer};
 
 use super::upstream::{HttpClient, cluster_service};
 
@@ -81,8 +87,71 @@ pub(crate) fn routing_stack(parts: &StackParts<'_>) -> Routing {
             parts.grid.clone(),
             factory,
         ));
-    BoxCloneSyncService::new(HandleError::new(layers, answer_error))
+    BoxCloneSyncService::new(DecodeBodies {
+        inner: HandleError::new(layers, answer_error),
+        limit: parts.max_body_bytes,
+    })
 }
+
+/// Decodes the compressed request bodies of the keyed and stored-state paths, so that
+/// keying and pinning read them (a tagged id inside a gzip body must not reach an engine)
+/// and the engine gets the decoded bytes (`Content-Encoding` and `Content-Length` go).
+///
+/// The decoded body is capped at `limit` bytes ([`Limited`]): the keying layer answers a
+/// body that grows past it with 413, so a zip bomb costs at most `limit` bytes of memory.
+/// Other paths, and encodings other than gzip, deflate, br and zstd, pass as sent (the
+/// keying layer refuses what it cannot read on a stored-state path).
+#[derive(Clone)]
+struct DecodeBodies<S> {
+    inner: S,
+    limit: usize,
+}
+
+impl<S> Service<Request<Body>> for DecodeBodies<S>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        if !decodes(&request) {
+            return Box::pin(inner.oneshot(request));
+        }
+        let limit = self.limit;
+        let capped = inner.map_request(move |request: Request<DecompressionBody<Body>>| {
+            request.map(|body| Body::new(Limited::new(body, limit)))
+        });
+        let decoding = RequestDecompressionLayer::new()
+            .pass_through_unaccepted(true)
+            .layer(capped);
+        Box::pin(async move {
+            let response = decoding.oneshot(request).await?;
+            Ok(response.map(Body::new))
+        })
+    }
+}
+
+/// A keyed or stored-state request whose body is in an encoding the gateway decodes.
+fn decodes(request: &Request<Body>) -> bool {
+    let path = request.uri().path();
+    let read = Api::from_path(path).is_some() || is_stored_state_api(path);
+    read && request
+        .headers()
+        .get(CONTENT_ENCODING)
+        .is_some_and(|value| DECODED_ENCODINGS.contains(&value.as_bytes()))
+}
+
+/// The `Content-Encoding` values decoded (as tower-http matches them: exactly, lowercase).
+const DECODED_ENCODINGS: [&[u8]; 4] = [b"gzip", b"deflate", b"br", b"zstd"];
 
 /// Any request body, boxed into the one type the engine client sends.
 fn to_engine_body<B>(request: Request<B>) -> Request<Body>
@@ -97,6 +166,13 @@ where
 async fn answer_error(error: BoxError) -> Response {
     if let Some(none) = find::<NoCandidate>(&*error) {
         tracing::debug!(%none, "no candidate");
+        if none.model_not_served() {
+            return ErrorAnswer::new(StatusCode::NOT_FOUND, format!("{none}; see GET /v1/models"))
+                .code("model_not_found")
+                .param("model")
+                .into_response()
+                .into_response();
+        }
         return ErrorAnswer::new(StatusCode::SERVICE_UNAVAILABLE, none.to_string())
             .code("no_backend_available")
             .retry_after(RETRY_AFTER_SECS)

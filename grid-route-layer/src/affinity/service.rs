@@ -11,7 +11,7 @@ use super::decide::{Affinity, Decision, Outcome};
 use super::draw::random_draw;
 use crate::grid::{Cluster, Grid};
 use crate::metrics::{OUTCOME_LABEL, PREFIX_AFFINITY_TOTAL};
-use crate::route::{Candidates, Pinned, Prompt};
+use crate::route::{Candidates, Pinned, Prompt, RequestModel};
 
 /// The service [`AffinityLayer`](super::AffinityLayer) builds: sets
 /// [`Candidates`] on each request (and the [`Outcome`] when it counted a decision), then
@@ -57,7 +57,7 @@ impl<S> AffinityService<S> {
         }
         let view = self.grid.view();
         let prompt = req.extensions().get::<Prompt>();
-        let candidates = view.candidates(prompt.and_then(Prompt::model));
+        let candidates = view.candidates(RequestModel::of(req.extensions()));
         let decision = match prompt {
             Some(prompt) => self.affinity.decide(
                 candidates,

@@ -381,6 +381,48 @@ pub fn read_model(body: &[u8]) -> Result<Prompt, DuplicateField> {
     Ok(Prompt::new(model, Err(NoKeys::Disabled)))
 }
 
+/// Reads the top-level `model` of a JSON body that keying does not otherwise read
+/// (embeddings, rerank, conversation items, or the first bytes of a body over the limit).
+///
+/// `body` may be a prefix of the whole body: reading stops at the first value that is cut
+/// off or is not JSON, and the model counts only if it was met whole before that. A second
+/// top-level `model` is a [`DuplicateField`] (the engine might read either copy); other
+/// fields are not checked.
+///
+/// ```
+/// use grid_route_layer::keying::scan_model;
+///
+/// let body = br#"{"input":["a","b"],"model":"bge-m3","encoding_format":"float"}"#;
+/// assert_eq!(scan_model(body).unwrap().as_deref(), Some("bge-m3"));
+/// // Cut off before the model: unknown, not an error.
+/// assert_eq!(scan_model(&body[..12]).unwrap(), None);
+/// assert!(scan_model(br#"{"model":"a","model":"b"}"#).is_err());
+/// ```
+pub fn scan_model(body: &[u8]) -> Result<Option<Arc<str>>, DuplicateField> {
+    let mut s = Scanner::new(body);
+    let mut model = None;
+    let read = (|| -> Result<(), Stop> {
+        let mut fields = s.begin_object()?;
+        while let Some(key) = s.next_key(&mut fields)? {
+            let span = s.skip_value()?;
+            if &*key == b"model" {
+                if model.is_some() {
+                    return Err(Stop::Duplicate("model"));
+                }
+                model = Some(span);
+            }
+        }
+        Ok(())
+    })();
+    if let Err(Stop::Duplicate(field)) = read {
+        return Err(DuplicateField { field });
+    }
+    Ok(model
+        .and_then(|span| decode(body, span))
+        .and_then(|m| String::from_utf8(m).ok())
+        .map(Arc::from))
+}
+
 enum Stop {
     Duplicate(&'static str),
     NoKeys(NoKeys),

@@ -101,7 +101,7 @@ mod walk;
 pub use body::{KeyedBody, ResponseBody};
 pub use canonical::CANONICAL_LIMIT_BYTES;
 pub use future::ResponseFuture;
-pub use keys::{Api, DuplicateField, NoKeys, PrefixKeys, key_body, read_model};
+pub use keys::{Api, DuplicateField, NoKeys, PrefixKeys, key_body, read_model, scan_model};
 pub use layer::{BLOCKING_THRESHOLD_BYTES, DEFAULT_BODY_LIMIT_BYTES, KeyingLayer};
 pub use service::KeyingService;
 pub use stream::{BLOCK_BYTES, KeySeed, MAX_KEYS};

@@ -12,14 +12,15 @@ use tower::Service;
 
 use super::body::{KeyedBody, ResponseBody};
 use super::future::ResponseFuture;
-use super::keys::{Api, read_model};
+use super::keys::{Api, read_model, scan_model};
 use super::layer::BLOCKING_THRESHOLD_BYTES;
 use super::stream::KeySeed;
 use super::{DuplicateField, key_body};
 use crate::affinity::Affinity;
 use crate::answer::ErrorAnswer;
 use crate::metrics::{KEYING_SECONDS, KEYS_PER_REQUEST};
-use crate::route::{BoxError, BufferedBody, Prompt};
+use crate::pin::is_stored_state_api;
+use crate::route::{BoxError, BufferedBody, Prompt, RequestModel};
 
 /// What every [`KeyingService`] made by one layer shares.
 pub(crate) struct Shared {
@@ -96,30 +97,60 @@ where
         // The ready service handles this request; a clone takes its place for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let Some(api) = keyed_api(&request, self.shared.body_limit) else {
-            let future = inner.call(request.map(KeyedBody::streamed));
-            return ResponseFuture::new(async move {
-                let response = future.await.map_err(Into::into)?;
-                Ok(response.map(ResponseBody::inner))
-            });
+        let read = match ReadPlan::of(&request, self.shared.body_limit) {
+            Ok(Some(read)) => read,
+            Ok(None) => {
+                let future = inner.call(request.map(KeyedBody::streamed));
+                return ResponseFuture::new(async move {
+                    let response = future.await.map_err(Into::into)?;
+                    Ok(response.map(ResponseBody::inner))
+                });
+            }
+            Err(answer) => {
+                return ResponseFuture::new(async move {
+                    Ok(answer.into_response().map(ResponseBody::answer))
+                });
+            }
         };
         let shared = self.shared.clone();
         ResponseFuture::new(async move {
             let (mut parts, body) = request.into_parts();
             let (bytes, trailers) = match read_up_to(body, shared.body_limit).await {
                 Read::Whole(bytes, trailers) => (bytes, trailers),
+                Read::OverLimit(_, _) if read.stored_state => {
+                    return Ok(over_limit(shared.body_limit).map(ResponseBody::answer));
+                }
                 Read::OverLimit(prefix, rest) => {
                     tracing::debug!(
-                        api = api.name(),
+                        api = read.name(),
                         limit = shared.body_limit,
                         "body over the keying limit, streamed unkeyed"
                     );
+                    match scan_model(&prefix) {
+                        Ok(Some(model)) => {
+                            parts.extensions.insert(RequestModel::new(model));
+                        }
+                        Ok(None) => {}
+                        Err(duplicate) => {
+                            return Ok(
+                                refuse_duplicate(read.name(), &duplicate).map(ResponseBody::answer)
+                            );
+                        }
+                    }
                     let request = Request::from_parts(parts, KeyedBody::prefixed(prefix, rest));
                     let response = inner.call(request).await.map_err(Into::into)?;
                     return Ok(response.map(ResponseBody::inner));
                 }
+                Read::Failed(error) if is_length_limit(&*error) => {
+                    tracing::debug!(
+                        api = read.name(),
+                        limit = shared.body_limit,
+                        "decoded body over the limit"
+                    );
+                    return Ok(over_limit(shared.body_limit).map(ResponseBody::answer));
+                }
                 Read::Failed(error) => {
-                    tracing::debug!(api = api.name(), %error, "request body could not be read");
+                    tracing::debug!(api = read.name(), %error, "request body could not be read");
                     let answer = ErrorAnswer::new(
                         StatusCode::BAD_REQUEST,
                         format!("the request body could not be read: {error}"),
@@ -128,21 +159,23 @@ where
                     return Ok(answer.into_response().map(ResponseBody::answer));
                 }
             };
-            let prompt = match prompt_of(&shared, api, bytes.clone()).await {
-                Ok(prompt) => prompt,
-                Err(duplicate) => {
-                    tracing::debug!(
-                        api = api.name(),
-                        field = duplicate.field,
-                        "duplicate routing field refused"
-                    );
-                    let answer = ErrorAnswer::new(StatusCode::BAD_REQUEST, duplicate.to_string())
-                        .code("duplicate_field")
-                        .param(duplicate.field);
-                    return Ok(answer.into_response().map(ResponseBody::answer));
-                }
+            let model = match read.api {
+                Some(api) => prompt_of(&shared, api, bytes.clone()).await.map(|prompt| {
+                    let model = prompt.model_arc().cloned();
+                    parts.extensions.insert(prompt);
+                    model
+                }),
+                None => scan_model(&bytes),
             };
-            parts.extensions.insert(prompt);
+            match model {
+                Ok(Some(model)) => {
+                    parts.extensions.insert(RequestModel::new(model));
+                }
+                Ok(None) => {}
+                Err(duplicate) => {
+                    return Ok(refuse_duplicate(read.name(), &duplicate).map(ResponseBody::answer));
+                }
+            }
             parts.extensions.insert(BufferedBody::new(bytes.clone()));
             let body = KeyedBody::buffered_with_trailers(bytes, trailers);
             let response = inner
@@ -154,25 +187,123 @@ where
     }
 }
 
-/// The API of a request the layer should read: a `POST` to a keyed path whose body is
-/// (or may be) plain JSON and not declared over the limit.
-fn keyed_api<B>(request: &Request<B>, limit: usize) -> Option<Api> {
-    if request.method() != Method::POST {
-        return None;
+/// How the layer reads a request's body, when it reads it at all.
+#[derive(Clone, Copy, Debug)]
+struct ReadPlan {
+    /// The keyed API of the path, if any: the body is keyed.
+    api: Option<Api>,
+    /// A Responses or Conversations path: its body may name stored state, so it is read
+    /// whole or refused (413), never streamed past the pin layer unread.
+    stored_state: bool,
+}
+
+impl ReadPlan {
+    /// Which requests are read, and how:
+    ///
+    /// - `POST` to a keyed path, and `POST`/`PUT`/`PATCH` to a stored-state path, are read
+    ///   as JSON whatever their `Content-Type` says (the bytes are still forwarded as
+    ///   sent), so a mislabelled body cannot carry a tag past the pin layer. A body still
+    ///   compressed here (an encoding no outer layer decoded) cannot be read: on a
+    ///   stored-state path it is refused with 415, on a keyed path it streams through
+    ///   unkeyed. A stored-state body declared over the limit is refused with 413 at once.
+    /// - Any other `POST`/`PUT`/`PATCH` whose body is JSON (or has no `Content-Type`) and
+    ///   is not compressed is read for its model only, up to the limit.
+    /// - Everything else passes through unread.
+    fn of<B>(request: &Request<B>, limit: usize) -> Result<Option<Self>, ErrorAnswer> {
+        let method = request.method();
+        let has_body = method == Method::POST || method == Method::PUT || method == Method::PATCH;
+        if !has_body {
+            return Ok(None);
+        }
+        let path = request.uri().path();
+        let api = Api::from_path(path).filter(|_| method == Method::POST);
+        let stored_state = is_stored_state_api(path);
+        let headers = request.headers();
+        let encoded = headers
+            .get(CONTENT_ENCODING)
+            .is_some_and(|value| !value.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let declared_over = headers
+            .get(CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
+            .is_some_and(|length| length > limit as u64);
+        if stored_state {
+            if encoded {
+                return Err(ErrorAnswer::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "the request body's Content-Encoding cannot be decoded here; send it \
+                     uncompressed or as gzip, deflate, br or zstd",
+                )
+                .code("unsupported_content_encoding"));
+            }
+            if declared_over {
+                return Err(over_limit_answer(limit));
+            }
+            return Ok(Some(Self { api, stored_state }));
+        }
+        if encoded {
+            return Ok(None);
+        }
+        if api.is_some() {
+            return Ok(Some(Self { api, stored_state }));
+        }
+        let json = headers
+            .get(CONTENT_TYPE)
+            .is_none_or(|value| is_json(value.as_bytes()));
+        Ok(json.then_some(Self {
+            api: None,
+            stored_state,
+        }))
     }
-    let api = Api::from_path(request.uri().path())?;
-    let headers = request.headers();
-    let encoded = headers
-        .get(CONTENT_ENCODING)
-        .is_some_and(|value| !value.as_bytes().eq_ignore_ascii_case(b"identity"));
-    let json = headers
-        .get(CONTENT_TYPE)
-        .is_none_or(|value| is_json(value.as_bytes()));
-    let declared_over = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
-        .is_some_and(|length| length > limit as u64);
-    (!encoded && json && !declared_over).then_some(api)
+
+    /// The API's short name for logs, or `other`.
+    fn name(self) -> &'static str {
+        self.api.map_or("other", Api::name)
+    }
+}
+
+/// 413 naming the limit.
+fn over_limit_answer(limit: usize) -> ErrorAnswer {
+    ErrorAnswer::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "the request body is over this gateway's limit of {limit} bytes (max_body_bytes), \
+             decompressed size included"
+        ),
+    )
+    .code("request_too_large")
+}
+
+fn over_limit(limit: usize) -> Response<http_body_util::Full<Bytes>> {
+    over_limit_answer(limit).into_response()
+}
+
+/// 400 for a routing field given twice.
+fn refuse_duplicate(
+    api: &'static str,
+    duplicate: &DuplicateField,
+) -> Response<http_body_util::Full<Bytes>> {
+    tracing::debug!(
+        api,
+        field = duplicate.field,
+        "duplicate routing field refused"
+    );
+    ErrorAnswer::new(StatusCode::BAD_REQUEST, duplicate.to_string())
+        .code("duplicate_field")
+        .param(duplicate.field)
+        .into_response()
+}
+
+/// Whether an outer layer's size limit (`http_body_util::Limited`, as a gateway puts
+/// around a decompressed body) stopped the body.
+fn is_length_limit(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if error.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        next = error.source();
+    }
+    false
 }
 
 /// `application/json` or any `application/<x>+json`, parameters allowed. A request without

@@ -264,6 +264,7 @@ mod tests;
 pub use body::PinBody;
 pub use future::ResponseFuture;
 pub use layer::{PinKeys, PinLayer};
+pub use reference::is_stored_state_api;
 pub use rewrite::{Framing, IdRewriter};
 pub use service::{PinService, RETRY_AFTER_SECS};
 pub use tag::{

@@ -15,9 +15,19 @@ pub(crate) const RESPONSES_PATH: &str = "/v1/responses";
 /// The Conversations API's path; conversations live under it.
 pub(crate) const CONVERSATIONS_PATH: &str = "/v1/conversations";
 
-/// Whether `path` belongs to the Responses or Conversations API: the answers whose ids
-/// are tagged.
-pub(crate) fn is_stored_state_api(path: &str) -> bool {
+/// Whether `path` belongs to the Responses or Conversations API (`/v1/responses`,
+/// `/v1/conversations` and every path under them): the requests that may name stored
+/// state and the answers whose ids are tagged.
+///
+/// ```
+/// use grid_route_layer::pin::is_stored_state_api;
+///
+/// assert!(is_stored_state_api("/v1/responses"));
+/// assert!(is_stored_state_api("/v1/conversations/conv_1/items"));
+/// assert!(!is_stored_state_api("/v1/responsesx"));
+/// assert!(!is_stored_state_api("/v1/chat/completions"));
+/// ```
+pub fn is_stored_state_api(path: &str) -> bool {
     [RESPONSES_PATH, CONVERSATIONS_PATH].into_iter().any(|api| {
         path.strip_prefix(api)
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))

@@ -24,7 +24,7 @@ use super::tag::{BadTag, IdKind, TagKeys, UntaggedId};
 use crate::answer::ErrorAnswer;
 use crate::grid::{Cluster, ClusterId};
 use crate::metrics::{OUTCOME_LABEL, PIN_TOTAL};
-use crate::route::{BufferedBody, Pinned};
+use crate::route::{BufferedBody, Pinned, RequestModel};
 use crate::select::least_loaded;
 
 /// The `Retry-After` of a 503 for a pinned cluster that admits no new request, in
@@ -105,6 +105,7 @@ enum Outcome {
     Gone,
     Unavailable,
     BadTag,
+    ModelNotServed,
 }
 
 impl Outcome {
@@ -114,6 +115,7 @@ impl Outcome {
             Self::Gone => "gone",
             Self::Unavailable => "unavailable",
             Self::BadTag => "bad_tag",
+            Self::ModelNotServed => "model_not_served",
         }
     }
 
@@ -136,8 +138,9 @@ impl<S> PinService<S> {
     fn pin<B: From<Bytes>>(&self, request: &mut Request<B>) -> Result<(), ErrorAnswer> {
         let now = Instant::now();
         let keys = self.shared.keys.load();
+        let model = RequestModel::of(request.extensions());
         let by_path = StoredPath::read(request.uri().path())
-            .map(|stored| self.pin_path(&keys, &stored, request.uri()));
+            .map(|stored| self.pin_path(&keys, &stored, request.uri(), model));
         if let Some(pinned) = by_path {
             let (cluster, uri) = pinned?;
             *request.uri_mut() = uri;
@@ -165,6 +168,7 @@ impl<S> PinService<S> {
         keys: &TagKeys,
         stored: &StoredPath<'_>,
         uri: &Uri,
+        model: Option<&str>,
     ) -> Result<(ClusterId, Uri), ErrorAnswer> {
         // The path is read as written, never percent-decoded: a tag holds only unreserved
         // characters, so a `%` anywhere makes the id unsafe and the core refuses it.
@@ -174,7 +178,7 @@ impl<S> PinService<S> {
         if !stored.rest_is_plain() {
             return Err(refuse_bad_tag(stored.kind, Place::Path, BadTag::UnsafeId));
         }
-        let cluster = self.admitted_cluster(&untagged)?;
+        let cluster = self.admitted_cluster(&untagged, model)?;
         let mut path = stored.with_id(untagged.engine_id());
         if let Some(query) = uri.query() {
             path.push('?');
@@ -202,6 +206,7 @@ impl<S> PinService<S> {
             return Ok(());
         };
         let body = buffered.bytes().clone();
+        let model: Option<Arc<str>> = RequestModel::of(request.extensions()).map(Arc::from);
         let ids = match BodyIds::read(&body) {
             BodyIds::Found(ids) => ids,
             BodyIds::Duplicate(field) => return Err(refuse_duplicate(field)),
@@ -233,7 +238,7 @@ impl<S> PinService<S> {
         {
             return Err(refuse_conflict());
         }
-        let cluster = self.admitted_cluster(first)?;
+        let cluster = self.admitted_cluster(first, model.as_deref())?;
         let edits: Vec<(Range<usize>, &str)> = tagged
             .iter()
             .map(|(id, untagged)| (id.content.clone(), untagged.engine_id()))
@@ -252,8 +257,14 @@ impl<S> PinService<S> {
         Ok(())
     }
 
-    /// The cluster a checked tag names, when it is in the grid and admits requests.
-    fn admitted_cluster(&self, untagged: &UntaggedId) -> Result<ClusterId, ErrorAnswer> {
+    /// The cluster a checked tag names, when it is in the grid, admits requests and serves
+    /// the request's `model` (when the body named one): a pinned request still passes
+    /// admission.
+    fn admitted_cluster(
+        &self,
+        untagged: &UntaggedId,
+        model: Option<&str>,
+    ) -> Result<ClusterId, ErrorAnswer> {
         let view = self.shared.grid.view();
         let kind = untagged.kind();
         match view.by_tag(untagged.site().as_str(), untagged.digest()) {
@@ -292,6 +303,24 @@ impl<S> PinService<S> {
                 )
                 .code("stored_state_unavailable")
                 .retry_after(RETRY_AFTER_SECS))
+            }
+            Some(cluster) if model.is_some_and(|m| !cluster.serves(m)) => {
+                Outcome::ModelNotServed.count();
+                tracing::debug!(
+                    outcome = Outcome::ModelNotServed.as_str(),
+                    cluster = %cluster.id(),
+                    "pinned cluster does not serve the request's model"
+                );
+                Err(ErrorAnswer::new(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "The model {:?} is not served where this {} is stored.",
+                        model.unwrap_or_default(),
+                        noun(kind)
+                    ),
+                )
+                .code("model_not_found")
+                .param("model"))
             }
             Some(cluster) => Ok(cluster.id().clone()),
         }

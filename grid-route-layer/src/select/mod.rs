@@ -13,7 +13,8 @@
 //! - Candidates: the [`Candidates`] extension when set (ids that left the grid or stopped
 //!   admitting since are skipped); else the [`Pinned`] cluster; else every admitted
 //!   cluster serving the [`Prompt`]'s model (every admitted cluster without one).
-//! - No candidate left: a [`NoCandidate`] error, which a gateway answers with a 503.
+//! - No candidate left: a [`NoCandidate`] error, which a gateway answers with a 404 when no
+//!   cluster of the grid serves the request's model, else with a 503.
 //! - `poll_ready` is always ready; the response future waits for the chosen cluster's
 //!   service. The request counts in flight until its answer's head.
 //!

@@ -16,7 +16,7 @@ use super::future::ResponseFuture;
 use super::pick::least_loaded;
 use crate::grid::{Cluster, Grid, GridView};
 use crate::metrics::{CLUSTER_LABEL, DECISIONS_TOTAL, SITE_LABEL};
-use crate::route::{BoxError, Candidates, NoCandidate, Pinned, Prompt};
+use crate::route::{BoxError, Candidates, NoCandidate, Pinned, RequestModel};
 
 /// The default inner balancer: sends each request to the least loaded of its candidates,
 /// through that cluster's own service. See the [module docs](super).
@@ -76,8 +76,8 @@ where
 
 impl<S, F> Select<S, F> {
     /// The clusters a request may go to: its [`Candidates`] when set, else the cluster
-    /// it is [`Pinned`] to, else every admitted cluster serving its [`Prompt`]'s model
-    /// (any model when it has none). Candidates that left the grid or stopped admitting
+    /// it is [`Pinned`] to, else every admitted cluster serving its [`RequestModel`]
+    /// (any model when it is not known). Candidates that left the grid or stopped admitting
     /// since they were chosen are skipped.
     fn allowed<'v, B>(view: &'v GridView, req: &Request<B>) -> Vec<&'v Arc<Cluster>> {
         let ext = req.extensions();
@@ -96,7 +96,7 @@ impl<S, F> Select<S, F> {
                 .into_iter()
                 .collect();
         }
-        let model = ext.get::<Prompt>().and_then(Prompt::model);
+        let model = RequestModel::of(ext);
         view.clusters()
             .iter()
             .filter(|c| c.admits() && model.is_none_or(|m| c.serves(m)))
@@ -185,11 +185,14 @@ where
         let allowed = Self::allowed(&view, &req);
         let turn = self.shared.rotation.fetch_add(1, Ordering::Relaxed);
         let Some(cluster) = least_loaded(allowed.iter().copied(), Instant::now(), turn) else {
-            let model = req
-                .extensions()
-                .get::<Prompt>()
-                .and_then(|p| p.model_arc().cloned());
-            return ResponseFuture::no_candidate(NoCandidate::new(model));
+            let model: Option<Arc<str>> = RequestModel::of(req.extensions()).map(Arc::from);
+            let none = match model {
+                Some(model) if !view.clusters().iter().any(|c| c.serves(&model)) => {
+                    NoCandidate::unknown_model(model)
+                }
+                model => NoCandidate::new(model),
+            };
+            return ResponseFuture::no_candidate(none);
         };
         let id = cluster.id();
         metrics::counter!(
