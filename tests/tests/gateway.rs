@@ -198,9 +198,22 @@ async fn send(
     content_type: Option<&str>,
     body: impl Into<Bytes>,
 ) -> Answer {
+    let headers: Vec<(&str, &str)> = content_type
+        .map(|value| ("content-type", value))
+        .into_iter()
+        .collect();
+    send_with(method, url, &headers, body).await
+}
+
+async fn send_with(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer {
     let mut request = Request::builder().method(method).uri(url);
-    if let Some(content_type) = content_type {
-        request = request.header("content-type", content_type);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
     }
     let request = request.body(Full::new(body.into())).unwrap();
     let started = Instant::now();
@@ -1167,6 +1180,172 @@ async fn stored_ids_that_cannot_be_served_are_404_or_503() {
     assert!(revoked.headers.get("x-mock-engine").is_none());
     assert_eq!(fetch(fresh_id).await.status, StatusCode::OK);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
+fn zlib(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
+#[tokio::test]
+async fn compressed_bodies_are_decoded_keyed_pinned_and_forwarded_decoded() {
+    let (east, west, gateway) = two_sites().await;
+    let engines = |name: &str| {
+        if name == "east-a" {
+            east.url()
+        } else {
+            west.url()
+        }
+    };
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut conversation = Conversation::new("zipped", 9 * 1024);
+    let mut home = None;
+    for (i, question) in ["hello", "and then?", "why?", "thanks"].iter().enumerate() {
+        let body = conversation.ask(question);
+        let (encoding, encoded) = if i % 2 == 0 {
+            ("gzip", gzip(&body))
+        } else {
+            ("deflate", zlib(&body))
+        };
+        let headers = [
+            ("content-type", "application/json"),
+            ("content-encoding", encoding),
+        ];
+        let answer = send_with(Method::POST, &url, &headers, encoded).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+        let engine = answer.engine();
+        // The engine got the decoded JSON, byte for byte.
+        let kept = get(format!("{}/mock/last_body", engines(&engine))).await;
+        assert_eq!(kept.body, body, "{encoding}");
+        // Keyed after decoding: every turn stays where the first went.
+        assert_eq!(engine, *home.get_or_insert(engine.clone()), "{question}");
+        let reply = answer.json()["choices"][0]["message"]["content"].clone();
+        conversation
+            .messages
+            .push(json!({"role": "assistant", "content": reply}));
+    }
+
+    // A tagged id in a gzip Responses body is pinned and untagged, never forwarded as is.
+    let first = post(&gateway, "/v1/responses", responses_body("hello", None)).await;
+    let stored_at = first.engine();
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let next = responses_body("again", Some(&id));
+    let headers = [
+        ("content-type", "application/json"),
+        ("content-encoding", "gzip"),
+    ];
+    let url = format!("{}/v1/responses", gateway.url());
+    let answer = send_with(Method::POST, &url, &headers, gzip(next.as_bytes())).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert_eq!(answer.engine(), stored_at);
+    let sent = get(format!("{}/mock/last_body", engines(&stored_at)))
+        .await
+        .json();
+    assert_eq!(sent["previous_response_id"], untagged(&id).as_str());
+
+    // Mislabelled as text: still read, so the tag is checked and stripped.
+    let answer = send(Method::POST, &url, Some("text/plain"), next.clone()).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert_eq!(answer.engine(), stored_at);
+    let sent = get(format!("{}/mock/last_body", engines(&stored_at)))
+        .await
+        .json();
+    assert_eq!(sent["previous_response_id"], untagged(&id).as_str());
+}
+
+#[tokio::test]
+async fn a_zip_bomb_or_a_stored_state_body_over_the_limit_is_a_413() {
+    let east = engine("east-a").await;
+    let yaml = config_yaml(
+        &[("east", vec![cluster("east-a", &[&east])])],
+        "max_body_bytes: 65536\n",
+    );
+    let gateway = gateway(&yaml).await;
+    let before = get(format!("{}/mock/stats", east.url())).await.json();
+    // 64 MiB of zeros compress to about 64 KiB.
+    let zeros = vec![b' '; 64 << 20];
+    let mut bomb = br#"{"model":"demo-model","input":""#.to_vec();
+    bomb.extend_from_slice(&zeros);
+    bomb.extend_from_slice(br#""}"#);
+    let bomb = gzip(&bomb);
+    assert!(bomb.len() < 1 << 20);
+    for path in ["/v1/chat/completions", "/v1/responses"] {
+        let url = format!("{}{path}", gateway.url());
+        let headers = [
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+        ];
+        let answer = send_with(Method::POST, &url, &headers, bomb.clone()).await;
+        assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE, "{path}");
+        assert_eq!(answer.error_code(), "request_too_large");
+        assert!(
+            answer.json()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("65536")
+        );
+    }
+    // Uncompressed but over the limit on a stored-state path: 413 too.
+    let large = responses_body(&text("large", 100_000), Some("resp_east.1ef772aa..abc"));
+    let answer = post(&gateway, "/v1/responses", large).await;
+    assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(answer.error_code(), "request_too_large");
+    let after = get(format!("{}/mock/stats", east.url())).await.json();
+    assert_eq!(posts(&before), posts(&after), "nothing forwarded");
+}
+
+/// `POST` requests an engine's `/mock/stats` counted (the gateway's queue polls are GETs).
+fn posts(stats: &Value) -> u64 {
+    stats["requests"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(route, _)| route.starts_with("POST "))
+        .map(|(_, count)| count.as_u64().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_pinned_request_for_a_model_its_cluster_does_not_serve_is_a_404() {
+    let east = engine_serving("east-a", &[MODEL, "other-model"]).await;
+    let west = engine("west-a").await;
+    let mut both = cluster("east-a", &[&east]);
+    both.models = &[MODEL, "other-model"];
+    let yaml = config_yaml(
+        &[
+            ("east", vec![both]),
+            ("west", vec![cluster("west-a", &[&west])]),
+        ],
+        "",
+    );
+    let gateway = gateway(&yaml).await;
+    let id = loop {
+        let answer = post(&gateway, "/v1/responses", responses_body("hi", None)).await;
+        if answer.engine() == "west-a" {
+            break answer.json()["id"].as_str().unwrap().to_owned();
+        }
+    };
+    let before = get(format!("{}/mock/stats", west.url())).await.json();
+    let mut body: Value = serde_json::from_str(&responses_body("more", Some(&id))).unwrap();
+    body["model"] = json!("other-model");
+    let answer = post(&gateway, "/v1/responses", body.to_string()).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    assert_eq!(answer.error_code(), "model_not_found");
+    assert!(answer.headers.get("x-mock-engine").is_none());
+    let after = get(format!("{}/mock/stats", west.url())).await.json();
+    assert_eq!(posts(&before), posts(&after), "nothing forwarded");
+    // The model it does serve still goes through.
+    let answer = post(&gateway, "/v1/responses", responses_body("more", Some(&id))).await;
+    assert_eq!(answer.engine(), "west-a");
 }
 
 #[tokio::test]
