@@ -38,7 +38,10 @@
 //!
 //! Decisions the design leaves open:
 //!
-//! - `local_site` defaults to the first site listed.
+//! - `local_site` defaults to the first site listed. It may name a site that lists no
+//!   cluster, or none of the listed sites: an operator takes a site's engines out that
+//!   way. The gateway then warns, stores new conversations on the least loaded admitted
+//!   cluster anywhere, and answers 404 for ids stored on the clusters that left.
 //! - `listen` and `admin_listen` are `IP:PORT` (no host names: the gateway binds them
 //!   before it could resolve anything).
 //! - Endpoints are `http://` base URLs, optionally with a path prefix that requests are
@@ -715,8 +718,8 @@ grid_site_route:
                 "queue.window_secs must be greater than 0, got 0".to_owned(),
             ),
             (
-                format!("{MINIMAL}local_site: north\n"),
-                r#"local_site "north" is not one of the configured sites"#.to_owned(),
+                format!("{MINIMAL}local_site: North\n"),
+                r#"local_site "North" is not a DNS-1123 label: it may hold only lowercase letters, digits and '-'"#.to_owned(),
             ),
             (
                 MINIMAL.replace("name: east\n", "name: East\n"),

@@ -554,6 +554,55 @@ async fn reload_adds_and_removes_clusters() {
 }
 
 #[tokio::test]
+async fn the_local_site_can_lose_its_last_cluster_by_reload() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let sites = |with_east: bool| {
+        let mut sites = vec![];
+        if with_east {
+            sites.push(("east", vec![cluster("east-a", &[&east])]));
+        } else {
+            sites.push(("east", vec![]));
+        }
+        sites.push(("west", vec![cluster("west-a", &[&west])]));
+        config_yaml(&sites, "local_site: east\n")
+    };
+    let gateway = gateway(&sites(true)).await;
+    // A conversation stored on the local site.
+    let created = post(&gateway, "/v1/conversations", "{}").await;
+    assert_eq!(created.engine(), "east-a");
+    let conversation = created.json()["id"].as_str().unwrap().to_owned();
+
+    // East's engines are taken out: the site stays, with no cluster; then it goes too.
+    gateway.reload(&parse(&sites(false))).unwrap();
+    let gone = get(format!("{}/v1/conversations/{conversation}", gateway.url())).await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND);
+    assert_eq!(gone.error_code(), "stored_state_gone");
+    let moved = post(&gateway, "/v1/conversations", "{}").await;
+    assert_eq!(
+        moved.engine(),
+        "west-a",
+        "new conversations go by load elsewhere"
+    );
+    let answer = post(&gateway, "/v1/chat/completions", chat("hello")).await;
+    assert_eq!(answer.engine(), "west-a");
+    let without_east = config_yaml(
+        &[("west", vec![cluster("west-a", &[&west])])],
+        "local_site: east\n",
+    );
+    gateway.reload(&parse(&without_east)).unwrap();
+    assert_eq!(
+        post(&gateway, "/v1/conversations", "{}").await.engine(),
+        "west-a"
+    );
+    // And back.
+    gateway.reload(&parse(&sites(true))).unwrap();
+    wait_measured(&gateway).await;
+    let back = get(format!("{}/v1/conversations/{conversation}", gateway.url())).await;
+    assert_eq!(back.engine(), "east-a");
+}
+
+#[tokio::test]
 async fn a_bad_reload_keeps_the_running_config_and_says_why() {
     let east = engine("east-a").await;
     let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");

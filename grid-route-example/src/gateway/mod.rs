@@ -95,7 +95,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use grid_route_layer::affinity::Affinity;
-use grid_route_layer::grid::{ClusterId, Grid, SiteName};
+use grid_route_layer::grid::{ClusterId, Grid, GridView, SiteName};
 use grid_route_layer::index::PrefixIndex;
 use grid_route_layer::keying::KeySeed;
 use grid_route_layer::metrics::{CONFIG_RELOAD_TOTAL, RESULT_LABEL};
@@ -249,6 +249,7 @@ impl Gateway {
             }),
         ];
         let view = live.grid.view();
+        warn_if_the_local_site_is_empty(&view);
         tracing::info!(
             %addr,
             %admin_addr,
@@ -352,6 +353,7 @@ impl Gateway {
                 );
             }
         }
+        warn_if_the_local_site_is_empty(&view);
         let after: Vec<ClusterId> = view.cluster_ids().collect();
         let added: Vec<String> = after
             .iter()
@@ -430,6 +432,19 @@ impl fmt::Debug for Gateway {
             .field("admin_addr", &self.admin_addr)
             .field("grid", &self.live.grid)
             .finish_non_exhaustive()
+    }
+}
+
+/// A local site with no cluster is allowed (its engines were taken out); say what it means.
+fn warn_if_the_local_site_is_empty(view: &GridView) {
+    if let Some(local) = view.local_site()
+        && !view.clusters().iter().any(|c| c.site() == local)
+    {
+        tracing::warn!(
+            local_site = %local,
+            "the local site has no cluster: new conversations go to the least loaded \
+             admitted cluster of another site, and ids stored on clusters that left answer 404"
+        );
     }
 }
 

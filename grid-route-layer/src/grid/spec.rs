@@ -97,13 +97,6 @@ pub enum GridError {
         /// Position of the repeat.
         second: usize,
     },
-    /// A site lists no cluster.
-    NoClusters {
-        /// Position of the site.
-        site: usize,
-        /// Its name.
-        name: String,
-    },
     /// A cluster's name is empty.
     EmptyClusterName {
         /// Position of the site.
@@ -166,10 +159,11 @@ pub enum GridError {
         /// Position of its first appearance, when it repeats one.
         repeats: Option<usize>,
     },
-    /// `local_site` names no configured site.
-    UnknownLocalSite {
-        /// The name given.
-        name: String,
+    /// `local_site` is not a DNS-1123 label. (A valid name that no configured site has,
+    /// or a site with no cluster, is accepted: an operator may take a site's engines out.)
+    BadLocalSite {
+        /// Why the name was refused.
+        source: InvalidName,
     },
     /// `queue.window_secs` is zero.
     ZeroQueueWindow,
@@ -193,9 +187,6 @@ impl fmt::Display for GridError {
                 f,
                 "sites[{second}].name {name:?} repeats sites[{first}].name"
             ),
-            Self::NoClusters { site, name } => {
-                write!(f, "sites[{site}].clusters is empty for site {name:?}")
-            }
             Self::EmptyClusterName { site, cluster } => {
                 write!(f, "sites[{site}].clusters[{cluster}].name is empty")
             }
@@ -254,9 +245,12 @@ impl fmt::Display for GridError {
                     None => f.write_str("is empty"),
                 }
             }
-            Self::UnknownLocalSite { name } => {
-                write!(f, "local_site {name:?} is not one of the configured sites")
-            }
+            Self::BadLocalSite { source } => write!(
+                f,
+                "local_site {:?} is not a DNS-1123 label: it {}",
+                source.name(),
+                source.reason()
+            ),
             Self::ZeroQueueWindow => f.write_str("queue.window_secs must be greater than 0, got 0"),
         }
     }
@@ -265,7 +259,7 @@ impl fmt::Display for GridError {
 impl std::error::Error for GridError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::BadSiteName { source, .. } => Some(source),
+            Self::BadSiteName { source, .. } | Self::BadLocalSite { source } => Some(source),
             _ => None,
         }
     }
@@ -295,23 +289,14 @@ pub(super) fn validate(spec: &GridSpec, settings: &GridSettings) -> Result<(), G
         sites.insert(&site.name, s);
         validate_clusters(s, site)?;
     }
-    if let Some(local) = &settings.local_site
-        && !sites.contains_key(local.as_str())
-    {
-        return Err(GridError::UnknownLocalSite {
-            name: local.clone(),
-        });
+    if let Some(local) = &settings.local_site {
+        super::SiteName::new(local).map_err(|source| GridError::BadLocalSite { source })?;
     }
     Ok(())
 }
 
+/// A site may list no cluster: its engines are out, and its stored ids answer 404.
 fn validate_clusters(s: usize, site: &SiteSpec) -> Result<(), GridError> {
-    if site.clusters.is_empty() {
-        return Err(GridError::NoClusters {
-            site: s,
-            name: site.name.clone(),
-        });
-    }
     let mut names: HashMap<&str, usize> = HashMap::new();
     let mut digests: HashMap<ClusterDigest, usize> = HashMap::new();
     for (c, cluster) in site.clusters.iter().enumerate() {

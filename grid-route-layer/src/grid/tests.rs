@@ -114,22 +114,40 @@ fn empty_sites_clusters_and_names_are_refused() {
         err(&GridSpec::default()),
         "sites is empty; configure at least one site"
     );
-    let spec = grid_spec(&[("east", &[])]);
-    assert_eq!(err(&spec), r#"sites[0].clusters is empty for site "east""#);
     let spec = grid_spec(&[("east", &[""])]);
     assert_eq!(err(&spec), "sites[0].clusters[0].name is empty");
 }
 
 #[test]
-fn an_unknown_local_site_and_a_zero_window_are_refused() {
+fn a_local_site_without_clusters_is_accepted() {
+    // Its engines taken out: the site lists no cluster, or is not listed at all.
+    for (spec, local) in [
+        (grid_spec(&[("east", &[]), ("west", &["west-a"])]), "east"),
+        (grid_spec(&[("west", &["west-a"])]), "north"),
+    ] {
+        let settings = GridSettings {
+            local_site: Some(local.into()),
+            ..GridSettings::default()
+        };
+        let grid = Grid::new(&spec, settings).unwrap();
+        let view = grid.view();
+        assert_eq!(view.local_site().unwrap().as_str(), local);
+        assert!(view.clusters().iter().all(|c| c.site().as_str() == "west"));
+    }
+}
+
+#[test]
+fn a_malformed_local_site_and_a_zero_window_are_refused() {
     let spec = grid_spec(&[("east", &["east-a"])]);
     let settings = GridSettings {
-        local_site: Some("north".into()),
+        local_site: Some("North_Pole".into()),
         ..GridSettings::default()
     };
-    assert_eq!(
-        Grid::new(&spec, settings).unwrap_err().to_string(),
-        r#"local_site "north" is not one of the configured sites"#
+    assert!(
+        Grid::new(&spec, settings)
+            .unwrap_err()
+            .to_string()
+            .starts_with(r#"local_site "North_Pole" is not a DNS-1123 label"#)
     );
     let settings = GridSettings {
         queue_window: Duration::ZERO,

@@ -127,10 +127,9 @@ impl GridView {
             by_digest.entry(c.id.digest()).or_default().push(i);
         }
         let local_site = match &settings.local_site {
-            Some(name) => Some(
-                SiteName::new(name)
-                    .map_err(|_| GridError::UnknownLocalSite { name: name.clone() })?,
-            ),
+            Some(name) => {
+                Some(SiteName::new(name).map_err(|source| GridError::BadLocalSite { source })?)
+            }
             None => None,
         };
         Ok(Self {
