@@ -32,6 +32,22 @@ use bytes::Bytes;
 use crate::grid::{ClusterId, SiteName};
 use crate::keying::{NoKeys, PrefixKeys};
 
+/// The name of the `tracing` span each request runs in, opened by
+/// [`KeyingLayer`](crate::keying::KeyingLayer) (the outermost layer) at `INFO` level.
+///
+/// Its fields, filled in as the layers decide: `api` (`chat`, `completions`, `messages`,
+/// `responses`, `conversations` or `other`), `outcome` (the affinity outcome, or the pin
+/// outcome for a request naming stored state), `depth` (matched keys of the deepest
+/// holder), `site` and `cluster` (where [`Select`] sent it). Never prompt text or keys.
+///
+/// [`Select`]: crate::select::Select
+pub const REQUEST_SPAN: &str = "grid_route";
+
+/// Records `value` as `field` of the current request span (a no-op outside one).
+pub(crate) fn record_on_span(field: &'static str, value: impl tracing::Value) {
+    tracing::Span::current().record(field, value);
+}
+
 /// The error type at Tower boundaries: any error, boxed.
 pub type BoxError = Box<dyn Error + Send + Sync>;
 

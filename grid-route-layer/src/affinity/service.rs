@@ -11,7 +11,7 @@ use super::decide::{Affinity, Decision, Outcome};
 use super::draw::random_draw;
 use crate::grid::{Cluster, Grid};
 use crate::metrics::{OUTCOME_LABEL, PREFIX_AFFINITY_TOTAL};
-use crate::route::{Candidates, Pinned, Prompt, RequestModel};
+use crate::route::{Candidates, Pinned, Prompt, RequestModel, record_on_span};
 
 /// The service [`AffinityLayer`](super::AffinityLayer) builds: sets
 /// [`Candidates`] on each request (and the [`Outcome`] when it counted a decision), then
@@ -90,6 +90,8 @@ fn record(decision: &Decision) {
         return;
     };
     metrics::counter!(PREFIX_AFFINITY_TOTAL, OUTCOME_LABEL => outcome.as_str()).increment(1);
+    record_on_span("outcome", outcome.as_str());
+    record_on_span("depth", decision.deepest());
     tracing::debug!(
         outcome = outcome.as_str(),
         clusters = decision.clusters().len(),

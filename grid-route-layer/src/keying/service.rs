@@ -9,6 +9,7 @@ use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tower::Service;
+use tracing::Instrument;
 
 use super::body::{KeyedBody, ResponseBody};
 use super::future::ResponseFuture;
@@ -97,14 +98,18 @@ where
         // The ready service handles this request; a clone takes its place for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        let span = request_span(request.uri().path());
         let read = match ReadPlan::of(&request, self.shared.body_limit) {
             Ok(Some(read)) => read,
             Ok(None) => {
-                let future = inner.call(request.map(KeyedBody::streamed));
-                return ResponseFuture::new(async move {
-                    let response = future.await.map_err(Into::into)?;
-                    Ok(response.map(ResponseBody::inner))
-                });
+                let future = span.in_scope(|| inner.call(request.map(KeyedBody::streamed)));
+                return ResponseFuture::new(
+                    async move {
+                        let response = future.await.map_err(Into::into)?;
+                        Ok(response.map(ResponseBody::inner))
+                    }
+                    .instrument(span),
+                );
             }
             Err(answer) => {
                 return ResponseFuture::new(async move {
@@ -183,8 +188,28 @@ where
                 .await
                 .map_err(Into::into)?;
             Ok(response.map(ResponseBody::inner))
-        })
+        }
+        .instrument(span))
     }
+}
+
+/// The request's span (see [`REQUEST_SPAN`]), its outcome, depth and destination left
+/// for the layers inside to record.
+fn request_span(path: &str) -> tracing::Span {
+    let api = match Api::from_path(path) {
+        Some(api) => api.name(),
+        None if path.starts_with("/v1/conversations") => "conversations",
+        None if is_stored_state_api(path) => "responses",
+        None => "other",
+    };
+    tracing::info_span!(
+        "grid_route",
+        api,
+        outcome = tracing::field::Empty,
+        depth = tracing::field::Empty,
+        site = tracing::field::Empty,
+        cluster = tracing::field::Empty,
+    )
 }
 
 /// How the layer reads a request's body, when it reads it at all.

@@ -24,7 +24,7 @@ use super::tag::{BadTag, IdKind, TagKeys, UntaggedId};
 use crate::answer::ErrorAnswer;
 use crate::grid::{Cluster, ClusterId};
 use crate::metrics::{OUTCOME_LABEL, PIN_TOTAL};
-use crate::route::{BufferedBody, Pinned, RequestModel};
+use crate::route::{BufferedBody, Pinned, RequestModel, record_on_span};
 use crate::select::least_loaded;
 
 /// The `Retry-After` of a 503 for a pinned cluster that admits no new request, in
@@ -121,6 +121,7 @@ impl Outcome {
 
     fn count(self) {
         metrics::counter!(PIN_TOTAL, OUTCOME_LABEL => self.as_str()).increment(1);
+        record_on_span("outcome", self.as_str());
     }
 }
 

@@ -16,7 +16,7 @@ use super::future::ResponseFuture;
 use super::pick::least_loaded;
 use crate::grid::{Cluster, Grid, GridView};
 use crate::metrics::{CLUSTER_LABEL, DECISIONS_TOTAL, SITE_LABEL};
-use crate::route::{BoxError, Candidates, NoCandidate, Pinned, RequestModel};
+use crate::route::{BoxError, Candidates, NoCandidate, Pinned, RequestModel, record_on_span};
 
 /// The default inner balancer: sends each request to the least loaded of its candidates,
 /// through that cluster's own service. See the [module docs](super).
@@ -195,6 +195,8 @@ where
             return ResponseFuture::no_candidate(none);
         };
         let id = cluster.id();
+        record_on_span("site", id.site().as_str());
+        record_on_span("cluster", id.name());
         metrics::counter!(
             DECISIONS_TOTAL,
             SITE_LABEL => Arc::clone(id.site().as_arc()),
