@@ -111,7 +111,7 @@ fn fields_print_in_the_documented_order() {
     assert_eq!(status, 0);
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(
-        lines[0].starts_with(&format!(r#"{{"file":{:?},"keys":["#, keyed)),
+        lines[0].starts_with(&format!(r#"{{"file":{keyed:?},"keys":["#)),
         "{}",
         lines[0]
     );

@@ -54,8 +54,8 @@ pub type BoxError = Box<dyn Error + Send + Sync>;
 /// What keying made of a request body: its model and its prefix keys, or why it has none.
 ///
 /// Set by `KeyingLayer` on every request it could read as one of the keyed APIs; a request
-/// without it was not read (wrong path, not JSON, compressed, over the body limit) and
-/// routes on load alone. `Debug` prints counts, never keys or text.
+/// without it was not keyed (another path, not JSON, compressed, over the body limit) and
+/// routes on its [`RequestModel`] and load alone. `Debug` prints counts, never keys or text.
 #[derive(Clone)]
 pub struct Prompt {
     model: Option<Arc<str>>,

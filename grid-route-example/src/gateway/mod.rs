@@ -34,9 +34,11 @@
 //!   role's gate, `GET /v1/models` aggregated over admitted clusters, and every other
 //!   request through the routing stack (`gateway/stack.rs`): keying → pinning →
 //!   confirmation → affinity → `Select` → the chosen cluster's p2c balancer over its
-//!   endpoints (`gateway/upstream.rs`). Paths the layers do not read still go through it
-//!   and route on load alone. No cluster for the request: 503 with `Retry-After: 5`; the
-//!   chosen cluster failed before answering: 502. Both OpenAI-style JSON.
+//!   endpoints (`gateway/upstream.rs`). Paths the layers do not key still go through it,
+//!   routed by the model their body names. No cluster serves the model: 404
+//!   `model_not_found`; every cluster that serves it drained: 503 with `Retry-After: 5`;
+//!   the chosen cluster failed before answering: 502. All OpenAI-style JSON (the README
+//!   lists every answer the gateway makes itself).
 //! - **Admin listener** (`admin_listen`; `gateway/admin.rs`): `/metrics` and `/healthz`.
 //! - **Queue poller** (`gateway/queue.rs`): each endpoint's `/metrics` every
 //!   `queue.poll_interval_ms`, see [`queue_sample`].

@@ -38,10 +38,11 @@
 //! outcome, candidate count and depth (never keys or text). Decisions the design leaves
 //! open, made here:
 //!
-//! - A request without a [`Prompt`] was not read by keying (another path, not JSON,
-//!   compressed, too large): its candidates are every admitted cluster, and it counts
-//!   nothing — it is not a prompt decision. A [`Prompt`] without keys counts
-//!   `not_applicable`.
+//! - A request without a [`Prompt`] was not keyed (another path, not JSON, compressed,
+//!   too large): its candidates are the admitted clusters serving its
+//!   [`RequestModel`](crate::route::RequestModel) (every admitted cluster when the model
+//!   is not known), and it counts nothing — it is not a prompt decision. A [`Prompt`]
+//!   without keys counts `not_applicable`.
 //! - A [`Pinned`] request's candidates are its cluster alone, whatever its model; it
 //!   counts nothing. The balancer still checks that the cluster admits.
 //! - `enabled: false` reads no keys: candidates are the admitted clusters for the model,

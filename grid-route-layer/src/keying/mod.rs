@@ -74,6 +74,30 @@
 //! routing field (`model`, `messages`, `input`, `prompt`, `previous_response_id`,
 //! `conversation`) given twice at the top level is a [`DuplicateField`] — a 400.
 //!
+//! # What the layer reads
+//!
+//! [`KeyingLayer`] buffers a body (up to its limit, [`DEFAULT_BODY_LIMIT_BYTES`] by
+//! default), forwards it byte for byte, and leaves what it learnt in the request's
+//! extensions ([`Prompt`](crate::route::Prompt), [`RequestModel`](crate::route::RequestModel),
+//! [`BufferedBody`](crate::route::BufferedBody)):
+//!
+//! - `POST` to a keyed path is read as JSON whatever its `Content-Type` says, and keyed.
+//!   Over the limit it streams through unkeyed, routed by the `model` found in its first
+//!   bytes ([`scan_model`]).
+//! - `POST`/`PUT`/`PATCH` to a Responses or Conversations path may name stored state, so
+//!   it is read whole whatever its `Content-Type`: over the limit it is refused with 413,
+//!   in an encoding no outer layer decoded with 415. No tag can stream past the pin layer.
+//! - Any other `POST`/`PUT`/`PATCH` with a JSON body (or none declared) that is not
+//!   compressed is read for its `model` only, so that it goes only where that model is
+//!   served.
+//! - A body an outer layer capped with `http_body_util::Limited` (a decoded body, say) and
+//!   that grew past it is refused with 413.
+//! - Everything else (no body, other media types, compressed bodies of other paths)
+//!   passes through unread.
+//!
+//! Each request runs in a `grid_route` span ([`REQUEST_SPAN`](crate::route::REQUEST_SPAN))
+//! that the layers inside fill with the outcome, depth and destination.
+//!
 //! # Long prompts and bounded work
 //!
 //! At most [`MAX_KEYS`] (512) keys: one a block for the first 64 KiB of stream, then at

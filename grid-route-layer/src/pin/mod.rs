@@ -129,6 +129,7 @@
 //! | a bad mac, a malformed tag, the wrong kind for the place, an untagged id in a path, an id or a later path segment that is not one plain segment | 404 | `bad_tag` |
 //! | a good tag whose cluster left the grid | 404 | `gone` |
 //! | a good tag whose cluster admits no new request; a new conversation with no admitted cluster | 503, `Retry-After: 5` ([`RETRY_AFTER_SECS`]) | `unavailable` |
+//! | a good tag whose cluster does not serve the request's `model` ([`RequestModel`](crate::route::RequestModel)) | 404 `model_not_found` | `model_not_served` |
 //! | `previous_response_id`, `conversation` or `conversation.id` given twice | 400 | — |
 //! | `previous_response_id` and `conversation` tagged for different clusters | 400 | — |
 //! | a body naming no stored state (absent, `null`, not a string) | forwarded as it is | — |
@@ -155,10 +156,13 @@
 //!   the gateway. A path has no such way out: an untagged id there is a 404.
 //! - **Both `previous_response_id` and `conversation`** tagged for one cluster pin to it;
 //!   for different clusters the request is a 400, as no one cluster holds both.
-//! - **Bodies not buffered** (over keying's body limit, compressed, unreadable, or no
-//!   `KeyingLayer` outside) stream through untouched and unpinned: the engine sees the
-//!   tag and answers 404. Raise the body limit if clients continue conversations with
-//!   very large inputs. Request trailers of a rewritten body are dropped.
+//! - **Bodies not buffered.** `KeyingLayer` reads every Responses and Conversations body
+//!   whole, whatever its `Content-Type`, and refuses one over its limit (413) or in an
+//!   encoding nobody decoded (415), so with it outside no tag streams past this layer.
+//!   Without a `KeyingLayer` outside, a body is not read and streams through unpinned (the
+//!   engine sees the tag and answers 404). Put tower-http's request decompression (capped
+//!   with `http_body_util::Limited`) outside `KeyingLayer` to accept compressed bodies,
+//!   as the example gateway does. Request trailers of a rewritten body are dropped.
 //! - **Answers are identity-coded** from the engine to the client for these APIs; add
 //!   compression outside the gateway's layers if clients want it.
 //! - An unsafe path segment counts as `bad_tag`, with the malformed tags.

@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use std::pin::Pin as StdPin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{
