@@ -2,7 +2,7 @@
 //!
 //! The file is read into [`GatewayConfig`], plain data that mirrors the YAML one to one.
 //! Unknown fields are refused, naming the field; every field but `sites` has a default
-//! (the values `DESIGN.md` shows). [`GatewayConfig::validate`] then checks everything the
+//! (the values of the config reference in the README). [`GatewayConfig::validate`] then checks everything the
 //! gateway will rely on — with the library's own validations for the grid and the
 //! `prefix_affinity` settings — and reads the tag key file, so that a reload which would
 //! break routing is refused before anything changes. Every [`ConfigError`] names the field

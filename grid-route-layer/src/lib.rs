@@ -2,7 +2,7 @@
 //! prefix in KV cache, and that pin stored OpenAI Responses state to the cluster that
 //! stored it.
 //!
-//! See the crate README and `DESIGN.md` for the request path; each module documents one
+//! See the crate README and `docs/architecture.md` for the request path; each module documents one
 //! concept with a runnable example. The layers talk only through the extensions in
 //! [`route`] and the shared [`grid::Grid`] handle:
 //!

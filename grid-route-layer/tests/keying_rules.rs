@@ -1,4 +1,4 @@
-//! One test per keying rule of DESIGN.md "Keying", for each API where it applies.
+//! One test per keying rule ("Keying" in docs/architecture.md), for each API where it applies.
 
 use std::sync::LazyLock;
 

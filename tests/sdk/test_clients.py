@@ -31,7 +31,7 @@ GATEWAY_URL = os.environ["GRID_ROUTE_GATEWAY_URL"]
 MODEL = os.environ.get("GRID_ROUTE_MODEL", "demo-model")
 ENGINES = dict(pair.split("=", 1) for pair in os.environ["GRID_ROUTE_ENGINES"].split(","))
 
-# `resp_<site>.<cluster digest>.<mac>.<engine id>` (DESIGN.md, "Pinning"); the gateway has a
+# `resp_<site>.<cluster digest>.<mac>.<engine id>` (docs/architecture.md, "Pinning"); the gateway has a
 # tag key, so the mac is 16 hex digits.
 TAGGED_ID = re.compile(
     r"^(?P<kind>resp|conv)_(?P<site>[a-z0-9-]+)\.(?P<cluster>[0-9a-f]{8})\.[0-9a-f]{16}"
