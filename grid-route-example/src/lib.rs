@@ -12,6 +12,7 @@
 //!   cache, prefill-time model, queue metric, Responses and Conversations store), started
 //!   in process with [`mock_engine::MockEngine::start`] or from the command line with
 //!   `grid-route-example mock-engine`.
+#![forbid(unsafe_code)]
 
 pub mod config;
 pub mod demo;

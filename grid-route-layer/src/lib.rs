@@ -2,8 +2,8 @@
 //! prefix in KV cache, and that pin stored OpenAI Responses state to the cluster that
 //! stored it.
 //!
-//! See the crate README and `docs/architecture.md` for the request path; each module documents one
-//! concept with a runnable example. The layers talk only through the extensions in
+//! See the crate README and `docs/architecture.md` for the request path; each module
+//! documents one concept with a runnable example. The layers talk only through the extensions in
 //! [`route`] and the shared [`grid::Grid`] handle:
 //!
 //! ```text
@@ -17,6 +17,29 @@
 //! [`select`] shows a cluster service built from `tower::balance` p2c over its endpoints,
 //! and a balancer of your own in place of [`select::Select`].
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+/// `get_ref`, `get_mut` and `into_inner` for a layer's service whose wrapped service is its
+/// `inner` field, written once for every layer (tower-http's habit).
+macro_rules! define_inner_service_accessors {
+    () => {
+        /// The inner service.
+        pub fn get_ref(&self) -> &S {
+            &self.inner
+        }
+
+        /// The inner service, mutably.
+        pub fn get_mut(&mut self) -> &mut S {
+            &mut self.inner
+        }
+
+        /// Unwraps the inner service.
+        pub fn into_inner(self) -> S {
+            self.inner
+        }
+    };
+}
+pub(crate) use define_inner_service_accessors;
 
 pub mod affinity;
 pub mod answer;

@@ -33,20 +33,7 @@ impl<S> AffinityService<S> {
         }
     }
 
-    /// The wrapped service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The wrapped service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The wrapped service, by value.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::define_inner_service_accessors!();
 
     /// The candidates, and the outcome when the request was a counted decision.
     fn candidates<B>(&self, req: &Request<B>) -> (Candidates, Option<Outcome>) {

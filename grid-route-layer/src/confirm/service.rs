@@ -23,20 +23,7 @@ impl<S> ConfirmService<S> {
         Self { inner, affinity }
     }
 
-    /// The wrapped service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The wrapped service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The wrapped service, by value.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::define_inner_service_accessors!();
 }
 
 impl<S, B, ResB> Service<Request<B>> for ConfirmService<S>

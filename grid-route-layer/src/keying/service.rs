@@ -61,20 +61,7 @@ impl<S> KeyingService<S> {
         Self { inner, shared }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::define_inner_service_accessors!();
 }
 
 impl<S, B, ResBody> Service<Request<B>> for KeyingService<S>
@@ -88,7 +75,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = BoxError;
-    type Future = ResponseFuture<ResBody>;
+    type Future = ResponseFuture<S::Future, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -103,22 +90,12 @@ where
             Ok(Some(read)) => read,
             Ok(None) => {
                 let future = span.in_scope(|| inner.call(request.map(KeyedBody::streamed)));
-                return ResponseFuture::new(
-                    async move {
-                        let response = future.await.map_err(Into::into)?;
-                        Ok(response.map(ResponseBody::inner))
-                    }
-                    .instrument(span),
-                );
+                return ResponseFuture::passed(future.instrument(span));
             }
-            Err(answer) => {
-                return ResponseFuture::new(async move {
-                    Ok(answer.into_response().map(ResponseBody::answer))
-                });
-            }
+            Err(answer) => return ResponseFuture::answered(answer.into_response()),
         };
         let shared = self.shared.clone();
-        ResponseFuture::new(async move {
+        ResponseFuture::read(async move {
             let (mut parts, body) = request.into_parts();
             let (bytes, trailers) = match read_up_to(body, shared.body_limit).await {
                 Read::Whole(bytes, trailers) => (bytes, trailers),

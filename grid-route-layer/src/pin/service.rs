@@ -43,20 +43,7 @@ impl<S> PinService<S> {
         Self { inner, shared }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::define_inner_service_accessors!();
 }
 
 impl<S: fmt::Debug> fmt::Debug for PinService<S> {
