@@ -8,7 +8,10 @@
 //!   by model or whether it is refused;
 //! - for a body that is valid JSON (as `serde_json` reads it) and small enough that no value
 //!   is keyed by a digest of its raw bytes: removing or adding whitespace between tokens
-//!   changes neither the model nor the keys.
+//!   changes neither the model nor the keys. A media source that is not a string (an
+//!   object or array with none of the fields keying reads) is digested as sent, by design,
+//!   so bodies with a media field holding anything but a string are left out of this
+//!   check (found by this target; see RELIABILITY.md).
 #![no_main]
 
 use std::sync::LazyLock;
@@ -48,7 +51,7 @@ fuzz_target!(|body: &[u8]| {
             for depth in 1..=keys.len() {
                 assert!(keys.covered_bytes(depth) > keys.covered_bytes(depth - 1));
             }
-            if is_json {
+            if is_json && !has_media_object(&compact(body)) {
                 for reshaped in [compact(body), spaced(body)] {
                     if reshaped.len() > CANONICAL_LIMIT_BYTES || body.len() > CANONICAL_LIMIT_BYTES
                     {
@@ -66,6 +69,27 @@ fuzz_target!(|body: &[u8]| {
 fn assert_same(a: &Prompt, b: &Prompt, what: &str) {
     assert_eq!(a.model(), b.model(), "{what}: models differ");
     assert_eq!(a.keys(), b.keys(), "{what}: keys differ");
+}
+
+/// Fields whose value keying digests as a media source: a string is decoded first, any
+/// other shape without a known source field is digested byte for byte.
+const MEDIA_FIELDS: [&[u8]; 8] = [
+    b"\"image_url\":",
+    b"\"input_audio\":",
+    b"\"audio_url\":",
+    b"\"video_url\":",
+    b"\"file\":",
+    b"\"source\":",
+    b"\"file_data\":",
+    b"\"data\":",
+];
+
+/// Whether a compact body gives a media field anything but a string.
+fn has_media_object(compact: &[u8]) -> bool {
+    MEDIA_FIELDS.iter().any(|field| {
+        memchr::memmem::find_iter(compact, field)
+            .any(|at| compact.get(at + field.len()) != Some(&b'"'))
+    })
 }
 
 /// Calls `f` with each byte of `body` and whether it sits outside any JSON string.
