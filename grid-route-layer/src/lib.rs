@@ -45,6 +45,9 @@ pub mod affinity;
 pub mod answer;
 pub mod config;
 pub mod confirm;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod grid;
 pub mod index;
 pub mod keying;

@@ -822,6 +822,23 @@ fn truncated_json_gets_no_keys() {
 }
 
 #[test]
+fn a_body_cut_after_a_backslash_gets_no_keys() {
+    // Found by fuzzing: skipping a string whose last byte is a backslash stepped past the
+    // end of the body and panicked.
+    for api in Api::ALL {
+        for body in [
+            r#"{"model":"m","temperature":"\"#,
+            r#"{"model":"m","x":["a\"#,
+        ] {
+            assert!(
+                matches!(no_keys(api, body), NoKeys::Unreadable { .. }),
+                "{api:?} {body}"
+            );
+        }
+    }
+}
+
+#[test]
 fn continuing_stored_state_gets_no_keys() {
     let text = long("s");
     let body = json!({"model":"m","input":text,"previous_response_id":"resp_1"});
@@ -1011,5 +1028,17 @@ fn with_affinity_off_only_the_model_is_read_and_duplicates_are_still_refused() {
     assert_eq!(prompt.keys().unwrap_err(), &NoKeys::Disabled);
     let duplicate =
         grid_route_layer::keying::read_model(br#"{"model":"a","model":"b"}"#).unwrap_err();
+    assert_eq!(duplicate.field, "model");
+}
+
+#[test]
+fn a_duplicate_before_an_unreadable_value_is_refused_with_affinity_on_or_off() {
+    // Found by the `keying` fuzz target: `read_model` read the value before checking the
+    // name, so with affinity off this body routed by its first model instead of a 400.
+    let body = br#"{"model":"a","model":{"#;
+    for api in Api::ALL {
+        assert_eq!(key_body(&SEED, api, body).unwrap_err().field, "model");
+    }
+    let duplicate = grid_route_layer::keying::read_model(body).unwrap_err();
     assert_eq!(duplicate.field, "model");
 }

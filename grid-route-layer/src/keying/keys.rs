@@ -358,13 +358,15 @@ pub fn read_model(body: &[u8]) -> Result<Prompt, DuplicateField> {
     let read = (|| -> Result<(), Stop> {
         let mut fields = s.begin_object()?;
         while let Some(key) = s.next_key(&mut fields)? {
-            let span = s.skip_value()?;
+            // The name is checked before its value is read, as `key_body` does, so a
+            // duplicate followed by an unreadable value is refused either way.
             if let Some(i) = ROUTING_FIELDS.iter().position(|f| f.as_bytes() == &*key) {
                 if given[i] {
                     return Err(Stop::Duplicate(ROUTING_FIELDS[i]));
                 }
                 given[i] = true;
             }
+            let span = s.skip_value()?;
             if &*key == b"model" {
                 model = Some(span);
             }

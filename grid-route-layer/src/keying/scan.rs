@@ -437,6 +437,12 @@ impl<'a> Scanner<'a> {
                 self.pos += n + 1;
                 return Ok(());
             }
+            // A backslash escapes the byte after it; one that ends the body escapes
+            // nothing, and stepping over it would leave the position past the end.
+            if n + 1 == rest.len() {
+                self.pos = self.buf.len();
+                return self.fail("an escape sequence");
+            }
             self.pos += n + 2;
         }
     }
@@ -753,7 +759,16 @@ mod tests {
 
     #[test]
     fn truncated_input_is_unreadable() {
-        for body in [&br#"{"a":"#[..], br#"{"a":"x"#, b"[", br#"{"a":[1,2"#] {
+        for body in [
+            &br#"{"a":"#[..],
+            br#"{"a":"x"#,
+            b"[",
+            br#"{"a":[1,2"#,
+            // Found by the `reference` fuzz target: a backslash ending the body.
+            br#"{"a":"\"#,
+            br#"{"a":"x\"#,
+            br#"["\"#,
+        ] {
             assert!(Scanner::new(body).skip_value().is_err(), "{body:?}");
         }
     }

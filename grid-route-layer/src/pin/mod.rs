@@ -258,7 +258,7 @@
 mod body;
 mod future;
 mod layer;
-mod reference;
+pub(crate) mod reference;
 mod rewrite;
 mod service;
 mod tag;

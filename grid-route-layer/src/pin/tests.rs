@@ -678,6 +678,22 @@ fn a_body_naming_no_stored_state_is_forwarded_as_sent_and_counts_nothing() {
 }
 
 #[test]
+fn a_body_cut_after_a_backslash_is_forwarded_as_sent() {
+    // Found by the `reference` fuzz target: skipping a string whose last byte is a
+    // backslash stepped past the end of the body and panicked.
+    let mut f = fixture();
+    for body in [
+        r#"{"model":"m","metadata":"\"#,
+        r#"{"model":"m","input":"hi\"#,
+    ] {
+        let forwarded = f.forwarded(post_responses(body));
+        assert_eq!(pinned(&forwarded), None, "{body}");
+        assert_eq!(forwarded_body(forwarded).0, body);
+    }
+    assert_eq!(f.recorder.total(PIN_TOTAL), 0);
+}
+
+#[test]
 fn an_untagged_id_in_a_body_is_forwarded_untouched_and_unpinned() {
     let mut f = fixture();
     let body = r#"{"model":"m","previous_response_id":"resp_plain","conversation":"conv_plain"}"#;
