@@ -110,6 +110,7 @@ pub use stack::RETRY_AFTER_SECS;
 pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, POOL_IDLE_TIMEOUT};
 
 use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role};
+use crate::forward_paths::ForwardPaths;
 use stack::{Routing, StackParts, routing_stack};
 use upstream::HttpClient;
 
@@ -149,6 +150,8 @@ pub(crate) struct Settings {
     admin_listen: SocketAddr,
     role: Role,
     provider_allowed_paths: Arc<[String]>,
+    /// What the consumer role forwards.
+    forward_paths: Arc<ForwardPaths>,
     queue_metric: Arc<str>,
     poll_interval: Duration,
 }
@@ -160,6 +163,7 @@ impl Settings {
             admin_listen: checked.admin_listen,
             role: checked.role,
             provider_allowed_paths: Arc::clone(&checked.provider_allowed_paths),
+            forward_paths: Arc::clone(&checked.forward_paths),
             queue_metric: Arc::clone(&checked.queue_metric),
             poll_interval: checked.poll_interval,
         }

@@ -1,0 +1,210 @@
+//! The gateway when clients, engines and operators misbehave: what it forwards, how long
+//! it waits, where it retries, which endpoints it takes out of rotation, and what its
+//! metrics forget. `Gateway::start` in process, mock engines behind it, real sockets.
+//!
+//! Waits poll a condition with a deadline; none guesses a duration.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::fmt::Write as _;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use grid_route_example::config::GatewayConfig;
+use grid_route_example::gateway::Gateway;
+use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use http_body_util::{BodyExt, Full};
+use hyper::header::HeaderMap;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+const MODEL: &str = "demo-model";
+const WAIT: Duration = Duration::from_secs(10);
+
+async fn engine(name: &str) -> MockEngine {
+    let config = MockEngineConfig {
+        prefill_tokens_per_second: 50_000_000,
+        decode_delay_per_token: Duration::ZERO,
+        ..MockEngineConfig::named(name)
+    };
+    MockEngine::start("127.0.0.1:0", config).await.unwrap()
+}
+
+/// A config with one cluster per `(site, cluster, endpoints)`, then `extra` YAML.
+fn config_yaml(clusters: &[(&str, &str, Vec<String>)], extra: &str) -> String {
+    let mut yaml = String::from(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n\
+         queue: { poll_interval_ms: 20, window_secs: 1 }\n\
+         grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n",
+    );
+    yaml.push_str(extra);
+    yaml.push_str("sites:\n");
+    let mut sites: Vec<&str> = clusters.iter().map(|c| c.0).collect();
+    sites.dedup();
+    for site in sites {
+        let _ = write!(yaml, "  - name: {site}\n    clusters:\n");
+        for (_, name, endpoints) in clusters.iter().filter(|c| c.0 == site) {
+            let _ = writeln!(
+                yaml,
+                "      - {{ name: {name}, models: [{MODEL}], endpoints: [{}] }}",
+                endpoints.join(", ")
+            );
+        }
+    }
+    yaml
+}
+
+async fn gateway(yaml: &str) -> Gateway {
+    Gateway::start(GatewayConfig::from_yaml(yaml).unwrap())
+        .await
+        .unwrap()
+}
+
+/// Waits until `condition` holds, polling every 10 ms; fails after [`WAIT`].
+async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}): {} {:?}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    fn error_code(&self) -> String {
+        self.json()["error"]["code"].as_str().unwrap().to_owned()
+    }
+
+    fn engine(&self) -> Option<&str> {
+        self.headers
+            .get("x-mock-engine")
+            .map(|name| name.to_str().unwrap())
+    }
+}
+
+async fn send(method: Method, url: &str, body: impl Into<Bytes>) -> Answer {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let request = Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", "application/json")
+        .body(Full::new(body.into()))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+fn chat(content: &str) -> String {
+    format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"{content}"}}]}}"#)
+}
+
+/// Requests the mock engine counted, over every route but the queue poller's `/metrics`.
+fn engine_requests(engine: &MockEngine) -> u64 {
+    let stats = engine.stats();
+    stats
+        .requests
+        .iter()
+        .filter(|(route, _)| route.as_str() != "GET /metrics")
+        .map(|(_, count)| count)
+        .sum()
+}
+
+// ---- what is forwarded --------------------------------------------------------------
+
+#[tokio::test]
+async fn the_consumer_role_forwards_only_the_llm_api() {
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(&[("east", "east-a", vec![east.url()])], "")).await;
+    let url = |path: &str| format!("{}{path}", gateway.url());
+
+    let chat_answer = send(Method::POST, &url("/v1/chat/completions"), chat("hi")).await;
+    assert_eq!(chat_answer.status, StatusCode::OK);
+    let stored = chat_answer.json();
+    assert_eq!(chat_answer.engine(), Some("east-a"));
+    assert!(stored["id"].is_string());
+    let response = send(
+        Method::POST,
+        &url("/v1/responses"),
+        format!(r#"{{"model":"{MODEL}","input":"hello"}}"#),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::OK);
+    let id = response.json()["id"].as_str().unwrap().to_owned();
+    let fetched = send(Method::GET, &url(&format!("/v1/responses/{id}")), "").await;
+    assert_eq!(fetched.status, StatusCode::OK, "{:?}", fetched.body);
+    assert_eq!(fetched.engine(), Some("east-a"));
+
+    let before = engine_requests(&east);
+    for (method, path) in [
+        (Method::GET, "/mock/last_body"),
+        (Method::POST, "/mock/reset"),
+        (Method::GET, "/metrics"),
+        (Method::GET, "/health"),
+        (Method::POST, "/tokenize"),
+        (Method::GET, "/v1/responses/../../mock/last_body"),
+        (Method::GET, "/v1/responses/%2e%2e"),
+        (Method::POST, "/v1/chat/completions/extra"),
+    ] {
+        let refused = send(method.clone(), &url(path), "{}").await;
+        assert_eq!(refused.status, StatusCode::NOT_FOUND, "{method} {path}");
+        assert_eq!(refused.error_code(), "not_found", "{method} {path}");
+        assert_eq!(refused.engine(), None, "{method} {path} reached an engine");
+    }
+    let refused = send(Method::GET, &url("/v1/chat/completions"), "").await;
+    assert_eq!(refused.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(refused.headers["allow"], "POST");
+    assert_eq!(refused.error_code(), "method_not_allowed");
+    let refused = send(Method::PUT, &url(&format!("/v1/responses/{id}")), "{}").await;
+    assert_eq!(refused.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(refused.headers["allow"], "GET, DELETE");
+    assert_eq!(
+        engine_requests(&east),
+        before,
+        "a refused request was forwarded"
+    );
+}
+
+#[tokio::test]
+async fn forward_paths_replaces_the_default_list() {
+    let east = engine("east-a").await;
+    let extra = "forward_paths:\n  - { path: /v1/chat/completions, methods: [POST] }\n  \
+                 - { path: \"/mock/stats\", methods: [GET] }\n";
+    let gateway = gateway(&config_yaml(&[("east", "east-a", vec![east.url()])], extra)).await;
+    let url = |path: &str| format!("{}{path}", gateway.url());
+    let stats = send(Method::GET, &url("/mock/stats"), "").await;
+    assert_eq!(stats.status, StatusCode::OK);
+    assert_eq!(stats.engine(), Some("east-a"));
+    let refused = send(Method::POST, &url("/v1/completions"), "{}").await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+    let refused = send(Method::GET, &url("/v1/models"), "").await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+}
