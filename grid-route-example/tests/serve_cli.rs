@@ -194,3 +194,95 @@ async fn serve_reloads_on_sighup_and_drains_on_sigterm() {
     assert!(!log.contains("hidden"), "the query reached the log");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Waits for `child` to exit, failing after `within`.
+async fn exit_within(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            return exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not stop in {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn sigterm_drains_streams_in_flight_and_closes_half_open_connections_at_once() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let engine_config = MockEngineConfig {
+        decode_delay_per_token: Duration::from_millis(150),
+        ..MockEngineConfig::named("east-a")
+    };
+    let engine = MockEngine::start("127.0.0.1:0", engine_config)
+        .await
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("grid-route-drain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gateway.yaml");
+    let (listen, admin_port) = (free_port(), free_port());
+    // Heads may take a minute: only the shutdown can close the half-open connections soon.
+    let yaml = format!(
+        "timeouts: {{ client_header_secs: 60 }}\n{}",
+        config(listen, admin_port, &engine, 10)
+    );
+    std::fs::write(&file, yaml).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
+        .args(["serve", "--config"])
+        .arg(&file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_generation(&format!("http://127.0.0.1:{admin_port}"), 0).await;
+
+    let mut half_open = Vec::new();
+    for partial in ["PO", "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"] {
+        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", listen))
+            .await
+            .unwrap();
+        socket.write_all(partial.as_bytes()).await.unwrap();
+        half_open.push(socket);
+    }
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://127.0.0.1:{listen}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(
+            r#"{"model":"demo-model","stream":true,"messages":[{"role":"user","content":"one two three four five six"}]}"#,
+        )))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.is_data());
+
+    let signalled = Instant::now();
+    signal(&child, "-TERM");
+    for socket in &mut half_open {
+        let mut buf = [0u8; 256];
+        let read = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "a half-open connection stayed open after SIGTERM: {read:?}"
+        );
+    }
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"),
+        "the stream in flight was cut: {rest:?}"
+    );
+    let exit = exit_within(&mut child, WAIT).await;
+    assert!(exit.success(), "{exit}");
+    assert!(
+        signalled.elapsed() < Duration::from_secs(10),
+        "draining took {:?}",
+        signalled.elapsed()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

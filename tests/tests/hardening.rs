@@ -208,3 +208,113 @@ async fn forward_paths_replaces_the_default_list() {
     let refused = send(Method::GET, &url("/v1/models"), "").await;
     assert_eq!(refused.status, StatusCode::NOT_FOUND);
 }
+
+// ---- clients that stall -------------------------------------------------------------
+
+/// Reads from `socket` until the gateway closes it, or fails after [`WAIT`]; returns
+/// what it sent.
+async fn read_until_closed(socket: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(WAIT, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match socket.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the gateway kept the connection open");
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_head_is_disconnected() {
+    use tokio::io::AsyncWriteExt as _;
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url()])],
+        "timeouts: { client_header_secs: 1 }\n",
+    ))
+    .await;
+    // Too short to tell the protocol, and a head cut after its first header.
+    for partial in ["POST", "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"] {
+        let mut socket = tokio::net::TcpStream::connect(gateway.addr())
+            .await
+            .unwrap();
+        socket.write_all(partial.as_bytes()).await.unwrap();
+        let started = Instant::now();
+        let answer = read_until_closed(&mut socket).await;
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(900),
+            "{partial:?}: closed after {waited:?}"
+        );
+        assert!(!answer.contains("200 OK"), "{partial:?}: {answer}");
+    }
+    assert_eq!(engine_requests(&east), 0);
+}
+
+#[tokio::test]
+async fn a_request_body_that_stalls_gets_a_408() {
+    use tokio::io::AsyncWriteExt as _;
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url()])],
+        "timeouts: { client_body_idle_secs: 1 }\n",
+    ))
+    .await;
+    // A keyed body (buffered by the gateway) and an unkeyed one (streamed to the engine).
+    for path in ["/v1/chat/completions", "/v1/embeddings"] {
+        let mut socket = tokio::net::TcpStream::connect(gateway.addr())
+            .await
+            .unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
+             content-length: 100\r\nconnection: close\r\n\r\n{{\"model\":"
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        let answer = read_until_closed(&mut socket).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+        let json: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(json["error"]["code"], "request_timeout", "{path}: {body}");
+    }
+}
+
+// ---- HTTP/2 -------------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_client_port_speaks_http2_with_prior_knowledge() {
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(&[("east", "east-a", vec![east.url()])], "")).await;
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let stream = format!(
+        r#"{{"model":"{MODEL}","stream":true,"messages":[{{"role":"user","content":"over h2"}}]}}"#
+    );
+    for body in [chat("over h2"), stream] {
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{}/v1/chat/completions", gateway.url()))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        assert_eq!(response.version(), hyper::Version::HTTP_2);
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["x-mock-engine"], "east-a");
+        let text = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(String::from_utf8_lossy(&text).contains("h2"), "{text:?}");
+    }
+    let models = Request::builder()
+        .uri(format!("{}/v1/models", gateway.url()))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client.request(models).await.unwrap();
+    assert_eq!(response.version(), hyper::Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+}

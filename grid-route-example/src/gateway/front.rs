@@ -11,6 +11,8 @@
 //! - **Provider role**: only the exact `provider_allowed_paths` pass, with GET or POST;
 //!   another path is a 404, another method a 405 with `Allow: GET, POST`, both
 //!   OpenAI-style JSON.
+//! - **A stalled request body** (nothing for `timeouts.client_body_idle_secs`) is
+//!   answered 408 `request_timeout`, whether keying or the engine client was reading it.
 //! - **The request log**: one `info` line per request (target `grid_route_example::access`)
 //!   with method, path (never the query), outcome (the affinity outcome, `pinned`, or `-`
 //!   when nothing was decided), site, cluster, status and latency to the answer's head. It
@@ -18,6 +20,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -36,6 +39,7 @@ use tower::Service;
 use tower::util::Oneshot;
 
 use super::Live;
+use super::idle_body::IdleTimeoutBody;
 use super::stack::{RouteNote, Routing};
 use crate::config::Role;
 use crate::forward_paths::PathCheck;
@@ -48,6 +52,10 @@ pub(crate) fn router(live: Arc<Live>) -> Router {
         .fallback_service(CurrentRouting {
             live: Arc::clone(&live),
         })
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&live),
+            client_body_timeout,
+        ))
         .layer(middleware::from_fn_with_state(Arc::clone(&live), path_gate))
         .layer(middleware::from_fn(access_log))
         .with_state(live)
@@ -154,6 +162,32 @@ async fn path_gate(State(live): State<Arc<Live>>, request: Request, next: Next) 
             response
         }
     }
+}
+
+/// A request body that sends nothing for `timeouts.client_body_idle_secs` fails whoever
+/// reads it (keying or the engine client); the client then gets 408, whatever the
+/// reader made of the failure.
+async fn client_body_timeout(
+    State(live): State<Arc<Live>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let idle = live.settings.load().timeouts.client_body_idle;
+    let (parts, body) = request.into_parts();
+    let body = IdleTimeoutBody::new(idle, body);
+    let stalled = body.stall_flag();
+    let response = next.run(Request::from_parts(parts, Body::new(body))).await;
+    if stalled.load(Ordering::Relaxed) {
+        tracing::debug!(?idle, "the client's request body stalled");
+        return ErrorAnswer::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request body sent nothing for {} s", idle.as_secs()),
+        )
+        .code("request_timeout")
+        .into_response()
+        .into_response();
+    }
+    response
 }
 
 /// One log line per request; never the query, prompt text or keys.

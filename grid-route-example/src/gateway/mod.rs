@@ -74,14 +74,25 @@
 //!
 //! # Shutdown
 //!
-//! [`Gateway::shutdown`] stops accepting connections, lets requests in flight (streams
-//! included) finish for up to [`DRAIN_TIMEOUT`], then aborts what is left. Dropping a
+//! [`Gateway::shutdown`] stops accepting connections, closes idle ones and those that
+//! have not sent a whole request head at once (a half-open connection cannot hold the
+//! drain), lets requests in flight (streams included) finish for up to
+//! [`DRAIN_TIMEOUT`], then aborts what is left.
+//!
+//! # Connections
+//!
+//! Both ports speak HTTP/1.1 and HTTP/2 with prior knowledge (h2c), see
+//! `gateway/server.rs`. A connection must complete its request head within
+//! `timeouts.client_header_secs`; a request body that sends nothing for
+//! `timeouts.client_body_idle_secs` gets 408. Dropping a
 //! [`Gateway`] starts the same drain without waiting for it.
 
 mod admin;
 mod front;
+mod idle_body;
 mod queue;
 mod serve;
+mod server;
 mod stack;
 mod upstream;
 
@@ -109,8 +120,9 @@ pub use serve::serve;
 pub use stack::RETRY_AFTER_SECS;
 pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, POOL_IDLE_TIMEOUT};
 
-use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role};
+use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role, Timeouts};
 use crate::forward_paths::ForwardPaths;
+use server::serve_until;
 use stack::{Routing, StackParts, routing_stack};
 use upstream::HttpClient;
 
@@ -154,6 +166,7 @@ pub(crate) struct Settings {
     forward_paths: Arc<ForwardPaths>,
     queue_metric: Arc<str>,
     poll_interval: Duration,
+    timeouts: Timeouts,
 }
 
 impl Settings {
@@ -166,11 +179,18 @@ impl Settings {
             forward_paths: Arc::clone(&checked.forward_paths),
             queue_metric: Arc::clone(&checked.queue_metric),
             poll_interval: checked.poll_interval,
+            timeouts: checked.timeouts,
         }
     }
 }
 
 impl Live {
+    /// The current `timeouts.client_header_secs`, read for each new connection.
+    fn header_timeout(self: &Arc<Self>) -> impl Fn() -> Duration + Send + 'static {
+        let live = Arc::clone(self);
+        move || live.settings.load().timeouts.client_header
+    }
+
     fn routing_for(&self, checked: &CheckedConfig) -> Routing {
         routing_stack(&StackParts {
             grid: &self.grid,
@@ -236,11 +256,13 @@ impl Gateway {
             tokio::spawn(serve_until(
                 front_listener,
                 front::router(Arc::clone(&live)),
+                live.header_timeout(),
                 stopped.clone(),
             )),
             tokio::spawn(serve_until(
                 admin_listener,
                 admin::router(Arc::clone(&live)),
+                live.header_timeout(),
                 stopped.clone(),
             )),
             tokio::spawn({
@@ -452,20 +474,6 @@ async fn bind(field: &'static str, addr: SocketAddr) -> Result<TcpListener, Gate
             addr,
             source,
         })
-}
-
-/// Serves `router` on `listener` until `stopped` turns true, then drains.
-async fn serve_until(
-    listener: TcpListener,
-    router: axum::Router,
-    mut stopped: watch::Receiver<bool>,
-) -> io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            // A dropped sender (the handle is gone) stops the server too.
-            let _ = stopped.wait_for(|stopped| *stopped).await;
-        })
-        .await
 }
 
 /// Why a gateway could not start, serve or stop cleanly.
