@@ -318,3 +318,312 @@ async fn the_client_port_speaks_http2_with_prior_knowledge() {
     assert_eq!(response.version(), hyper::Version::HTTP_2);
     assert_eq!(response.status(), StatusCode::OK);
 }
+
+// ---- engines that stall -------------------------------------------------------------
+
+/// A base URL nothing listens on.
+fn dead_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}", listener.local_addr().unwrap())
+}
+
+fn stream_chat(content: &str) -> String {
+    format!(
+        r#"{{"model":"{MODEL}","stream":true,"messages":[{{"role":"user","content":"{content}"}}]}}"#
+    )
+}
+
+fn endpoint_healthy(gateway: &Gateway, cluster: &str, url: &str) -> Option<bool> {
+    let view = gateway.grid().view();
+    let cluster = view.clusters().iter().find(|c| c.id().name() == cluster)?;
+    cluster.load().endpoint_healthy(url)
+}
+
+#[tokio::test]
+async fn an_engine_that_sends_no_head_in_time_is_a_504() {
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url()])],
+        "timeouts: { upstream_first_byte_secs: 1 }\n",
+    ))
+    .await;
+    east.stall(Duration::from_secs(3), Duration::ZERO);
+    let started = Instant::now();
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let answer = send(Method::POST, &url, chat("slow prefill")).await;
+    assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(answer.error_code(), "upstream_timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // The request reached the engine: it is not sent again.
+    assert_eq!(engine_requests(&east), 1);
+}
+
+#[tokio::test]
+async fn a_stream_that_goes_quiet_is_cut_not_ended() {
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url()])],
+        "timeouts: { upstream_idle_secs: 1 }\n",
+    ))
+    .await;
+    east.stall(Duration::ZERO, Duration::from_secs(3));
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(format!("{}/v1/chat/completions", gateway.url()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(stream_chat("quiet engine"))))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let started = Instant::now();
+    let mut body = response.into_body();
+    let mut received = Vec::new();
+    let ended = loop {
+        match body.frame().await {
+            Some(Ok(frame)) => received.extend_from_slice(&frame.into_data().unwrap()),
+            Some(Err(error)) => break Err(error),
+            None => break Ok(()),
+        }
+    };
+    assert!(ended.is_err(), "the stream ended cleanly: {received:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // What came before the stall reached the client.
+    assert!(String::from_utf8_lossy(&received).contains("\"role\":\"assistant\""));
+}
+
+// ---- retries ------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_on_another_endpoint_of_the_cluster() {
+    let east = engine("east-a").await;
+    let dead = dead_url();
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![dead.clone(), east.url()])],
+        "",
+    ))
+    .await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // p2c picks the dead endpoint sooner or later; every request must still succeed.
+    for i in 0..40 {
+        let answer = send(Method::POST, &url, chat(&format!("retry {i}"))).await;
+        assert_eq!(answer.status, StatusCode::OK, "request {i}");
+        assert_eq!(answer.engine(), Some("east-a"));
+        if endpoint_healthy(&gateway, "east-a", &dead) == Some(false) {
+            return;
+        }
+    }
+    panic!("the dead endpoint was never tried");
+}
+
+#[tokio::test]
+async fn a_cluster_that_cannot_connect_hands_the_request_to_the_next_one() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    // East is preferred (a shorter queue) and its samples last while it is down.
+    let yaml = config_yaml(
+        &[
+            ("east", "east-a", vec![east.url()]),
+            ("west", "west-a", vec![west.url()]),
+        ],
+        "",
+    )
+    .replace("window_secs: 1", "window_secs: 30");
+    let gateway = gateway(&yaml).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    set_queue(&west, 5).await;
+    let east_id = cluster_id(&gateway, "east-a");
+    eventually("both measured, west deeper", || async {
+        let view = gateway.grid().view();
+        let now = Instant::now();
+        let depth = |name: &str| {
+            view.clusters()
+                .iter()
+                .find(|c| c.id().name() == name)
+                .unwrap()
+                .load()
+                .queue_depth(now)
+        };
+        depth("east-a") == 0.0 && depth("west-a") == 5.0
+    })
+    .await;
+    let prompt = chat(&"a long shared system prompt ".repeat(400));
+    let first = send(Method::POST, &url, prompt.clone()).await;
+    assert_eq!(first.engine(), Some("east-a"));
+    assert!(gateway.index().entries(&east_id) > 0);
+
+    let east_url = east.url();
+    east.shutdown().await.unwrap();
+    let answer = send(Method::POST, &url, prompt).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.engine(), Some("west-a"));
+    assert_eq!(endpoint_healthy(&gateway, "east-a", &east_url), Some(false));
+    assert_eq!(
+        gateway.index().entries(&east_id),
+        0,
+        "the failed cluster kept the prompt's keys"
+    );
+}
+
+#[tokio::test]
+async fn retries_stop_at_max_attempts() {
+    let (first, second) = (dead_url(), dead_url());
+    for (max_attempts, tried) in [(1, 1), (3, 2)] {
+        let gateway = gateway(&config_yaml(
+            &[("east", "east-a", vec![first.clone(), second.clone()])],
+            &format!("retries: {{ max_attempts: {max_attempts} }}\n"),
+        ))
+        .await;
+        let url = format!("{}/v1/chat/completions", gateway.url());
+        let answer = send(Method::POST, &url, chat("nowhere")).await;
+        assert_eq!(answer.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(answer.error_code(), "backend_unreachable");
+        let down = [&first, &second]
+            .iter()
+            .filter(|url| endpoint_healthy(&gateway, "east-a", url) == Some(false))
+            .count();
+        assert_eq!(down, tried, "max_attempts {max_attempts}");
+    }
+}
+
+#[tokio::test]
+async fn an_engine_error_is_not_retried() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let gateway = gateway(&config_yaml(
+        &[
+            ("east", "east-a", vec![east.url()]),
+            ("west", "west-a", vec![west.url()]),
+        ],
+        "",
+    ))
+    .await;
+    east.fail_next(StatusCode::INTERNAL_SERVER_ERROR, 100);
+    west.fail_next(StatusCode::INTERNAL_SERVER_ERROR, 100);
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let answer = send(Method::POST, &url, chat("fails once")).await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(engine_requests(&east) + engine_requests(&west), 1);
+}
+
+// ---- outlier ejection ---------------------------------------------------------------
+
+async fn set_queue(engine: &MockEngine, waiting: u64) {
+    let url = format!("{}/mock/queue", engine.url());
+    let body = format!(r#"{{"waiting":{waiting},"exact":true}}"#);
+    assert_eq!(send(Method::POST, &url, body).await.status, StatusCode::OK);
+}
+
+fn cluster_id(gateway: &Gateway, name: &str) -> grid_route_layer::grid::ClusterId {
+    let view = gateway.grid().view();
+    view.clusters()
+        .iter()
+        .find(|c| c.id().name() == name)
+        .unwrap()
+        .id()
+        .clone()
+}
+
+/// The value of a sample line of the admin `/metrics`.
+async fn metric(gateway: &Gateway, series: &str) -> Option<f64> {
+    let answer = send(Method::GET, &format!("{}/metrics", gateway.admin_url()), "").await;
+    let text = String::from_utf8(answer.body.to_vec()).unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn an_endpoint_failing_in_a_row_is_ejected_counted_and_its_cluster_not_admitted() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let yaml = config_yaml(
+        &[
+            ("east", "east-a", vec![east.url()]),
+            ("west", "west-a", vec![west.url()]),
+        ],
+        "outlier: { consecutive_failures: 3, ejection_secs: 60 }\n",
+    );
+    let gateway = gateway(&yaml).await;
+    east.fail_next(StatusCode::SERVICE_UNAVAILABLE, 1000);
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut east_failures = 0;
+    for i in 0..60 {
+        let answer = send(Method::POST, &url, chat(&format!("ejection {i}"))).await;
+        if answer.engine() == Some("east-a") {
+            assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+            east_failures += 1;
+        } else {
+            assert_eq!(answer.status, StatusCode::OK);
+        }
+        if east_failures == 3 {
+            break;
+        }
+    }
+    assert_eq!(east_failures, 3, "east was not tried three times");
+    let view = gateway.grid().view();
+    let east_cluster = view
+        .clusters()
+        .iter()
+        .find(|c| c.id().name() == "east-a")
+        .unwrap();
+    assert!(
+        !east_cluster.admits(),
+        "a cluster with every endpoint ejected still admits"
+    );
+    drop(view);
+    // The poller reads east's metrics fine, but the ejection holds.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in 0..10 {
+        let answer = send(Method::POST, &url, chat(&format!("after {i}"))).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        assert_eq!(answer.engine(), Some("west-a"));
+    }
+    let ejections = metric(
+        &gateway,
+        r#"grid_route_ejections_total{site="east",cluster="east-a"}"#,
+    )
+    .await;
+    assert_eq!(ejections, Some(1.0));
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_holds_the_endpoint_out_that_long() {
+    let east = engine("east-a").await;
+    let spare = engine("east-a").await;
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url(), spare.url()])],
+        "",
+    ))
+    .await;
+    let fail = format!("{}/mock/fail", east.url());
+    let plan = r#"{"status":429,"count":1,"retry_after":2}"#;
+    assert_eq!(send(Method::POST, &fail, plan).await.status, StatusCode::OK);
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut throttled_at = None;
+    for i in 0..40 {
+        let answer = send(Method::POST, &url, chat(&format!("busy {i}"))).await;
+        if answer.status == StatusCode::TOO_MANY_REQUESTS {
+            throttled_at = Some(Instant::now());
+            break;
+        }
+    }
+    let throttled_at = throttled_at.expect("the 429 never came");
+    assert_eq!(
+        endpoint_healthy(&gateway, "east-a", &east.url()),
+        Some(false)
+    );
+    eventually("the endpoint back after its Retry-After", || async {
+        endpoint_healthy(&gateway, "east-a", &east.url()) == Some(true)
+    })
+    .await;
+    let held = throttled_at.elapsed();
+    assert!(held >= Duration::from_millis(1900), "back after {held:?}");
+}

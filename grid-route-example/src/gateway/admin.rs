@@ -37,6 +37,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 
 use super::Live;
+use super::upstream::EJECTIONS_TOTAL;
 
 /// The outcomes of `grid_route_pin_total`.
 const PIN_OUTCOMES: [&str; 4] = ["pinned", "gone", "unavailable", "bad_tag"];
@@ -56,6 +57,12 @@ pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
             match installed {
                 Ok(handle) => {
                     describe_metrics();
+                    metrics::describe_counter!(
+                        EJECTIONS_TOTAL,
+                        metrics::Unit::Count,
+                        "Endpoints ejected after failures in a row (5xx, failed connects, \
+                         timeouts), by site and cluster."
+                    );
                     for outcome in Outcome::ALL {
                         metrics::counter!(PREFIX_AFFINITY_TOTAL, OUTCOME_LABEL => outcome.as_str())
                             .increment(0);

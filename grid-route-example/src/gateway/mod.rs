@@ -48,11 +48,18 @@
 //!   fail the one request (502) without judging the endpoint. Inside a cluster an
 //!   unhealthy endpoint takes no request while a sibling is healthy; a cluster with no
 //!   healthy endpoint is not admitted. A failed metrics read makes an endpoint unmeasured,
-//!   never unhealthy.
-//! - **Timeouts.** Connecting times out after [`CONNECT_TIMEOUT`], a metrics read after
-//!   [`POLL_TIMEOUT`]; requests have no overall timeout (an unstreamed completion answers
-//!   only when generation ends). Engines get `host` set to their own authority and no
-//!   hop-by-hop headers; everything else, bodies included, passes as sent.
+//!   never unhealthy. Outlier ejection (`outlier.*`, `gateway/outlier.rs`) and a 429's
+//!   `Retry-After` keep an endpoint unhealthy for their time, whatever the poller reads.
+//! - **Retries** (`retries.max_attempts`, `gateway/retry.rs`): only a failed connect, on
+//!   another endpoint of the cluster and then the next admitted cluster; never once a
+//!   byte of the request may have reached an engine.
+//! - **Timeouts.** Connecting times out after `timeouts.upstream_connect_ms`, the answer's
+//!   head after `timeouts.upstream_first_byte_secs` (504), a gap between two chunks of
+//!   the answer after `timeouts.upstream_idle_secs` (the client's stream is cut), a
+//!   metrics read after [`POLL_TIMEOUT`]; requests have no overall timeout (an unstreamed
+//!   completion answers only when generation ends). Engines get `host` set to their own
+//!   authority and no hop-by-hop headers; everything else, bodies included, passes as
+//!   sent.
 //! - **The request log** measures latency to the answer's head (time to first byte for a
 //!   stream) and logs at the head; its outcome is the affinity outcome, `pinned`, or `-`.
 //! - **Metrics** go to one process-wide Prometheus recorder, installed by the first
@@ -90,7 +97,9 @@
 mod admin;
 mod front;
 mod idle_body;
+mod outlier;
 mod queue;
+mod retry;
 mod serve;
 mod server;
 mod stack;
@@ -115,13 +124,15 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use admin::METRICS_UPKEEP_INTERVAL;
+pub use outlier::MAX_EJECTION_FACTOR;
 pub use queue::{MAX_METRICS_BYTES, POLL_TIMEOUT, queue_sample};
 pub use serve::serve;
 pub use stack::RETRY_AFTER_SECS;
-pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, POOL_IDLE_TIMEOUT};
+pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, EJECTIONS_TOTAL, POOL_IDLE_TIMEOUT};
 
 use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role, Timeouts};
 use crate::forward_paths::ForwardPaths;
+use outlier::Outliers;
 use server::serve_until;
 use stack::{Routing, StackParts, routing_stack};
 use upstream::HttpClient;
@@ -146,7 +157,9 @@ pub(crate) struct Live {
     affinity: Affinity,
     seed: KeySeed,
     tag_keys: PinKeys,
-    client: HttpClient,
+    /// Replaced on reload when `timeouts.upstream_connect_ms` changes.
+    client: ArcSwap<HttpClient>,
+    outliers: Arc<Outliers>,
     settings: ArcSwap<Settings>,
     routing: ArcSwap<Routing>,
     /// Serialises reloads.
@@ -198,8 +211,11 @@ impl Live {
             seed: &self.seed,
             tag_keys: &self.tag_keys,
             max_body_bytes: checked.max_body_bytes,
-            client: &self.client,
+            client: &self.client.load(),
             recheck_every: checked.poll_interval,
+            outliers: &self.outliers,
+            timeouts: checked.timeouts,
+            max_attempts: checked.max_attempts,
         })
     }
 }
@@ -228,7 +244,8 @@ impl Gateway {
             .map_or(0, |d| d.as_secs());
         let seed = KeySeed::random();
         let tag_keys = PinKeys::new(TagKeys::new(checked.tag_key.clone()));
-        let client = upstream::http_client();
+        let client = upstream::http_client(checked.timeouts.upstream_connect);
+        let outliers = Arc::new(Outliers::new(checked.outlier));
         let routing = routing_stack(&StackParts {
             grid: &grid,
             affinity: &affinity,
@@ -237,6 +254,9 @@ impl Gateway {
             max_body_bytes: checked.max_body_bytes,
             client: &client,
             recheck_every: checked.poll_interval,
+            outliers: &outliers,
+            timeouts: checked.timeouts,
+            max_attempts: checked.max_attempts,
         });
         let live = Live {
             grid,
@@ -244,7 +264,8 @@ impl Gateway {
             affinity,
             seed,
             tag_keys,
-            client,
+            client: ArcSwap::from_pointee(client),
+            outliers,
             settings: ArcSwap::from_pointee(Settings::of(&checked)),
             routing: ArcSwap::from_pointee(routing),
             reloading: Mutex::new(()),
@@ -363,7 +384,14 @@ impl Gateway {
         live.affinity.set_settings(checked.prefix_affinity.affinity);
         live.tag_keys
             .rotate(checked.tag_key.clone(), Instant::now());
+        live.outliers.reconfigure(checked.outlier, &view);
         let old = live.settings.swap(Arc::new(Settings::of(checked)));
+        if old.timeouts.upstream_connect != checked.timeouts.upstream_connect {
+            // The connect timeout belongs to the client: a new one (with a new pool).
+            live.client.store(Arc::new(upstream::http_client(
+                checked.timeouts.upstream_connect,
+            )));
+        }
         live.routing.store(Arc::new(live.routing_for(checked)));
         for (field, was, now) in [
             ("listen", old.listen, checked.listen),
