@@ -627,3 +627,62 @@ async fn a_429_with_retry_after_holds_the_endpoint_out_that_long() {
     let held = throttled_at.elapsed();
     assert!(held >= Duration::from_millis(1900), "back after {held:?}");
 }
+
+// ---- metrics of removed clusters ----------------------------------------------------
+
+#[tokio::test]
+async fn metrics_of_a_removed_cluster_leave_at_the_reload_that_removes_it() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let both = config_yaml(
+        &[
+            ("east", "east-a", vec![east.url()]),
+            ("west", "west-b", vec![west.url()]),
+        ],
+        "",
+    );
+    let gateway = gateway(&both).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let page = || async {
+        let answer = send(Method::GET, &format!("{}/metrics", gateway.admin_url()), "").await;
+        String::from_utf8(answer.body.to_vec()).unwrap()
+    };
+    eventually("a request on each cluster", || async {
+        send(
+            Method::POST,
+            &url,
+            chat(&format!("spread {:?}", Instant::now())),
+        )
+        .await;
+        let text = page().await;
+        text.contains(r#"grid_route_decisions_total{site="west",cluster="west-b"}"#)
+            && text.contains(r#"grid_route_decisions_total{site="east",cluster="east-a"}"#)
+    })
+    .await;
+    let text = page().await;
+    assert!(text.contains(r#"cluster="west/west-b""#), "{text}");
+
+    let east_only = config_yaml(&[("east", "east-a", vec![east.url()])], "");
+    gateway
+        .reload(&GatewayConfig::from_yaml(&east_only).unwrap())
+        .unwrap();
+    let text = page().await;
+    assert!(!text.contains("west-b"), "{text}");
+    assert!(
+        text.contains(r#"grid_route_decisions_total{site="east",cluster="east-a"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"grid_route_queue_depth{site="east",cluster="east-a"}"#),
+        "{text}"
+    );
+
+    gateway
+        .reload(&GatewayConfig::from_yaml(&both).unwrap())
+        .unwrap();
+    let text = page().await;
+    assert!(
+        text.contains(r#"grid_route_queue_depth{site="west",cluster="west-b"}"#),
+        "{text}"
+    );
+}

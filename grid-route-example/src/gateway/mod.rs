@@ -164,6 +164,9 @@ pub(crate) struct Live {
     routing: ArcSwap<Routing>,
     /// Serialises reloads.
     reloading: Mutex<()>,
+    /// Clusters reloads removed (and no later reload added back): their series are left
+    /// out of `/metrics`.
+    removed: Mutex<Vec<ClusterId>>,
     /// Unix seconds at start, the `created` of `/v1/models`.
     started_unix: u64,
 }
@@ -198,6 +201,14 @@ impl Settings {
 }
 
 impl Live {
+    /// Clusters removed by reloads and not added back.
+    fn removed_clusters(&self) -> Vec<ClusterId> {
+        self.removed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// The current `timeouts.client_header_secs`, read for each new connection.
     fn header_timeout(self: &Arc<Self>) -> impl Fn() -> Duration + Send + 'static {
         let live = Arc::clone(self);
@@ -269,6 +280,7 @@ impl Gateway {
             settings: ArcSwap::from_pointee(Settings::of(&checked)),
             routing: ArcSwap::from_pointee(routing),
             reloading: Mutex::new(()),
+            removed: Mutex::new(Vec::new()),
             started_unix,
         };
         let live = Arc::new(live);
@@ -407,6 +419,11 @@ impl Gateway {
             }
         }
         let after: Vec<ClusterId> = view.cluster_ids().collect();
+        {
+            let mut removed = live.removed.lock().unwrap_or_else(PoisonError::into_inner);
+            removed.retain(|id| !after.contains(id));
+            removed.extend(before.iter().filter(|id| !after.contains(id)).cloned());
+        }
         let added: Vec<String> = after
             .iter()
             .filter(|id| !before.contains(id))
