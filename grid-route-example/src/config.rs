@@ -481,60 +481,9 @@ impl GatewayConfig {
         if self.max_body_bytes == 0 {
             return Err(invalid_number("max_body_bytes", 0, "must be at least 1"));
         }
-        let forward_paths =
-            ForwardPaths::parse(&self.forward_paths).map_err(|error| ConfigError::Invalid {
-                field: error.field,
-                value: format!("{:?}", error.value),
-                expected: error.expected.to_owned(),
-            })?;
+        let forward_paths = self.forward_paths()?;
+        self.check_failure_handling()?;
         let timeouts = self.timeouts.durations();
-        for (field, value) in [
-            (
-                "timeouts.client_header_secs",
-                self.timeouts.client_header_secs,
-            ),
-            (
-                "timeouts.client_body_idle_secs",
-                self.timeouts.client_body_idle_secs,
-            ),
-            (
-                "timeouts.upstream_connect_ms",
-                self.timeouts.upstream_connect_ms,
-            ),
-            (
-                "timeouts.upstream_first_byte_secs",
-                self.timeouts.upstream_first_byte_secs,
-            ),
-            (
-                "timeouts.upstream_idle_secs",
-                self.timeouts.upstream_idle_secs,
-            ),
-        ] {
-            if value == 0 {
-                return Err(invalid_number(field, 0, "must be at least 1"));
-            }
-        }
-        if self.retries.max_attempts == 0 {
-            return Err(invalid_number(
-                "retries.max_attempts",
-                0,
-                "must be at least 1",
-            ));
-        }
-        if self.outlier.consecutive_failures == 0 {
-            return Err(invalid_number(
-                "outlier.consecutive_failures",
-                0,
-                "must be at least 1",
-            ));
-        }
-        if self.outlier.ejection_secs == 0 {
-            return Err(invalid_number(
-                "outlier.ejection_secs",
-                0,
-                "must be at least 1",
-            ));
-        }
         if !is_metric_name(&self.queue.metric) {
             return Err(invalid(
                 "queue.metric",
@@ -588,6 +537,67 @@ impl GatewayConfig {
             prefix_affinity,
             tag_key,
         })
+    }
+
+    /// `forward_paths`, checked.
+    fn forward_paths(&self) -> Result<ForwardPaths, ConfigError> {
+        ForwardPaths::parse(&self.forward_paths).map_err(|error| ConfigError::Invalid {
+            field: error.field,
+            value: format!("{:?}", error.value),
+            expected: error.expected.to_owned(),
+        })
+    }
+
+    /// `timeouts`, `retries` and `outlier`: every value at least 1.
+    fn check_failure_handling(&self) -> Result<(), ConfigError> {
+        for (field, value) in [
+            (
+                "timeouts.client_header_secs",
+                self.timeouts.client_header_secs,
+            ),
+            (
+                "timeouts.client_body_idle_secs",
+                self.timeouts.client_body_idle_secs,
+            ),
+            (
+                "timeouts.upstream_connect_ms",
+                self.timeouts.upstream_connect_ms,
+            ),
+            (
+                "timeouts.upstream_first_byte_secs",
+                self.timeouts.upstream_first_byte_secs,
+            ),
+            (
+                "timeouts.upstream_idle_secs",
+                self.timeouts.upstream_idle_secs,
+            ),
+        ] {
+            if value == 0 {
+                return Err(invalid_number(field, 0, "must be at least 1"));
+            }
+        }
+        if self.retries.max_attempts == 0 {
+            return Err(invalid_number(
+                "retries.max_attempts",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if self.outlier.consecutive_failures == 0 {
+            return Err(invalid_number(
+                "outlier.consecutive_failures",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if self.outlier.ejection_secs == 0 {
+            return Err(invalid_number(
+                "outlier.ejection_secs",
+                0,
+                "must be at least 1",
+            ));
+        }
+        Ok(())
     }
 
     fn grid_spec(&self) -> GridSpec {

@@ -358,7 +358,7 @@ mod tests {
             ),
         ];
         for (bad, field) in cases {
-            let error = ForwardPaths::parse(&[bad.clone()]).unwrap_err();
+            let error = ForwardPaths::parse(std::slice::from_ref(&bad)).unwrap_err();
             assert_eq!(error.field, field, "{bad:?}");
         }
     }
