@@ -687,3 +687,31 @@ async fn metrics_of_a_removed_cluster_leave_at_the_reload_that_removes_it() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn only_failures_in_a_row_eject_an_endpoint() {
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url()])],
+        "outlier: { consecutive_failures: 3, ejection_secs: 60 }\n",
+    ))
+    .await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut statuses = Vec::new();
+    for (i, failures) in [2, 2, 3].into_iter().enumerate() {
+        east.fail_next(StatusCode::INTERNAL_SERVER_ERROR, failures);
+        for j in 0..=failures {
+            let answer = send(Method::POST, &url, chat(&format!("round {i} {j}"))).await;
+            statuses.push(answer.status.as_u16());
+        }
+        let healthy = endpoint_healthy(&gateway, "east-a", &east.url());
+        if failures < 3 {
+            assert_eq!(healthy, Some(true), "ejected after {statuses:?}");
+        } else {
+            assert_eq!(healthy, Some(false), "not ejected after {statuses:?}");
+        }
+    }
+    // Two failures, a success, two failures, a success: in; three in a row: out, so the
+    // fourth request of the last round found no admitted cluster.
+    assert_eq!(statuses, [500, 500, 200, 500, 500, 200, 500, 500, 500, 503]);
+}

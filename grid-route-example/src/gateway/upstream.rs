@@ -306,11 +306,14 @@ impl Service<Request<Body>> for Endpoint {
             let first_byte = timeouts.upstream_first_byte;
             match tokio::time::timeout(first_byte, client.request(request)).await {
                 Ok(Ok(response)) => {
-                    watch.report_head(response.status(), response.headers());
+                    let status = response.status();
+                    watch.report_head(status, response.headers());
                     let (mut parts, body) = response.into_parts();
                     strip_hop_by_hop(&mut parts.headers);
                     let body = WatchedBody {
                         body: IdleTimeoutBody::new(timeouts.upstream_idle, body),
+                        // A 5xx was counted at its head; a 4xx says nothing either way.
+                        success_counts: !status.is_client_error() && !status.is_server_error(),
                         watch: Some(watch),
                     };
                     Ok(Response::from_parts(parts, Body::new(body)))
@@ -348,10 +351,11 @@ impl Service<Request<Body>> for Endpoint {
 pin_project! {
     /// An engine's answer on its way to the client: a failure mid-stream (the engine died
     /// or went quiet) is logged with the site and cluster and counted against the
-    /// endpoint; a clean end counts for it.
+    /// endpoint; a clean end of a 2xx (or 1xx, 3xx) answer counts for it.
     struct WatchedBody<B> {
         #[pin]
         body: B,
+        success_counts: bool,
         // Taken at the first outcome, so each answer reports once.
         watch: Option<Arc<EndpointWatch>>,
     }
@@ -369,13 +373,24 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
-        let frame = ready!(this.body.poll_frame(cx));
+        let mut body = this.body;
+        let frame = ready!(body.as_mut().poll_frame(cx));
+        // hyper stops polling a body of known length after its last byte, so the end is
+        // also seen through `is_end_stream`, not only as a `None`.
+        let ended = match &frame {
+            None => true,
+            Some(Ok(_)) => body.is_end_stream(),
+            Some(Err(_)) => false,
+        };
         match &frame {
-            None => {
-                if let Some(watch) = this.watch.take() {
+            _ if ended => {
+                if let Some(watch) = this.watch.take()
+                    && *this.success_counts
+                {
                     watch.report(Event::Success);
                 }
             }
+            None => {}
             Some(Err(error)) => {
                 if let Some(watch) = this.watch.take() {
                     tracing::warn!(
