@@ -14,6 +14,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -131,11 +132,12 @@ fn config(listen: u16, admin: u16, engines: &[&EngineProcess], window_secs: u64)
     );
     for engine in engines {
         let site = engine.name.trim_end_matches("-a");
-        yaml.push_str(&format!(
-            "  - name: {site}\n    clusters:\n      - {{ name: {}, models: [demo-model], endpoints: [{}] }}\n",
+        let _ = writeln!(
+            yaml,
+            "  - name: {site}\n    clusters:\n      - {{ name: {}, models: [demo-model], endpoints: [{}] }}",
             engine.name,
             engine.url()
-        ));
+        );
     }
     yaml
 }
@@ -217,6 +219,153 @@ async fn one_request(client: &HttpClient, url: &str, body: String) -> Seen {
     }
 }
 
+/// Sends `signal` (`-HUP`, `-TERM`) to the process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let sent = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill {signal} {pid}");
+}
+
+/// Outcomes with the time each request ended, from the start of the run.
+type Outcomes = Arc<Mutex<Vec<(Duration, Seen)>>>;
+
+/// [`CLIENTS`] clients sending requests back to back until [`RUN`] is over.
+fn spawn_clients(url: &str, started: Instant, seen: &Outcomes) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..CLIENTS)
+        .map(|c| {
+            let url = url.to_owned();
+            let seen = Arc::clone(seen);
+            tokio::spawn(async move {
+                let client = client();
+                let mut turn = 0;
+                while started.elapsed() < RUN {
+                    turn += 1;
+                    // Each client keeps a conversation with a long shared prefix, so
+                    // affinity has something to stick to; every other request streams.
+                    let stream = turn % 2 == 0;
+                    let body = format!(
+                        r#"{{"model":"demo-model","stream":{stream},"messages":[{{"role":"system","content":"{}"}},{{"role":"user","content":"client {c} turn {turn}"}}]}}"#,
+                        format!("client {c} system prompt ").repeat(60)
+                    );
+                    let outcome = one_request(&client, &url, body).await;
+                    seen.lock().unwrap().push((started.elapsed(), outcome));
+                }
+            })
+        })
+        .collect()
+}
+
+/// When each fault began and ended, from the start of the run.
+struct Timeline {
+    east_down: Duration,
+    east_up: Duration,
+    north_stalled: Duration,
+    north_back: Duration,
+}
+
+fn tally(seen: &[(Duration, Seen)]) -> BTreeMap<String, usize> {
+    let mut tally: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, outcome) in seen {
+        let key = match outcome {
+            Seen::Ok => "ok".to_owned(),
+            Seen::EngineError(status, engine) => format!("{status} from {engine}"),
+            Seen::Cut(engine) => format!("cut by {engine}"),
+            Seen::Gateway(status, code) => format!("gateway {status} {code}"),
+            Seen::Broken(what) => format!("BROKEN {what}"),
+        };
+        *tally.entry(key).or_default() += 1;
+    }
+    tally
+}
+
+/// Every failure a client saw is one the faults explain.
+fn assert_explained(seen: &[(Duration, Seen)], faults: &Timeline) {
+    for (at, outcome) in seen {
+        match outcome {
+            Seen::Ok => {}
+            Seen::EngineError(500, engine) => assert_eq!(engine, "west-a", "at {at:?}"),
+            Seen::EngineError(status, engine) => panic!("{status} from {engine} at {at:?}"),
+            // Answers in flight on east when it was killed.
+            Seen::Cut(engine) => assert_eq!(engine, "east-a", "cut at {at:?}"),
+            Seen::Gateway(502, code) => {
+                assert_eq!(code, "backend_unreachable");
+                assert!(
+                    *at >= faults.east_down && *at < faults.east_down + Duration::from_secs(2),
+                    "a 502 outside east's death, at {at:?}"
+                );
+            }
+            Seen::Gateway(504, code) => {
+                assert_eq!(code, "upstream_timeout", "at {at:?}");
+                assert!(
+                    *at >= faults.north_stalled && *at < faults.north_back + Duration::from_secs(3),
+                    "a 504 outside north's stall, at {at:?}"
+                );
+            }
+            other => panic!("{other:?} at {at:?}"),
+        }
+    }
+    let failed_in_flight = seen
+        .iter()
+        .filter(|(at, o)| {
+            matches!(o, Seen::Gateway(502, _) | Seen::Cut(_))
+                && *at >= faults.east_down
+                && *at < faults.east_up
+        })
+        .count();
+    assert!(
+        failed_in_flight <= CLIENTS,
+        "{failed_in_flight} requests failed with east down: more than were in flight"
+    );
+}
+
+/// Most requests succeeded, and ejection kept west's 500s to a few: each ejection follows
+/// 3 in a row, and requests already on their way when it came may add one each.
+fn assert_contained(tally: &BTreeMap<String, usize>, requests: usize, ejections: f64) {
+    let ok = tally.get("ok").copied().unwrap_or(0);
+    assert!(
+        ok * 10 >= requests * 9,
+        "fewer than 90% succeeded: {tally:?}"
+    );
+    let west_500s = tally.get("500 from west-a").copied().unwrap_or(0);
+    assert!(ejections >= 1.0, "west was never ejected");
+    assert!(
+        west_500s <= 3 * (ejections as usize + 1) + CLIENTS,
+        "{west_500s} 500s from west with {ejections} ejections"
+    );
+}
+
+/// Waits for `child` to exit, failing after [`WAIT`].
+async fn exit_of(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            return exit;
+        }
+        assert!(Instant::now() < deadline, "serve did not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Starts `serve` on `file` and waits until it serves generation 0.
+async fn start_gateway(file: &std::path::Path, log: &std::path::Path, admin: &str) -> Child {
+    let gateway = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
+        .args(["serve", "--config"])
+        .arg(file)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while generation(admin).await != Some(0) {
+        assert!(Instant::now() < deadline, "serve did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gateway
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_holds_up_through_engine_deaths_500s_stalls_and_reloads() {
     let (east_port, west_port, north_port) = (free_port(), free_port(), free_port());
@@ -228,102 +377,50 @@ async fn the_gateway_holds_up_through_engine_deaths_500s_stalls_and_reloads() {
     let file = dir.join("gateway.yaml");
     let (listen, admin_port) = (free_port(), free_port());
     let admin = format!("http://127.0.0.1:{admin_port}");
-    std::fs::write(
-        &file,
-        config(listen, admin_port, &[&east, &west, &north], 2),
-    )
-    .unwrap();
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
-        .args(["serve", "--config"])
-        .arg(&file)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("gateway.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while generation(&admin).await != Some(0) {
-        assert!(Instant::now() < deadline, "serve did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let engines = [&east, &west, &north];
+    std::fs::write(&file, config(listen, admin_port, &engines, 2)).unwrap();
+    let reloaded = config(listen, admin_port, &engines, 3);
+    let mut gateway = start_gateway(&file, &dir.join("gateway.log"), &admin).await;
+    let pid = gateway.id();
 
     let url = format!("http://127.0.0.1:{listen}/v1/chat/completions");
-    let seen: Arc<Mutex<Vec<(Duration, Seen)>>> = Arc::default();
+    let seen: Outcomes = Arc::default();
     let started = Instant::now();
-    let mut clients = Vec::new();
-    for c in 0..CLIENTS {
-        let url = url.clone();
-        let seen = Arc::clone(&seen);
-        clients.push(tokio::spawn(async move {
-            let client = client();
-            let mut turn = 0;
-            while started.elapsed() < RUN {
-                turn += 1;
-                // Each client keeps a conversation with a long shared prefix, so affinity
-                // has something to stick to; every other request streams.
-                let stream = turn % 2 == 0;
-                let body = format!(
-                    r#"{{"model":"demo-model","stream":{stream},"messages":[{{"role":"system","content":"{}"}},{{"role":"user","content":"client {c} turn {turn}"}}]}}"#,
-                    format!("client {c} system prompt ").repeat(60)
-                );
-                let outcome = one_request(&client, &url, body).await;
-                seen.lock().unwrap().push((started.elapsed(), outcome));
-            }
-        }));
-    }
-
-    let gateway_pid = gateway.id();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let rss_warm = rss_kib(gateway_pid);
-
+    let clients = spawn_clients(&url, started, &seen);
+    let pause = |secs| tokio::time::sleep(Duration::from_secs(secs));
+    pause(3).await;
+    let rss_warm = rss_kib(pid);
     // 4 s: east dies; 10 s: it comes back on its port.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    pause(1).await;
     east.kill();
     let east_down = started.elapsed();
-    tokio::time::sleep(Duration::from_secs(3)).await;
     // 7 s: a valid reload (a longer queue window).
-    std::fs::write(
-        &file,
-        config(listen, admin_port, &[&east, &west, &north], 3),
-    )
-    .unwrap();
-    assert!(
-        Command::new("kill")
-            .args(["-HUP", &gateway_pid.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    pause(3).await;
+    std::fs::write(&file, reloaded).unwrap();
+    signal(pid, "-HUP");
+    pause(3).await;
     east = EngineProcess::start("east-a", east_port).await;
     let east_up = started.elapsed();
-    // 12 s - 18 s: west answers 500.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // 12 s - 18 s: west answers 500; at 15 s a broken config file is refused.
+    pause(2).await;
     west.knob("/mock/fail", r#"{"status":500,"count":100000}"#)
         .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    // 15 s: a broken config file: refused, the running config stays.
+    pause(3).await;
     std::fs::write(&file, "sites: [").unwrap();
-    assert!(
-        Command::new("kill")
-            .args(["-HUP", &gateway_pid.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    signal(pid, "-HUP");
+    pause(3).await;
     west.knob("/mock/fail", r#"{"status":500,"count":0}"#).await;
     // 20 s - 26 s: north takes 5 s to answer (the gateway waits 2 s).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    pause(2).await;
     north.knob("/mock/stall", r#"{"head_ms":5000}"#).await;
     let north_stalled = started.elapsed();
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    pause(6).await;
     north.knob("/mock/stall", "{}").await;
     let north_back = started.elapsed();
     for client in clients {
         client.await.unwrap();
     }
-    let rss_end = rss_kib(gateway_pid);
+    let rss_end = rss_kib(pid);
 
     assert_eq!(
         generation(&admin).await,
@@ -344,87 +441,24 @@ async fn the_gateway_holds_up_through_engine_deaths_500s_stalls_and_reloads() {
     )
     .await
     .unwrap_or(0.0);
-
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &gateway_pid.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = Instant::now() + WAIT;
-    let exit = loop {
-        if let Some(exit) = gateway.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(Instant::now() < deadline, "serve did not stop");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    signal(pid, "-TERM");
+    let exit = exit_of(&mut gateway).await;
 
     let seen = seen.lock().unwrap().clone();
-    let mut tally: BTreeMap<String, usize> = BTreeMap::new();
-    for (_, outcome) in &seen {
-        let key = match outcome {
-            Seen::Ok => "ok".to_owned(),
-            Seen::EngineError(status, engine) => format!("{status} from {engine}"),
-            Seen::Cut(engine) => format!("cut by {engine}"),
-            Seen::Gateway(status, code) => format!("gateway {status} {code}"),
-            Seen::Broken(what) => format!("BROKEN {what}"),
-        };
-        *tally.entry(key).or_default() += 1;
-    }
+    let tally = tally(&seen);
     println!(
         "chaos: {} requests in {RUN:?}: {tally:?}; RSS {rss_warm} KiB warm, {rss_end} KiB at the end; west ejected {ejections} times",
         seen.len()
     );
     assert!(exit.success(), "{exit}");
-    for (at, outcome) in &seen {
-        match outcome {
-            Seen::Ok => {}
-            Seen::EngineError(500, engine) => assert_eq!(engine, "west-a", "at {at:?}"),
-            Seen::EngineError(status, engine) => panic!("{status} from {engine} at {at:?}"),
-            // Answers in flight on east when it was killed.
-            Seen::Cut(engine) => assert_eq!(engine, "east-a", "cut at {at:?}"),
-            Seen::Gateway(502, code) => {
-                assert_eq!(code, "backend_unreachable");
-                assert!(
-                    *at >= east_down && *at < east_down + Duration::from_secs(2),
-                    "a 502 outside east's death, at {at:?}"
-                );
-            }
-            Seen::Gateway(504, code) => {
-                assert_eq!(code, "upstream_timeout", "at {at:?}");
-                assert!(
-                    *at >= north_stalled && *at < north_back + Duration::from_secs(3),
-                    "a 504 outside north's stall, at {at:?}"
-                );
-            }
-            other => panic!("{other:?} at {at:?}"),
-        }
-    }
-    let failed_in_flight = seen
-        .iter()
-        .filter(|(at, o)| {
-            matches!(o, Seen::Gateway(502, _) | Seen::Cut(_)) && *at >= east_down && *at < east_up
-        })
-        .count();
-    assert!(
-        failed_in_flight <= CLIENTS,
-        "{failed_in_flight} requests failed with east down: more than were in flight"
-    );
-    let ok = tally.get("ok").copied().unwrap_or(0);
-    assert!(
-        ok * 10 >= seen.len() * 9,
-        "fewer than 90% succeeded: {tally:?}"
-    );
-    // Ejection kept west's 500s to a few: each ejection follows 3 in a row, and requests
-    // already on their way when it came may add one each.
-    let west_500s = tally.get("500 from west-a").copied().unwrap_or(0);
-    assert!(ejections >= 1.0, "west was never ejected");
-    assert!(
-        west_500s <= 3 * (ejections as usize + 1) + CLIENTS,
-        "{west_500s} 500s from west with {ejections} ejections"
-    );
+    let faults = Timeline {
+        east_down,
+        east_up,
+        north_stalled,
+        north_back,
+    };
+    assert_explained(&seen, &faults);
+    assert_contained(&tally, seen.len(), ejections);
     assert!(
         rss_end <= rss_warm + rss_warm / 2 + 8 * 1024,
         "RSS grew from {rss_warm} KiB to {rss_end} KiB"

@@ -382,28 +382,23 @@ where
             Some(Ok(_)) => body.is_end_stream(),
             Some(Err(_)) => false,
         };
-        match &frame {
-            _ if ended => {
-                if let Some(watch) = this.watch.take()
-                    && *this.success_counts
-                {
-                    watch.report(Event::Success);
-                }
+        if ended {
+            if let Some(watch) = this.watch.take()
+                && *this.success_counts
+            {
+                watch.report(Event::Success);
             }
-            None => {}
-            Some(Err(error)) => {
-                if let Some(watch) = this.watch.take() {
-                    tracing::warn!(
-                        site = %watch.cluster.site(),
-                        cluster = watch.cluster.name(),
-                        endpoint = %watch.url,
-                        %error,
-                        "engine answer failed mid-stream; the client's stream is cut"
-                    );
-                    watch.report(Event::Failure);
-                }
-            }
-            Some(Ok(_)) => {}
+        } else if let Some(Err(error)) = &frame
+            && let Some(watch) = this.watch.take()
+        {
+            tracing::warn!(
+                site = %watch.cluster.site(),
+                cluster = watch.cluster.name(),
+                endpoint = %watch.url,
+                %error,
+                "engine answer failed mid-stream; the client's stream is cut"
+            );
+            watch.report(Event::Failure);
         }
         Poll::Ready(frame)
     }
