@@ -715,3 +715,33 @@ async fn only_failures_in_a_row_eject_an_endpoint() {
     // fourth request of the last round found no admitted cluster.
     assert_eq!(statuses, [500, 500, 200, 500, 500, 200, 500, 500, 500, 503]);
 }
+
+#[tokio::test]
+async fn a_long_answer_outlives_the_head_deadline() {
+    let config = MockEngineConfig {
+        decode_delay_per_token: Duration::from_millis(400),
+        ..MockEngineConfig::named("east-a")
+    };
+    let east = MockEngine::start("127.0.0.1:0", config).await.unwrap();
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url()])],
+        "timeouts: { client_header_secs: 1 }\n",
+    ))
+    .await;
+    let started = Instant::now();
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // Seven tokens at 400 ms: the answer takes about three head deadlines.
+    let answer = send(
+        Method::POST,
+        &url,
+        stream_chat("one two three four five six"),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(
+        String::from_utf8_lossy(&answer.body).ends_with("data: [DONE]\n\n"),
+        "{:?}",
+        answer.body
+    );
+}

@@ -11,7 +11,9 @@
 //!   `client_header` is closed (this also covers a client that sends fewer bytes than
 //!   it takes to tell the protocol, which hyper's own header timeout cannot see); later
 //!   heads on a kept-alive HTTP/1.1 connection are bounded by hyper's
-//!   `header_read_timeout` with the same value.
+//!   `header_read_timeout` with the same value. Hyper starts that clock when it starts
+//!   waiting for the next head, so it is also the idle timeout of kept-alive HTTP/1.1
+//!   connections; an answer in progress, however long, is not affected.
 //! - **Shutdown**: when `stopped` turns true the listener stops accepting; connections
 //!   that have not sent a whole first request close at once, idle kept-alive ones close,
 //!   and those with a request in flight finish it (streams included) and then close.
