@@ -30,13 +30,16 @@
 //!
 //! # What runs
 //!
-//! - **Front listener** (`listen`; `gateway/front.rs`): the request log, the provider
-//!   role's gate, `GET /v1/models` aggregated over admitted clusters, and every other
-//!   request through the routing stack (`gateway/stack.rs`): keying → pinning →
-//!   confirmation → affinity → `Select` → the chosen cluster's p2c balancer over its
-//!   endpoints (`gateway/upstream.rs`). Paths the layers do not read still go through it
+//! - **Front listener** (`listen`; `gateway/front.rs`, connections in
+//!   `gateway/server.rs`): the request log, the role's path gate (`forward_paths` for a
+//!   consumer, `provider_allowed_paths` for a provider), `GET /v1/models` aggregated over
+//!   admitted clusters, and every other forwarded request through the routing stack
+//!   (`gateway/stack.rs`): keying → pinning → confirmation → affinity → retries →
+//!   `Select` → the chosen cluster's p2c balancer over its endpoints
+//!   (`gateway/upstream.rs`). Forwarded paths the layers do not read still go through it
 //!   and route on load alone. No cluster for the request: 503 with `Retry-After: 5`; the
-//!   chosen cluster failed before answering: 502. Both OpenAI-style JSON.
+//!   chosen cluster failed before answering: 502; no answer's head in time: 504. All
+//!   OpenAI-style JSON.
 //! - **Admin listener** (`admin_listen`; `gateway/admin.rs`): `/metrics` and `/healthz`.
 //! - **Queue poller** (`gateway/queue.rs`): each endpoint's `/metrics` every
 //!   `queue.poll_interval_ms`, see [`queue_sample`].

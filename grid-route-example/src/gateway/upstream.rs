@@ -201,7 +201,7 @@ impl EndpointWatch {
         let change = self
             .outliers
             .record(&self.cluster, &self.url, event, Instant::now());
-        let held = match change {
+        match change {
             Change::None => return,
             Change::Ejected { length, nth } => {
                 metrics::counter!(
@@ -218,7 +218,6 @@ impl EndpointWatch {
                     nth,
                     "endpoint ejected after failures in a row"
                 );
-                length
             }
             Change::HeldOut(length) => {
                 tracing::info!(
@@ -228,10 +227,8 @@ impl EndpointWatch {
                     secs = length.as_secs(),
                     "endpoint answered 429; held out for its Retry-After"
                 );
-                length
             }
-        };
-        tracing::debug!(secs = held.as_secs(), "endpoint out of new selections");
+        }
         if let Some(cluster) = self.grid.view().cluster(&self.cluster) {
             cluster.load().set_endpoint_healthy(&self.url, false);
         }
