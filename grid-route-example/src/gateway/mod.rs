@@ -78,7 +78,10 @@
 //! stay keep their queue samples, health and in-flight counts), the prefix index resized
 //! to the new cluster list (clusters that left are dropped with their entries), the
 //! affinity settings swapped, the tag key rotated (the previous key keeps verifying for
-//! its grace period), and the routing stack rebuilt for the next requests. Requests in
+//! its grace period), and the routing stack rebuilt for the next requests (with the new
+//! `forward_paths`, `timeouts`, `retries` and `outlier` settings; a changed
+//! `upstream_connect_ms` gets a new engine client and pool; endpoints that left lose
+//! their outlier records; series of clusters that left leave `/metrics`). Requests in
 //! flight finish on the stack they started on. `listen` and `admin_listen` cannot change
 //! without a restart: a reload that changes them applies the rest and logs a warning.
 //!
