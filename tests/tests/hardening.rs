@@ -195,7 +195,7 @@ async fn the_consumer_role_forwards_only_the_llm_api() {
 }
 
 #[tokio::test]
-async fn forward_paths_replaces_the_default_list() {
+async fn forward_paths_replaces_the_default_list_and_reloads() {
     let east = engine("east-a").await;
     let extra = "forward_paths:\n  - { path: /v1/chat/completions, methods: [POST] }\n  \
                  - { path: \"/mock/stats\", methods: [GET] }\n";
@@ -208,6 +208,16 @@ async fn forward_paths_replaces_the_default_list() {
     assert_eq!(refused.status, StatusCode::NOT_FOUND);
     let refused = send(Method::GET, &url("/v1/models"), "").await;
     assert_eq!(refused.status, StatusCode::NOT_FOUND);
+
+    // A reload back to the default list applies to the next request.
+    let default = config_yaml(&[("east", "east-a", vec![east.url()])], "");
+    gateway
+        .reload(&GatewayConfig::from_yaml(&default).unwrap())
+        .unwrap();
+    let refused = send(Method::GET, &url("/mock/stats"), "").await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+    let models = send(Method::GET, &url("/v1/models"), "").await;
+    assert_eq!(models.status, StatusCode::OK);
 }
 
 // ---- clients that stall -------------------------------------------------------------
