@@ -15,6 +15,17 @@
 //! role: consumer                # consumer | provider
 //! provider_allowed_paths: [/v1/chat/completions, /v1/completions, /v1/models, /v1/embeddings]
 //! max_body_bytes: 10485760      # largest body buffered and keyed; larger ones stream unkeyed
+//! forward_paths:                # consumer role; default: the OpenAI and Anthropic API paths
+//!   - { path: /v1/chat/completions, methods: [POST] }
+//!   - { path: "/v1/responses/{id}", methods: [GET, DELETE] }
+//! timeouts:
+//!   client_header_secs: 10      # the whole request head
+//!   client_body_idle_secs: 30   # a stalled request body: 408
+//!   upstream_connect_ms: 2000
+//!   upstream_first_byte_secs: 600   # request sent -> response head: 504
+//!   upstream_idle_secs: 120     # between two chunks of an answer: the stream is aborted
+//! retries: { max_attempts: 3 }  # only requests that never reached an engine
+//! outlier: { consecutive_failures: 5, ejection_secs: 30 }
 //! queue: { metric: "vllm:num_requests_waiting", poll_interval_ms: 500, window_secs: 10 }
 //! sites:
 //!   - name: east
@@ -82,6 +93,8 @@ use grid_route_layer::grid::{ClusterSpec, Grid, GridError, GridSettings, GridSpe
 use grid_route_layer::pin::{TagKey, TagKeyError, TagKeys};
 use serde::Deserialize;
 
+use crate::forward_paths::{ForwardPathConfig, ForwardPaths};
+
 /// The queue metric of vLLM (the default): requests waiting for a running slot.
 pub const VLLM_QUEUE_METRIC: &str = "vllm:num_requests_waiting";
 /// The queue metric of SGLang.
@@ -116,6 +129,19 @@ pub struct GatewayConfig {
     /// Default 10 MiB.
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: usize,
+    /// The paths (with their methods) the consumer role forwards; replaces the default
+    /// list, [`DEFAULT_FORWARD_PATHS`](crate::forward_paths::DEFAULT_FORWARD_PATHS).
+    #[serde(default = "ForwardPathConfig::defaults")]
+    pub forward_paths: Vec<ForwardPathConfig>,
+    /// How long clients and engines may take.
+    #[serde(default)]
+    pub timeouts: TimeoutsConfig,
+    /// Retries of requests that never reached an engine.
+    #[serde(default)]
+    pub retries: RetriesConfig,
+    /// Outlier ejection of failing endpoints.
+    #[serde(default)]
+    pub outlier: OutlierConfig,
     /// The queue signal polled from each endpoint.
     #[serde(default)]
     pub queue: QueueConfig,
@@ -158,6 +184,72 @@ impl Default for QueueConfig {
             metric: VLLM_QUEUE_METRIC.to_owned(),
             poll_interval_ms: 500,
             window_secs: GridSettings::DEFAULT_QUEUE_WINDOW.as_secs(),
+        }
+    }
+}
+
+/// `timeouts`: how long clients and engines may take, each in the unit its name says.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct TimeoutsConfig {
+    /// A client must send its whole request head within this. Default 10 s.
+    pub client_header_secs: u64,
+    /// A request body that sends nothing for this long is answered 408. Default 30 s.
+    pub client_body_idle_secs: u64,
+    /// Connecting to an engine. Default 2000 ms.
+    pub upstream_connect_ms: u64,
+    /// From sending a request to the engine's response head (a long prompt's prefill
+    /// can take minutes). Default 600 s.
+    pub upstream_first_byte_secs: u64,
+    /// Between two chunks of an engine's answer. Default 120 s.
+    pub upstream_idle_secs: u64,
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        Self {
+            client_header_secs: 10,
+            client_body_idle_secs: 30,
+            upstream_connect_ms: 2000,
+            upstream_first_byte_secs: 600,
+            upstream_idle_secs: 120,
+        }
+    }
+}
+
+/// `retries`: requests that never reached an engine are tried on the next candidate.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct RetriesConfig {
+    /// Attempts in all, the first included (1: no retry). Default 3.
+    pub max_attempts: u32,
+}
+
+impl Default for RetriesConfig {
+    fn default() -> Self {
+        Self { max_attempts: 3 }
+    }
+}
+
+/// `outlier`: endpoints that keep failing are taken out of rotation for a while.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct OutlierConfig {
+    /// Failures in a row (5xx, failed connects, timeouts) that eject an endpoint.
+    /// Default 5.
+    pub consecutive_failures: u32,
+    /// How long a first ejection lasts; each repeat doubles it, up to 10×. Default 30 s.
+    pub ejection_secs: u64,
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 5,
+            ejection_secs: 30,
         }
     }
 }
@@ -282,6 +374,14 @@ pub struct CheckedConfig {
     pub provider_allowed_paths: Arc<[String]>,
     /// The keying body limit.
     pub max_body_bytes: usize,
+    /// What the consumer role forwards.
+    pub forward_paths: Arc<ForwardPaths>,
+    /// Client and engine timeouts.
+    pub timeouts: Timeouts,
+    /// Attempts in all for a request that never reached an engine (at least 1).
+    pub max_attempts: u32,
+    /// Outlier ejection settings.
+    pub outlier: OutlierSettings,
     /// The queue metric's name.
     pub queue_metric: Arc<str>,
     /// How often endpoints are polled.
@@ -302,6 +402,60 @@ impl CheckedConfig {
     /// The keys the pin layer signs and checks ids with.
     pub fn tag_keys(&self) -> TagKeys {
         TagKeys::new(self.tag_key.clone()).with_previous(self.previous_tag_key.clone())
+    }
+}
+
+/// `timeouts`, as durations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Timeouts {
+    /// `client_header_secs`.
+    pub client_header: Duration,
+    /// `client_body_idle_secs`.
+    pub client_body_idle: Duration,
+    /// `upstream_connect_ms`.
+    pub upstream_connect: Duration,
+    /// `upstream_first_byte_secs`.
+    pub upstream_first_byte: Duration,
+    /// `upstream_idle_secs`.
+    pub upstream_idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        TimeoutsConfig::default().durations()
+    }
+}
+
+impl TimeoutsConfig {
+    fn durations(&self) -> Timeouts {
+        Timeouts {
+            client_header: Duration::from_secs(self.client_header_secs),
+            client_body_idle: Duration::from_secs(self.client_body_idle_secs),
+            upstream_connect: Duration::from_millis(self.upstream_connect_ms),
+            upstream_first_byte: Duration::from_secs(self.upstream_first_byte_secs),
+            upstream_idle: Duration::from_secs(self.upstream_idle_secs),
+        }
+    }
+}
+
+/// `outlier`, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutlierSettings {
+    /// Failures in a row that eject an endpoint (at least 1).
+    pub consecutive_failures: u32,
+    /// The first ejection's length.
+    pub ejection: Duration,
+}
+
+impl Default for OutlierSettings {
+    fn default() -> Self {
+        let d = OutlierConfig::default();
+        Self {
+            consecutive_failures: d.consecutive_failures,
+            ejection: Duration::from_secs(d.ejection_secs),
+        }
     }
 }
 
@@ -345,6 +499,9 @@ impl GatewayConfig {
         if self.max_body_bytes == 0 {
             return Err(invalid_number("max_body_bytes", 0, "must be at least 1"));
         }
+        let forward_paths = self.forward_paths()?;
+        self.check_failure_handling()?;
+        let timeouts = self.timeouts.durations();
         if !is_metric_name(&self.queue.metric) {
             return Err(invalid(
                 "queue.metric",
@@ -395,6 +552,13 @@ impl GatewayConfig {
             role: self.role,
             provider_allowed_paths: self.provider_allowed_paths.clone().into(),
             max_body_bytes: self.max_body_bytes,
+            forward_paths: Arc::new(forward_paths),
+            timeouts,
+            max_attempts: self.retries.max_attempts,
+            outlier: OutlierSettings {
+                consecutive_failures: self.outlier.consecutive_failures,
+                ejection: Duration::from_secs(self.outlier.ejection_secs),
+            },
             queue_metric: self.queue.metric.as_str().into(),
             poll_interval: Duration::from_millis(self.queue.poll_interval_ms),
             grid_spec,
@@ -403,6 +567,67 @@ impl GatewayConfig {
             tag_key,
             previous_tag_key,
         })
+    }
+
+    /// `forward_paths`, checked.
+    fn forward_paths(&self) -> Result<ForwardPaths, ConfigError> {
+        ForwardPaths::parse(&self.forward_paths).map_err(|error| ConfigError::Invalid {
+            field: error.field,
+            value: format!("{:?}", error.value),
+            expected: error.expected.to_owned(),
+        })
+    }
+
+    /// `timeouts`, `retries` and `outlier`: every value at least 1.
+    fn check_failure_handling(&self) -> Result<(), ConfigError> {
+        for (field, value) in [
+            (
+                "timeouts.client_header_secs",
+                self.timeouts.client_header_secs,
+            ),
+            (
+                "timeouts.client_body_idle_secs",
+                self.timeouts.client_body_idle_secs,
+            ),
+            (
+                "timeouts.upstream_connect_ms",
+                self.timeouts.upstream_connect_ms,
+            ),
+            (
+                "timeouts.upstream_first_byte_secs",
+                self.timeouts.upstream_first_byte_secs,
+            ),
+            (
+                "timeouts.upstream_idle_secs",
+                self.timeouts.upstream_idle_secs,
+            ),
+        ] {
+            if value == 0 {
+                return Err(invalid_number(field, 0, "must be at least 1"));
+            }
+        }
+        if self.retries.max_attempts == 0 {
+            return Err(invalid_number(
+                "retries.max_attempts",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if self.outlier.consecutive_failures == 0 {
+            return Err(invalid_number(
+                "outlier.consecutive_failures",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if self.outlier.ejection_secs == 0 {
+            return Err(invalid_number(
+                "outlier.ejection_secs",
+                0,
+                "must be at least 1",
+            ));
+        }
+        Ok(())
     }
 
     fn grid_spec(&self) -> GridSpec {
@@ -612,6 +837,15 @@ sites:
             ]
         );
         assert_eq!(config.max_body_bytes, 10_485_760);
+        assert_eq!(config.forward_paths, ForwardPathConfig::defaults());
+        assert_eq!(config.timeouts.client_header_secs, 10);
+        assert_eq!(config.timeouts.client_body_idle_secs, 30);
+        assert_eq!(config.timeouts.upstream_connect_ms, 2000);
+        assert_eq!(config.timeouts.upstream_first_byte_secs, 600);
+        assert_eq!(config.timeouts.upstream_idle_secs, 120);
+        assert_eq!(config.retries.max_attempts, 3);
+        assert_eq!(config.outlier.consecutive_failures, 5);
+        assert_eq!(config.outlier.ejection_secs, 30);
         assert_eq!(config.queue.metric, "vllm:num_requests_waiting");
         assert_eq!(config.queue.poll_interval_ms, 500);
         assert_eq!(config.queue.window_secs, 10);
@@ -679,6 +913,13 @@ grid_site_route:
         assert!(message.contains("unknown field `treshold`"), "{message}");
         let message = refused(&format!("{MINIMAL}queue: {{ metrc: x }}\n"));
         assert!(message.contains("unknown field `metrc`"), "{message}");
+        let message = refused(&format!("{MINIMAL}timeouts: {{ client_header: 1 }}\n"));
+        assert!(
+            message.contains("unknown field `client_header`"),
+            "{message}"
+        );
+        let message = refused(&format!("{MINIMAL}outlier: {{ ejection: 1 }}\n"));
+        assert!(message.contains("unknown field `ejection`"), "{message}");
     }
 
     #[test]
@@ -740,6 +981,26 @@ grid_site_route:
             (
                 format!("{MINIMAL}max_body_bytes: 0\n"),
                 "max_body_bytes must be at least 1, got 0".to_owned(),
+            ),
+            (
+                format!("{MINIMAL}forward_paths: [{{ path: v1/x, methods: [GET] }}]\n"),
+                r#"forward_paths[0].path must be a path starting with '/' whose segments are text or a whole {name} placeholder (no query, fragment, empty or dot segment), got "v1/x""#.to_owned(),
+            ),
+            (
+                format!("{MINIMAL}forward_paths: [{{ path: /v1/x, methods: [get] }}]\n"),
+                r#"forward_paths[0].methods[0] must be an HTTP method in upper case (GET, POST, DELETE, ...), got "get""#.to_owned(),
+            ),
+            (
+                format!("{MINIMAL}timeouts: {{ upstream_idle_secs: 0 }}\n"),
+                "timeouts.upstream_idle_secs must be at least 1, got 0".to_owned(),
+            ),
+            (
+                format!("{MINIMAL}retries: {{ max_attempts: 0 }}\n"),
+                "retries.max_attempts must be at least 1, got 0".to_owned(),
+            ),
+            (
+                format!("{MINIMAL}outlier: {{ consecutive_failures: 0 }}\n"),
+                "outlier.consecutive_failures must be at least 1, got 0".to_owned(),
             ),
         ];
         for (yaml, message) in cases {

@@ -4,6 +4,7 @@
 //! - [`gateway`]: the gateway over real sockets — [`gateway::Gateway::start`] runs it in
 //!   process, [`gateway::serve`] runs it from a config file with signals (`serve`).
 //! - [`config`]: its YAML configuration.
+//! - [`forward_paths`]: which paths and methods the consumer role forwards.
 //! - [`demo`]: the demo — three mock sites, the gateway, a multi-turn workload replayed
 //!   with prefix affinity on and off, and a table comparing the two
 //!   (`grid-route-example demo`, the binary's default).
@@ -16,6 +17,7 @@
 
 pub mod config;
 pub mod demo;
+pub mod forward_paths;
 pub mod gateway;
 pub mod keys;
 pub mod mock_engine;

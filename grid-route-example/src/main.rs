@@ -16,7 +16,7 @@ commands:
                         three mock sites behind the gateway, a multi-turn workload with
                         prefix affinity on and off, and a table comparing them
                         (the default when no command is given; see demo --help)
-  serve --config FILE.yaml
+  serve --config FILE.yaml [--log-format text|json]
                         run the gateway (SIGHUP reloads FILE, SIGTERM drains and stops)
   keys --api chat|completions|messages|responses FILE...
                         print each body's prefix keys as one JSON line
@@ -48,19 +48,34 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+/// Logs to stderr as text, filtered by `RUST_LOG` (default `info`).
 fn init_tracing() {
-    init_tracing_at("info");
+    init_tracing_at("info", LogFormat::Text);
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `default_filter`).
-fn init_tracing_at(default_filter: &str) {
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LogFormat {
+    /// One human-readable line per event; coloured only on a terminal.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `default_filter`). Text is coloured
+/// only when stderr, where the lines go, is a terminal: a file or a pipe gets no escape
+/// codes.
+fn init_tracing_at(default_filter: &str, format: LogFormat) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
 }
 
 /// A subcommand's arguments parsed by `parse`; `--help` prints `usage` and exits 0, bad
@@ -89,7 +104,7 @@ fn run_demo(args: &[String]) -> ExitCode {
     };
     // The gateway's request log would drown the progress lines: warnings only, unless
     // RUST_LOG asks for more.
-    init_tracing_at("warn");
+    init_tracing_at("warn", LogFormat::Text);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -175,15 +190,18 @@ fn run_mock_engine(args: &[String]) -> ExitCode {
     }
 }
 
-const SERVE_USAGE: &str = "usage: grid-route-example serve --config FILE.yaml
+const SERVE_USAGE: &str =
+    "usage: grid-route-example serve --config FILE.yaml [--log-format text|json]
 
 Runs the gateway. SIGHUP re-reads FILE (a bad file keeps the running config);
 SIGTERM or ctrl-c stops accepting connections and drains requests in flight.
-Logs go to stderr, filtered by RUST_LOG (default info).
+Logs go to stderr, filtered by RUST_LOG (default info): text lines (coloured only on a
+terminal), or one JSON object per line with --log-format json.
 ";
 
 fn run_serve(args: &[String]) -> ExitCode {
     let mut config = None;
+    let mut log_format = LogFormat::Text;
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
@@ -194,6 +212,16 @@ fn run_serve(args: &[String]) -> ExitCode {
             "--config" => match rest.next() {
                 Some(path) => config = Some(std::path::PathBuf::from(path)),
                 None => return serve_usage_error("--config needs a file"),
+            },
+            "--log-format" => match rest.next().map(String::as_str) {
+                Some("text") => log_format = LogFormat::Text,
+                Some("json") => log_format = LogFormat::Json,
+                Some(other) => {
+                    return serve_usage_error(&format!(
+                        "--log-format must be text or json, got {other:?}"
+                    ));
+                }
+                None => return serve_usage_error("--log-format needs text or json"),
             },
             other => {
                 if let Some(path) = other.strip_prefix("--config=") {
@@ -207,7 +235,7 @@ fn run_serve(args: &[String]) -> ExitCode {
     let Some(config) = config else {
         return serve_usage_error("--config is required");
     };
-    init_tracing();
+    init_tracing_at("info", log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

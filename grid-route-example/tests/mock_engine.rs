@@ -1025,3 +1025,46 @@ async fn a_stopped_engine_refuses_connections() {
     engine.shutdown().await.unwrap();
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+#[tokio::test]
+async fn the_stall_knob_delays_heads_and_tokens_until_cleared() {
+    let engine = start(MockEngineConfig {
+        decode_delay_per_token: Duration::ZERO,
+        ..MockEngineConfig::named("east-a")
+    })
+    .await;
+    let knob = post(&engine, "/mock/stall", &json!({"head_ms": 400})).await;
+    assert_eq!(knob.status, StatusCode::OK);
+    let started = Instant::now();
+    let answer = post(&engine, "/v1/chat/completions", &chat("slow head")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    // Only generation stalls.
+    let started = Instant::now();
+    assert_eq!(get(&engine, "/v1/models").await.status, StatusCode::OK);
+    assert!(started.elapsed() < Duration::from_millis(400));
+
+    post(&engine, "/mock/stall", &json!({"token_ms": 100})).await;
+    let streamed = json!({"model": "demo-model", "stream": true,
+                          "messages": [{"role": "user", "content": "a b c"}]});
+    let started = Instant::now();
+    let (answer, first_frame) = timed(
+        &engine,
+        Method::POST,
+        "/v1/chat/completions",
+        streamed.to_string(),
+    )
+    .await;
+    let whole = started.elapsed();
+    assert_eq!(answer.status, StatusCode::OK);
+    // The head and the role chunk come at once, then four tokens at 100 ms each.
+    assert!(first_frame < Duration::from_millis(100), "{first_frame:?}");
+    assert!(whole >= Duration::from_millis(400), "{whole:?}");
+
+    post(&engine, "/mock/stall", &json!({})).await;
+    let started = Instant::now();
+    post(&engine, "/v1/chat/completions", &chat("fast again")).await;
+    assert!(started.elapsed() < Duration::from_millis(300));
+    let refused = post(&engine, "/mock/stall", &json!({"head_ms": -1})).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+}

@@ -169,6 +169,11 @@ async fn serve_reloads_on_sighup_and_drains_on_sigterm() {
     };
     assert!(exit.success(), "{exit}");
 
+    let raw = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !raw.contains('\u{1b}'),
+        "colour codes in a log that is not a terminal"
+    );
     let log = plain_log(&log);
     assert!(log.contains("config reload applied"), "{log}");
     assert!(log.contains("config reload rejected"), "{log}");
@@ -192,5 +197,226 @@ async fn serve_reloads_on_sighup_and_drains_on_sigterm() {
     }
     assert!(!log.contains(secret), "the prompt reached the log");
     assert!(!log.contains("hidden"), "the query reached the log");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Waits for `child` to exit, failing after `within`.
+async fn exit_within(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            return exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not stop in {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn sigterm_drains_streams_in_flight_and_closes_idle_and_half_open_connections_at_once() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let engine_config = MockEngineConfig {
+        decode_delay_per_token: Duration::from_millis(150),
+        ..MockEngineConfig::named("east-a")
+    };
+    let engine = MockEngine::start("127.0.0.1:0", engine_config)
+        .await
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("grid-route-drain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gateway.yaml");
+    let (listen, admin_port) = (free_port(), free_port());
+    // Heads may take a minute: only the shutdown can close the half-open connections soon.
+    let yaml = format!(
+        "timeouts: {{ client_header_secs: 60 }}\n{}",
+        config(listen, admin_port, &engine, 10)
+    );
+    std::fs::write(&file, yaml).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
+        .args(["serve", "--config"])
+        .arg(&file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_generation(&format!("http://127.0.0.1:{admin_port}"), 0).await;
+
+    let mut half_open = Vec::new();
+    // An idle kept-alive connection: one whole request answered, then nothing.
+    let mut idle = tokio::net::TcpStream::connect(("127.0.0.1", listen))
+        .await
+        .unwrap();
+    idle.write_all(b"GET /v1/models HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    idle.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    half_open.push(idle);
+    for partial in ["PO", "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"] {
+        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", listen))
+            .await
+            .unwrap();
+        socket.write_all(partial.as_bytes()).await.unwrap();
+        half_open.push(socket);
+    }
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://127.0.0.1:{listen}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(
+            r#"{"model":"demo-model","stream":true,"messages":[{"role":"user","content":"one two three four five six"}]}"#,
+        )))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.is_data());
+
+    let signalled = Instant::now();
+    signal(&child, "-TERM");
+    for socket in &mut half_open {
+        // Whatever is left of an answer, then the end.
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut buf = [0u8; 4096];
+            loop {
+                match socket.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "an idle or half-open connection stayed open after SIGTERM"
+        );
+    }
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"),
+        "the stream in flight was cut: {rest:?}"
+    );
+    let exit = exit_within(&mut child, WAIT).await;
+    assert!(exit.success(), "{exit}");
+    assert!(
+        signalled.elapsed() < Duration::from_secs(10),
+        "draining took {:?}",
+        signalled.elapsed()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A `mock-engine` process on a free port, answering `/health`.
+async fn engine_process(name: &str, decode_ms: u64) -> (Child, String) {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
+        .args(["mock-engine", "--listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "--name",
+            name,
+            "--decode-ms-per-token",
+            &decode_ms.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + WAIT;
+    while send(Method::GET, &format!("{url}/health"), "")
+        .await
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "the mock engine did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (child, url)
+}
+
+#[tokio::test]
+async fn json_logs_name_the_site_and_cluster_of_an_engine_that_died_mid_stream() {
+    let (mut engine, engine_url) = engine_process("east-a", 200).await;
+    let dir = std::env::temp_dir().join(format!("grid-route-json-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gateway.yaml");
+    let log = dir.join("gateway.log");
+    let (listen, admin_port) = (free_port(), free_port());
+    let yaml = format!(
+        "listen: 127.0.0.1:{listen}\nadmin_listen: 127.0.0.1:{admin_port}\n\
+         queue: {{ poll_interval_ms: 50 }}\n\
+         sites:\n  - name: east\n    clusters:\n      - {{ name: east-a, models: [demo-model], endpoints: [{engine_url}] }}\n"
+    );
+    std::fs::write(&file, yaml).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
+        .args(["serve", "--log-format", "json", "--config"])
+        .arg(&file)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_generation(&format!("http://127.0.0.1:{admin_port}"), 0).await;
+
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://127.0.0.1:{listen}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(
+            r#"{"model":"demo-model","stream":true,"messages":[{"role":"user","content":"one two three four five six"}]}"#,
+        )))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    assert!(body.frame().await.unwrap().unwrap().is_data());
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    let cut = loop {
+        match body.frame().await {
+            Some(Ok(_)) => {}
+            Some(Err(_)) => break true,
+            None => break false,
+        }
+    };
+    assert!(
+        cut,
+        "the client's stream ended cleanly after the engine died"
+    );
+
+    signal(&child, "-TERM");
+    let exit = exit_within(&mut child, WAIT).await;
+    assert!(exit.success(), "{exit}");
+    let raw = std::fs::read_to_string(&log).unwrap();
+    assert!(!raw.contains('\u{1b}'), "colour codes in JSON logs");
+    let lines: Vec<Value> = raw
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let access = lines
+        .iter()
+        .find(|line| line["target"] == "grid_route_example::access")
+        .unwrap_or_else(|| panic!("no request line: {raw}"));
+    assert_eq!(access["fields"]["method"], "POST");
+    assert_eq!(access["fields"]["cluster"], "east-a");
+    let failure = lines
+        .iter()
+        .find(|line| {
+            line["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("failed mid-stream"))
+        })
+        .unwrap_or_else(|| panic!("no mid-stream failure logged: {raw}"));
+    assert_eq!(failure["level"], "WARN");
+    assert_eq!(failure["fields"]["site"], "east");
+    assert_eq!(failure["fields"]["cluster"], "east-a");
+    assert_eq!(failure["fields"]["endpoint"], engine_url.as_str());
     std::fs::remove_dir_all(&dir).unwrap();
 }

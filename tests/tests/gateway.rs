@@ -770,7 +770,8 @@ async fn requests_the_layers_do_not_key_still_go_only_where_their_model_is_serve
             ("east", vec![cluster("east-a", &[&east])]),
             ("west", vec![embedder]),
         ],
-        "max_body_bytes: 4096\n",
+        "max_body_bytes: 4096\nforward_paths:\n  - { path: /v1/embeddings, methods: [POST] }\n  \
+         - { path: /v1/rerank, methods: [POST] }\n  - { path: /v1/chat/completions, methods: [POST] }\n",
     );
     let gateway = gateway(&yaml).await;
     for i in 0..6 {

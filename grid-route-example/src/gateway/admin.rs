@@ -5,8 +5,13 @@
 //! the process renders the same registry. Each scrape first sets the grid gauges
 //! (`grid_route_queue_depth`, `grid_route_index_entries`) of the gateway scraped. Counters
 //! whose label values are known in advance start at 0, so dashboards see every series
-//! before its first event. The exporter cannot forget a series: gauges of a cluster that
-//! left the grid on reload keep their last value until the process restarts.
+//! before its first event.
+//!
+//! The exporter cannot forget a series, so `/metrics` leaves out the series of clusters
+//! that a reload removed (those labelled with their `site` and `cluster`, or with
+//! `cluster="site/name"`): they leave the page at the reload that removes them, and come
+//! back (counters where they were) if a later reload adds the cluster again. The
+//! exporter keeps their last values meanwhile, one set per cluster name ever configured.
 //!
 //! `grid_route_keying_seconds` and `grid_route_keys_per_request` are Prometheus histograms
 //! with the library's bucket bounds (`KEYING_SECONDS_BUCKETS`, `KEYS_PER_REQUEST_BUCKETS`).
@@ -29,10 +34,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use grid_route_layer::affinity::Outcome;
 use grid_route_layer::answer::ErrorAnswer;
+use grid_route_layer::grid::ClusterId;
 use grid_route_layer::metrics::{
-    CONFIG_RELOAD_TOTAL, KEYING_SECONDS, KEYING_SECONDS_BUCKETS, KEYS_PER_REQUEST,
+    CLUSTER_LABEL, CONFIG_RELOAD_TOTAL, KEYING_SECONDS, KEYING_SECONDS_BUCKETS, KEYS_PER_REQUEST,
     KEYS_PER_REQUEST_BUCKETS, OUTCOME_LABEL, PIN_TOTAL, PREFIX_AFFINITY_TOTAL, RESULT_LABEL,
-    describe_metrics, record_grid_gauges,
+    SITE_LABEL, describe_metrics, record_grid_gauges,
 };
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderValue};
@@ -40,6 +46,7 @@ use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, Promet
 use serde_json::json;
 
 use super::Live;
+use super::upstream::EJECTIONS_TOTAL;
 
 /// The outcomes of `grid_route_pin_total`.
 const PIN_OUTCOMES: [&str; 5] = [
@@ -66,6 +73,12 @@ pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
             match installed {
                 Ok(handle) => {
                     describe_metrics();
+                    metrics::describe_counter!(
+                        EJECTIONS_TOTAL,
+                        metrics::Unit::Count,
+                        "Endpoints ejected after failures in a row (5xx, failed connects, \
+                         timeouts), by site and cluster."
+                    );
                     for outcome in Outcome::ALL {
                         metrics::counter!(PREFIX_AFFINITY_TOTAL, OUTCOME_LABEL => outcome.as_str())
                             .increment(0);
@@ -138,12 +151,57 @@ async fn metrics(State(live): State<Arc<Live>>) -> Response {
     };
     record_grid_gauges(&live.grid.view(), &live.index, Instant::now());
     handle.run_upkeep();
-    let mut response = handle.render().into_response();
+    let removed = live.removed_clusters();
+    let text = handle.render();
+    let text = if removed.is_empty() {
+        text
+    } else {
+        without_clusters(&text, &removed)
+    };
+    let mut response = text.into_response();
     response.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     response
+}
+
+/// `text` without the sample lines labelled with a cluster of `removed`.
+fn without_clusters(text: &str, removed: &[ClusterId]) -> String {
+    let mut kept = String::with_capacity(text.len());
+    for line in text.lines() {
+        let of_removed = !line.starts_with('#')
+            && line
+                .split_once('{')
+                .and_then(|(_, rest)| rest.split_once('}'))
+                .is_some_and(|(labels, _)| names_a_cluster_of(labels, removed));
+        if !of_removed {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    kept
+}
+
+/// Whether the Prometheus label set `labels` (`a="x",b="y"`) names a cluster of
+/// `removed`: by `site` and `cluster`, or by `cluster="site/name"`. Site and cluster names
+/// are DNS-1123 labels, so a value holds no quote or escape.
+fn names_a_cluster_of(labels: &str, removed: &[ClusterId]) -> bool {
+    let value = |name: &str| {
+        labels.split(',').find_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            (key.trim() == name).then(|| value.trim().trim_matches('"'))
+        })
+    };
+    let Some(cluster) = value(CLUSTER_LABEL) else {
+        return false;
+    };
+    match value(SITE_LABEL) {
+        Some(site) => removed
+            .iter()
+            .any(|id| id.site().as_str() == site && id.name() == cluster),
+        None => removed.iter().any(|id| id.to_string() == cluster),
+    }
 }
 
 async fn healthz(State(live): State<Arc<Live>>) -> Response {
@@ -157,4 +215,44 @@ async fn healthz(State(live): State<Arc<Live>>) -> Response {
         "admitted": admitted,
     }))
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_of_removed_clusters_are_left_out_and_the_rest_kept() {
+        let view = grid_route_layer::grid::Grid::new(
+            &grid_route_layer::grid::GridSpec {
+                sites: vec![grid_route_layer::grid::SiteSpec {
+                    name: "west".to_owned(),
+                    clusters: vec![grid_route_layer::grid::ClusterSpec {
+                        name: "west-a".to_owned(),
+                        models: vec!["m".to_owned()],
+                        admit: true,
+                        endpoints: vec!["http://127.0.0.1:1".to_owned()],
+                    }],
+                }],
+            },
+            grid_route_layer::grid::GridSettings::default(),
+        )
+        .unwrap()
+        .view();
+        let removed: Vec<ClusterId> = view.cluster_ids().collect();
+        let text = "# TYPE grid_route_queue_depth gauge\n\
+                    grid_route_queue_depth{site=\"west\",cluster=\"west-a\"} 1\n\
+                    grid_route_queue_depth{site=\"east\",cluster=\"west-a\"} 2\n\
+                    grid_route_index_entries{cluster=\"west/west-a\"} 3\n\
+                    grid_route_index_entries{cluster=\"east/east-a\"} 4\n\
+                    grid_route_pin_total{outcome=\"pinned\"} 5\n";
+        let kept = without_clusters(text, &removed);
+        assert_eq!(
+            kept,
+            "# TYPE grid_route_queue_depth gauge\n\
+             grid_route_queue_depth{site=\"east\",cluster=\"west-a\"} 2\n\
+             grid_route_index_entries{cluster=\"east/east-a\"} 4\n\
+             grid_route_pin_total{outcome=\"pinned\"} 5\n"
+        );
+    }
 }

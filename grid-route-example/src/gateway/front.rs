@@ -4,9 +4,15 @@
 //! - **`GET /v1/models`** is answered by the gateway: the union of the models of the
 //!   admitted clusters (configured, not asked of the engines), in config order, as an
 //!   OpenAI `list`.
+//! - **Consumer role**: only the paths of `forward_paths` pass, each with its methods
+//!   (see [`forward_paths`](crate::forward_paths)); another path is a 404 `not_found`, a
+//!   listed path with another method a 405 `method_not_allowed` with `Allow`, both
+//!   OpenAI-style JSON, and nothing reaches an engine.
 //! - **Provider role**: only the exact `provider_allowed_paths` pass, with GET or POST;
 //!   another path is a 404, another method a 405 with `Allow: GET, POST`, both
 //!   OpenAI-style JSON.
+//! - **A stalled request body** (nothing for `timeouts.client_body_idle_secs`) is
+//!   answered 408 `request_timeout`, whether keying or the engine client was reading it.
 //! - **The request log**: one `info` line per request (target `grid_route_example::access`)
 //!   with method, path (never the query), outcome (the affinity outcome, `pinned`, or `-`
 //!   when nothing was decided), site, cluster, status and latency to the answer's head. It
@@ -14,6 +20,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -32,8 +39,10 @@ use tower::Service;
 use tower::util::Oneshot;
 
 use super::Live;
+use super::idle_body::IdleTimeoutBody;
 use super::stack::{RouteNote, Routing};
 use crate::config::Role;
+use crate::forward_paths::PathCheck;
 
 /// The front listener's router.
 pub(crate) fn router(live: Arc<Live>) -> Router {
@@ -45,8 +54,9 @@ pub(crate) fn router(live: Arc<Live>) -> Router {
         })
         .layer(middleware::from_fn_with_state(
             Arc::clone(&live),
-            provider_gate,
+            client_body_timeout,
         ))
+        .layer(middleware::from_fn_with_state(Arc::clone(&live), path_gate))
         .layer(middleware::from_fn(access_log))
         .with_state(live)
 }
@@ -108,22 +118,37 @@ async fn method_not_allowed(method: Method) -> Response {
     .into_response()
 }
 
-/// The provider role forwards only its allowed exact paths, with GET or POST.
-async fn provider_gate(State(live): State<Arc<Live>>, request: Request, next: Next) -> Response {
+/// The consumer role forwards only `forward_paths`; the provider role only its allowed
+/// exact paths, with GET or POST.
+async fn path_gate(State(live): State<Arc<Live>>, request: Request, next: Next) -> Response {
     let settings = live.settings.load();
-    if settings.role == Role::Provider {
-        let path = request.uri().path();
-        if !settings.provider_allowed_paths.iter().any(|p| p == path) {
-            return ErrorAnswer::new(
-                StatusCode::NOT_FOUND,
-                format!("{path} is not served by this gateway"),
-            )
-            .code("not_found")
-            .into_response()
-            .into_response();
+    let path = request.uri().path();
+    let method = request.method();
+    let check = match settings.role {
+        Role::Consumer => settings.forward_paths.check(method, path),
+        Role::Provider => {
+            if !settings.provider_allowed_paths.iter().any(|p| p == path) {
+                PathCheck::NotFound
+            } else if method != Method::GET && method != Method::POST {
+                PathCheck::MethodNotAllowed("GET, POST".to_owned())
+            } else {
+                PathCheck::Forward
+            }
         }
-        let method = request.method();
-        if method != Method::GET && method != Method::POST {
+    };
+    match check {
+        PathCheck::Forward => {
+            drop(settings);
+            next.run(request).await
+        }
+        PathCheck::NotFound => ErrorAnswer::new(
+            StatusCode::NOT_FOUND,
+            format!("{path} is not served by this gateway"),
+        )
+        .code("not_found")
+        .into_response()
+        .into_response(),
+        PathCheck::MethodNotAllowed(allow) => {
             let mut response = ErrorAnswer::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 format!("method {method} is not allowed on {path}"),
@@ -131,14 +156,38 @@ async fn provider_gate(State(live): State<Arc<Live>>, request: Request, next: Ne
             .code("method_not_allowed")
             .into_response()
             .into_response();
+            if let Ok(allow) = HeaderValue::from_str(&allow) {
+                response.headers_mut().insert(ALLOW, allow);
+            }
             response
-                .headers_mut()
-                .insert(ALLOW, HeaderValue::from_static("GET, POST"));
-            return response;
         }
     }
-    drop(settings);
-    next.run(request).await
+}
+
+/// A request body that sends nothing for `timeouts.client_body_idle_secs` fails whoever
+/// reads it (keying or the engine client); the client then gets 408, whatever the
+/// reader made of the failure.
+async fn client_body_timeout(
+    State(live): State<Arc<Live>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let idle = live.settings.load().timeouts.client_body_idle;
+    let (parts, body) = request.into_parts();
+    let body = IdleTimeoutBody::new(idle, body);
+    let stalled = body.stall_flag();
+    let response = next.run(Request::from_parts(parts, Body::new(body))).await;
+    if stalled.load(Ordering::Relaxed) {
+        tracing::debug!(?idle, "the client's request body stalled");
+        return ErrorAnswer::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request body sent nothing for {} s", idle.as_secs()),
+        )
+        .code("request_timeout")
+        .into_response()
+        .into_response();
+    }
+    response
 }
 
 /// One log line per request; never the query, prompt text or keys.

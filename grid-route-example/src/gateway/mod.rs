@@ -30,15 +30,17 @@
 //!
 //! # What runs
 //!
-//! - **Front listener** (`listen`; `gateway/front.rs`): the request log, the provider
-//!   role's gate, `GET /v1/models` aggregated over admitted clusters, and every other
-//!   request through the routing stack (`gateway/stack.rs`): keying → pinning →
-//!   confirmation → affinity → `Select` → the chosen cluster's p2c balancer over its
-//!   endpoints (`gateway/upstream.rs`). Paths the layers do not key still go through it,
+//! - **Front listener** (`listen`; `gateway/front.rs`, connections in
+//!   `gateway/server.rs`): the request log, the role's path gate (`forward_paths` for a
+//!   consumer, `provider_allowed_paths` for a provider), `GET /v1/models` aggregated over
+//!   admitted clusters, and every other forwarded request through the routing stack
+//!   (`gateway/stack.rs`): keying → pinning → confirmation → affinity → retries →
+//!   `Select` → the chosen cluster's p2c balancer over its endpoints
+//!   (`gateway/upstream.rs`). Forwarded paths the layers do not key still go through it,
 //!   routed by the model their body names. No cluster serves the model: 404
 //!   `model_not_found`; every cluster that serves it drained: 503 with `Retry-After: 5`;
-//!   the chosen cluster failed before answering: 502. All OpenAI-style JSON (the README
-//!   lists every answer the gateway makes itself).
+//!   the chosen cluster failed before answering: 502; no answer's head in time: 504. All
+//!   OpenAI-style JSON (the README lists every answer the gateway makes itself).
 //! - **Admin listener** (`admin_listen`; `gateway/admin.rs`): `/metrics` and `/healthz`.
 //! - **Queue poller** (`gateway/queue.rs`): each endpoint's `/metrics` every
 //!   `queue.poll_interval_ms`, see [`queue_sample`].
@@ -50,11 +52,18 @@
 //!   fail the one request (502) without judging the endpoint. Inside a cluster an
 //!   unhealthy endpoint takes no request while a sibling is healthy; a cluster with no
 //!   healthy endpoint is not admitted. A failed metrics read makes an endpoint unmeasured,
-//!   never unhealthy.
-//! - **Timeouts.** Connecting times out after [`CONNECT_TIMEOUT`], a metrics read after
-//!   [`POLL_TIMEOUT`]; requests have no overall timeout (an unstreamed completion answers
-//!   only when generation ends). Engines get `host` set to their own authority and no
-//!   hop-by-hop headers; everything else, bodies included, passes as sent.
+//!   never unhealthy. Outlier ejection (`outlier.*`, `gateway/outlier.rs`) and a 429's
+//!   `Retry-After` keep an endpoint unhealthy for their time, whatever the poller reads.
+//! - **Retries** (`retries.max_attempts`, `gateway/retry.rs`): only a failed connect, on
+//!   another endpoint of the cluster and then the next admitted cluster; never once a
+//!   byte of the request may have reached an engine.
+//! - **Timeouts.** Connecting times out after `timeouts.upstream_connect_ms`, the answer's
+//!   head after `timeouts.upstream_first_byte_secs` (504), a gap between two chunks of
+//!   the answer after `timeouts.upstream_idle_secs` (the client's stream is cut), a
+//!   metrics read after [`POLL_TIMEOUT`]; requests have no overall timeout (an unstreamed
+//!   completion answers only when generation ends). Engines get `host` set to their own
+//!   authority and no hop-by-hop headers; everything else, bodies included, passes as
+//!   sent.
 //! - **The request log** measures latency to the answer's head (time to first byte for a
 //!   stream) and logs at the head; its outcome is the affinity outcome, `pinned`, or `-`.
 //! - **Metrics** go to one process-wide Prometheus recorder, installed by the first
@@ -71,20 +80,36 @@
 //! to the new cluster list (clusters that left are dropped with their entries), the
 //! affinity settings swapped, the tag keys replaced (ids signed with any key but the
 //! current one and the `previous_tag_key_path` are refused from then on), and the
-//! routing stack rebuilt for the next requests. Requests in flight finish on the stack
-//! they started on. `listen` and `admin_listen` cannot change
+//! routing stack rebuilt for the next requests (with the new `forward_paths`,
+//! `timeouts`, `retries` and `outlier` settings; a changed `upstream_connect_ms` gets a
+//! new engine client and pool; endpoints that left lose their outlier records; series of
+//! clusters that left leave `/metrics`). Requests in flight finish on the stack they
+//! started on. `listen` and `admin_listen` cannot change
 //! without a restart: a reload that changes them applies the rest and logs a warning.
 //!
 //! # Shutdown
 //!
-//! [`Gateway::shutdown`] stops accepting connections, lets requests in flight (streams
-//! included) finish for up to [`DRAIN_TIMEOUT`], then aborts what is left. Dropping a
+//! [`Gateway::shutdown`] stops accepting connections, closes idle ones and those that
+//! have not sent a whole request head at once (a half-open connection cannot hold the
+//! drain), lets requests in flight (streams included) finish for up to
+//! [`DRAIN_TIMEOUT`], then aborts what is left.
+//!
+//! # Connections
+//!
+//! Both ports speak HTTP/1.1 and HTTP/2 with prior knowledge (h2c), see
+//! `gateway/server.rs`. A connection must complete its request head within
+//! `timeouts.client_header_secs`; a request body that sends nothing for
+//! `timeouts.client_body_idle_secs` gets 408. Dropping a
 //! [`Gateway`] starts the same drain without waiting for it.
 
 mod admin;
 mod front;
+mod idle_body;
+mod outlier;
 mod queue;
+mod retry;
 mod serve;
+mod server;
 mod stack;
 mod upstream;
 
@@ -107,12 +132,16 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use admin::METRICS_UPKEEP_INTERVAL;
+pub use outlier::MAX_EJECTION_FACTOR;
 pub use queue::{MAX_METRICS_BYTES, POLL_TIMEOUT, queue_sample};
 pub use serve::serve;
 pub use stack::RETRY_AFTER_SECS;
-pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, POOL_IDLE_TIMEOUT};
+pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, EJECTIONS_TOTAL, POOL_IDLE_TIMEOUT};
 
-use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role};
+use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role, Timeouts};
+use crate::forward_paths::ForwardPaths;
+use outlier::Outliers;
+use server::serve_until;
 use stack::{Routing, StackParts, routing_stack};
 use upstream::HttpClient;
 
@@ -136,11 +165,16 @@ pub(crate) struct Live {
     affinity: Affinity,
     seed: KeySeed,
     tag_keys: PinKeys,
-    client: HttpClient,
+    /// Replaced on reload when `timeouts.upstream_connect_ms` changes.
+    client: ArcSwap<HttpClient>,
+    outliers: Arc<Outliers>,
     settings: ArcSwap<Settings>,
     routing: ArcSwap<Routing>,
     /// Serialises reloads.
     reloading: Mutex<()>,
+    /// Clusters reloads removed (and no later reload added back): their series are left
+    /// out of `/metrics`.
+    removed: Mutex<Vec<ClusterId>>,
     /// Unix seconds at start, the `created` of `/v1/models`.
     started_unix: u64,
 }
@@ -152,8 +186,11 @@ pub(crate) struct Settings {
     admin_listen: SocketAddr,
     role: Role,
     provider_allowed_paths: Arc<[String]>,
+    /// What the consumer role forwards.
+    forward_paths: Arc<ForwardPaths>,
     queue_metric: Arc<str>,
     poll_interval: Duration,
+    timeouts: Timeouts,
 }
 
 impl Settings {
@@ -163,13 +200,29 @@ impl Settings {
             admin_listen: checked.admin_listen,
             role: checked.role,
             provider_allowed_paths: Arc::clone(&checked.provider_allowed_paths),
+            forward_paths: Arc::clone(&checked.forward_paths),
             queue_metric: Arc::clone(&checked.queue_metric),
             poll_interval: checked.poll_interval,
+            timeouts: checked.timeouts,
         }
     }
 }
 
 impl Live {
+    /// Clusters removed by reloads and not added back.
+    fn removed_clusters(&self) -> Vec<ClusterId> {
+        self.removed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The current `timeouts.client_header_secs`, read for each new connection.
+    fn header_timeout(self: &Arc<Self>) -> impl Fn() -> Duration + Send + 'static {
+        let live = Arc::clone(self);
+        move || live.settings.load().timeouts.client_header
+    }
+
     fn routing_for(&self, checked: &CheckedConfig) -> Routing {
         routing_stack(&StackParts {
             grid: &self.grid,
@@ -177,8 +230,11 @@ impl Live {
             seed: &self.seed,
             tag_keys: &self.tag_keys,
             max_body_bytes: checked.max_body_bytes,
-            client: &self.client,
+            client: &self.client.load(),
             recheck_every: checked.poll_interval,
+            outliers: &self.outliers,
+            timeouts: checked.timeouts,
+            max_attempts: checked.max_attempts,
         })
     }
 }
@@ -207,7 +263,8 @@ impl Gateway {
             .map_or(0, |d| d.as_secs());
         let seed = KeySeed::random();
         let tag_keys = PinKeys::new(checked.tag_keys());
-        let client = upstream::http_client();
+        let client = upstream::http_client(checked.timeouts.upstream_connect);
+        let outliers = Arc::new(Outliers::new(checked.outlier));
         let routing = routing_stack(&StackParts {
             grid: &grid,
             affinity: &affinity,
@@ -216,6 +273,9 @@ impl Gateway {
             max_body_bytes: checked.max_body_bytes,
             client: &client,
             recheck_every: checked.poll_interval,
+            outliers: &outliers,
+            timeouts: checked.timeouts,
+            max_attempts: checked.max_attempts,
         });
         let live = Live {
             grid,
@@ -223,10 +283,12 @@ impl Gateway {
             affinity,
             seed,
             tag_keys,
-            client,
+            client: ArcSwap::from_pointee(client),
+            outliers,
             settings: ArcSwap::from_pointee(Settings::of(&checked)),
             routing: ArcSwap::from_pointee(routing),
             reloading: Mutex::new(()),
+            removed: Mutex::new(Vec::new()),
             started_unix,
         };
         let live = Arc::new(live);
@@ -235,11 +297,13 @@ impl Gateway {
             tokio::spawn(serve_until(
                 front_listener,
                 front::router(Arc::clone(&live)),
+                live.header_timeout(),
                 stopped.clone(),
             )),
             tokio::spawn(serve_until(
                 admin_listener,
                 admin::router(Arc::clone(&live)),
+                live.header_timeout(),
                 stopped.clone(),
             )),
             tokio::spawn({
@@ -340,7 +404,14 @@ impl Gateway {
             .reconfigure(checked.prefix_affinity.index, view.cluster_ids());
         live.affinity.set_settings(checked.prefix_affinity.affinity);
         live.tag_keys.set(checked.tag_keys());
+        live.outliers.reconfigure(checked.outlier, &view);
         let old = live.settings.swap(Arc::new(Settings::of(checked)));
+        if old.timeouts.upstream_connect != checked.timeouts.upstream_connect {
+            // The connect timeout belongs to the client: a new one (with a new pool).
+            live.client.store(Arc::new(upstream::http_client(
+                checked.timeouts.upstream_connect,
+            )));
+        }
         live.routing.store(Arc::new(live.routing_for(checked)));
         for (field, was, now) in [
             ("listen", old.listen, checked.listen),
@@ -357,6 +428,11 @@ impl Gateway {
         }
         warn_if_the_local_site_is_empty(&view);
         let after: Vec<ClusterId> = view.cluster_ids().collect();
+        {
+            let mut removed = live.removed.lock().unwrap_or_else(PoisonError::into_inner);
+            removed.retain(|id| !after.contains(id));
+            removed.extend(before.iter().filter(|id| !after.contains(id)).cloned());
+        }
         let added: Vec<String> = after
             .iter()
             .filter(|id| !before.contains(id))
@@ -465,20 +541,6 @@ async fn bind(field: &'static str, addr: SocketAddr) -> Result<TcpListener, Gate
             addr,
             source,
         })
-}
-
-/// Serves `router` on `listener` until `stopped` turns true, then drains.
-async fn serve_until(
-    listener: TcpListener,
-    router: axum::Router,
-    mut stopped: watch::Receiver<bool>,
-) -> io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            // A dropped sender (the handle is gone) stops the server too.
-            let _ = stopped.wait_for(|stopped| *stopped).await;
-        })
-        .await
 }
 
 /// Why a gateway could not start, serve or stop cleanly.

@@ -60,7 +60,7 @@ pub(crate) async fn poll_once(live: &Live, metric: &Arc<str>) {
     let mut reads = JoinSet::new();
     for cluster in view.clusters() {
         for url in cluster.endpoints() {
-            let client = live.client.clone();
+            let client = HttpClient::clone(&live.client.load());
             let cluster: Arc<Cluster> = Arc::clone(cluster);
             let url = Arc::clone(url);
             let metric = Arc::clone(metric);
@@ -78,7 +78,10 @@ pub(crate) async fn poll_once(live: &Live, metric: &Arc<str>) {
         // Samples of endpoints that stay across a reload are shared with the new grid, so
         // recording on the view the poll started from is recording on the live one.
         cluster.load().record_queue(&url, waiting, Instant::now());
-        if waiting.is_some() && cluster.load().endpoint_healthy(&url) == Some(false) {
+        if waiting.is_some()
+            && cluster.load().endpoint_healthy(&url) == Some(false)
+            && !live.outliers.is_out(cluster.id(), &url, Instant::now())
+        {
             cluster.load().set_endpoint_healthy(&url, true);
             tracing::info!(cluster = %cluster.id(), endpoint = %url, "endpoint metrics read again; healthy");
         }

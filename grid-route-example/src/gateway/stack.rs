@@ -5,12 +5,14 @@
 //! DecodeBodies    gzip/deflate/br/zstd bodies of keyed and stored-state paths decoded,
 //!                 at most max_body_bytes once decoded (tower-http request decompression)
 //! answer errors   NoCandidate -> 404 model_not_found when no cluster serves the model,
-//!                 else 503 + Retry-After: 5; DispatchError -> 502 (JSON)
+//!                 else 503 + Retry-After: 5; no head in time -> 504;
+//!                 DispatchError -> 502 (JSON)
 //! KeyingLayer     buffer keyed bodies up to max_body_bytes   -> Prompt, BufferedBody
 //! PinLayer        tagged ids -> one cluster (404/503); ids in answers tagged -> Pinned
 //! ConfirmLayer    2xx confirms, 429/5xx/failed connection drops
 //! AffinityLayer   the sticky set, or every admitted candidate -> Candidates, Outcome
 //! RouteNoteLayer  Outcome / Pinned onto the response, for the request log
+//! RetryLayer      connect failures -> the next candidate, up to retries.max_attempts
 //! Select          least windowed-worst queue among Candidates -> Served
 //!   per cluster:  Buffer(p2c Balance over one Endpoint each)  (see upstream)
 //! ```
@@ -18,6 +20,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -39,7 +42,10 @@ use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_http::decompression::{DecompressionBody, RequestDecompressionLayer};
 
-use super::upstream::{HttpClient, cluster_service};
+use super::outlier::Outliers;
+use super::retry::RetryLayer;
+use super::upstream::{EngineParts, HttpClient, UpstreamTimeout, cluster_service};
+use crate::config::Timeouts;
 
 /// `Retry-After` of the 503 answered when no cluster may take a request: the pin layer's,
 /// so every "try again" of the gateway says the same.
@@ -59,15 +65,23 @@ pub(crate) struct StackParts<'a> {
     pub(crate) client: &'a HttpClient,
     /// How often an unhealthy endpoint re-checks whether it may take requests.
     pub(crate) recheck_every: Duration,
+    pub(crate) outliers: &'a Arc<Outliers>,
+    pub(crate) timeouts: Timeouts,
+    /// `retries.max_attempts`.
+    pub(crate) max_attempts: u32,
 }
 
 /// Assembles the routing stack. The one place the layers are ordered.
 pub(crate) fn routing_stack(parts: &StackParts<'_>) -> Routing {
     let factory = {
-        let client = parts.client.clone();
-        let grid = parts.grid.clone();
-        let recheck_every = parts.recheck_every;
-        move |cluster: &Cluster| cluster_service(&client, &grid, recheck_every, cluster)
+        let engine = EngineParts {
+            client: parts.client.clone(),
+            grid: parts.grid.clone(),
+            outliers: Arc::clone(parts.outliers),
+            timeouts: parts.timeouts,
+            recheck_every: parts.recheck_every,
+        };
+        move |cluster: &Cluster| cluster_service(&engine, cluster)
     };
     let layers = ServiceBuilder::new()
         .layer(
@@ -83,6 +97,11 @@ pub(crate) fn routing_stack(parts: &StackParts<'_>) -> Routing {
         ))
         .layer(RouteNoteLayer)
         .map_request(to_engine_body)
+        .layer(RetryLayer::new(
+            parts.grid.clone(),
+            Arc::clone(parts.affinity.index()),
+            parts.max_attempts,
+        ))
         .service(grid_route_layer::select::Select::new(
             parts.grid.clone(),
             factory,
@@ -179,6 +198,17 @@ async fn answer_error(error: BoxError) -> Response {
             .into_response()
             .into_response();
     }
+    if let Some(timeout) = find::<UpstreamTimeout>(&*error) {
+        let cluster = DispatchError::find_in(&*error).map(|failed| failed.cluster().to_string());
+        tracing::warn!(%timeout, cluster, "backend cluster sent no answer in time");
+        return ErrorAnswer::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("the backend sent no answer in time: {timeout}"),
+        )
+        .code("upstream_timeout")
+        .into_response()
+        .into_response();
+    }
     if let Some(failed) = DispatchError::find_in(&*error) {
         tracing::warn!(error = %failed, "backend cluster failed before answering");
         return ErrorAnswer::new(
@@ -199,7 +229,7 @@ async fn answer_error(error: BoxError) -> Response {
         .into_response()
 }
 
-fn find<'a, E: std::error::Error + 'static>(
+pub(crate) fn find<'a, E: std::error::Error + 'static>(
     error: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a E> {
     let mut next = Some(error);

@@ -2,8 +2,16 @@
 //! `tower::balance` p2c over each cluster's endpoints.
 //!
 //! - **The client** is hyper-util's pooled HTTP/1.1 client, shared by every endpoint and
-//!   the queue poller. Connecting times out after [`CONNECT_TIMEOUT`]; nothing else does,
-//!   since an unstreamed completion only answers when the whole generation is done.
+//!   the queue poller. Connecting times out after `timeouts.upstream_connect_ms`.
+//! - **Timeouts**: the response head must come within `timeouts.upstream_first_byte_secs`
+//!   of sending the request (a long prompt's prefill can take minutes), else the request
+//!   fails with [`UpstreamTimeout`] (a 504); after the head, each chunk of the answer must
+//!   come within `timeouts.upstream_idle_secs` of the previous one, else the answer's
+//!   body fails and the client's stream is cut (an aborted chunked encoding, not a clean
+//!   end). An answer that fails mid-stream, for that reason or because the engine died,
+//!   is logged as a failure with its site, cluster and endpoint.
+//! - **Failures feed outlier ejection** (see `gateway/outlier.rs`): 5xx heads, failed
+//!   connects, timeouts and answers that die mid-stream count; a clean end resets.
 //! - **Bodies stream both ways**: the request body is handed to the client as it comes
 //!   (bytes as sent, or the buffered bytes keying read), the response body is returned as
 //!   the client's incoming body, frame by frame — SSE events flow as the engine writes
@@ -25,16 +33,19 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use grid_route_layer::grid::{Cluster, ClusterId, Grid};
+use grid_route_layer::metrics::{CLUSTER_LABEL, SITE_LABEL};
 use grid_route_layer::route::BoxError;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Uri, Version};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower::Service;
 use tower::balance::p2c::Balance;
@@ -42,8 +53,15 @@ use tower::buffer::Buffer;
 use tower::discover::ServiceList;
 use tower::load::{CompleteOnResponse, PendingRequests};
 
-/// How long connecting to an engine may take.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+use super::idle_body::IdleTimeoutBody;
+use super::outlier::{Change, Event, Outliers};
+use crate::config::Timeouts;
+
+/// Ejections of endpoints, by `site` and `cluster`.
+pub const EJECTIONS_TOTAL: &str = "grid_route_ejections_total";
+
+/// How long connecting to an engine may take by default (`timeouts.upstream_connect_ms`).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long an idle pooled connection is kept.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Requests a cluster's balancer queues while it picks endpoints.
@@ -52,10 +70,10 @@ pub const CLUSTER_QUEUE_CAPACITY: usize = 1024;
 /// The pooled HTTP client that reaches every engine.
 pub(crate) type HttpClient = Client<HttpConnector, Body>;
 
-/// Builds the gateway's one engine client.
-pub(crate) fn http_client() -> HttpClient {
+/// Builds the gateway's engine client, connecting within `connect_timeout`.
+pub(crate) fn http_client(connect_timeout: Duration) -> HttpClient {
     let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    connector.set_connect_timeout(Some(connect_timeout));
     connector.set_nodelay(true);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
@@ -73,23 +91,34 @@ type ClusterBalance = Balance<ServiceList<Vec<Balanced>>, Request<Body>>;
 pub(crate) type ClusterService =
     Buffer<Request<Body>, <ClusterBalance as Service<Request<Body>>>::Future>;
 
+/// What every endpoint service of a routing stack shares.
+#[derive(Clone)]
+pub(crate) struct EngineParts {
+    pub(crate) client: HttpClient,
+    pub(crate) grid: Grid,
+    pub(crate) outliers: Arc<Outliers>,
+    pub(crate) timeouts: Timeouts,
+    /// How often an unhealthy endpoint re-checks whether it may take requests.
+    pub(crate) recheck_every: Duration,
+}
+
 /// Builds `cluster`'s service: p2c (by requests pending) over one [`Endpoint`] each.
-pub(crate) fn cluster_service(
-    client: &HttpClient,
-    grid: &Grid,
-    recheck_every: Duration,
-    cluster: &Cluster,
-) -> ClusterService {
+pub(crate) fn cluster_service(parts: &EngineParts, cluster: &Cluster) -> ClusterService {
     let endpoints: Vec<Balanced> = cluster
         .endpoints()
         .iter()
         .map(|url| {
             let endpoint = Endpoint {
-                client: client.clone(),
+                client: parts.client.clone(),
                 base: Arc::new(BaseUrl::new(url)),
-                grid: grid.clone(),
-                cluster: cluster.id().clone(),
-                recheck_every,
+                watch: Arc::new(EndpointWatch {
+                    grid: parts.grid.clone(),
+                    cluster: cluster.id().clone(),
+                    url: Arc::clone(url),
+                    outliers: Arc::clone(&parts.outliers),
+                }),
+                timeouts: parts.timeouts,
+                recheck_every: parts.recheck_every,
                 recheck: None,
             };
             PendingRequests::new(endpoint, CompleteOnResponse::default())
@@ -150,17 +179,82 @@ impl BaseUrl {
 pub(crate) struct Endpoint {
     client: HttpClient,
     base: Arc<BaseUrl>,
-    grid: Grid,
-    cluster: ClusterId,
+    watch: Arc<EndpointWatch>,
+    timeouts: Timeouts,
     recheck_every: Duration,
     recheck: Option<Pin<Box<Sleep>>>,
+}
+
+/// Where an endpoint's failures are reported: its outlier record, its health in the
+/// grid, the log and the ejection counter.
+struct EndpointWatch {
+    grid: Grid,
+    cluster: ClusterId,
+    url: Arc<str>,
+    outliers: Arc<Outliers>,
+}
+
+impl EndpointWatch {
+    /// Records `event`; an ejection or a 429's hold marks the endpoint unhealthy, and an
+    /// ejection is counted and logged.
+    fn report(&self, event: Event) {
+        let change = self
+            .outliers
+            .record(&self.cluster, &self.url, event, Instant::now());
+        match change {
+            Change::None => return,
+            Change::Ejected { length, nth } => {
+                metrics::counter!(
+                    EJECTIONS_TOTAL,
+                    SITE_LABEL => Arc::clone(self.cluster.site().as_arc()),
+                    CLUSTER_LABEL => Arc::clone(self.cluster.name_arc())
+                )
+                .increment(1);
+                tracing::warn!(
+                    site = %self.cluster.site(),
+                    cluster = self.cluster.name(),
+                    endpoint = %self.url,
+                    secs = length.as_secs(),
+                    nth,
+                    "endpoint ejected after failures in a row"
+                );
+            }
+            Change::HeldOut(length) => {
+                tracing::info!(
+                    site = %self.cluster.site(),
+                    cluster = self.cluster.name(),
+                    endpoint = %self.url,
+                    secs = length.as_secs(),
+                    "endpoint answered 429; held out for its Retry-After"
+                );
+            }
+        }
+        if let Some(cluster) = self.grid.view().cluster(&self.cluster) {
+            cluster.load().set_endpoint_healthy(&self.url, false);
+        }
+    }
+
+    /// Reports what an answer's head says about the endpoint: 5xx a failure, 429 with
+    /// `Retry-After` seconds a hold; anything else waits for the body's end.
+    fn report_head(&self, status: StatusCode, headers: &HeaderMap) {
+        if status.is_server_error() {
+            self.report(Event::Failure);
+        } else if status == StatusCode::TOO_MANY_REQUESTS
+            && let Some(secs) = headers
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            self.report(Event::Throttled(Duration::from_secs(secs)));
+        }
+    }
 }
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Endpoint")
             .field("url", &self.base.url)
-            .field("cluster", &self.cluster)
+            .field("cluster", &self.watch.cluster)
             .finish_non_exhaustive()
     }
 }
@@ -170,8 +264,8 @@ impl Endpoint {
     /// cluster is (a request that chose the cluster then tries rather than waits). An
     /// endpoint whose cluster left the grid takes requests: its service is being dropped.
     fn takes_requests(&self) -> bool {
-        let view = self.grid.view();
-        let Some(cluster) = view.cluster(&self.cluster) else {
+        let view = self.watch.grid.view();
+        let Some(cluster) = view.cluster(&self.watch.cluster) else {
             return true;
         };
         let load = cluster.load();
@@ -202,20 +296,28 @@ impl Service<Request<Body>> for Endpoint {
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let client = self.client.clone();
         let base = Arc::clone(&self.base);
-        let grid = self.grid.clone();
-        let cluster = self.cluster.clone();
+        let watch = Arc::clone(&self.watch);
+        let timeouts = self.timeouts;
         Box::pin(async move {
             let request = to_engine(request, &base)?;
-            match client.request(request).await {
-                Ok(response) => {
+            let first_byte = timeouts.upstream_first_byte;
+            match tokio::time::timeout(first_byte, client.request(request)).await {
+                Ok(Ok(response)) => {
+                    let status = response.status();
+                    watch.report_head(status, response.headers());
                     let (mut parts, body) = response.into_parts();
                     strip_hop_by_hop(&mut parts.headers);
+                    let body = WatchedBody {
+                        body: IdleTimeoutBody::new(timeouts.upstream_idle, body),
+                        // A 5xx was counted at its head; a 4xx says nothing either way.
+                        success_counts: !status.is_client_error() && !status.is_server_error(),
+                        watch: Some(watch),
+                    };
                     Ok(Response::from_parts(parts, Body::new(body)))
                 }
-                Err(error) => {
-                    if error.is_connect()
-                        && let Some(cluster) = grid.view().cluster(&cluster)
-                    {
+                Ok(Err(error)) if error.is_connect() => {
+                    watch.report(Event::Failure);
+                    if let Some(cluster) = watch.grid.view().cluster(&watch.cluster) {
                         cluster.load().set_endpoint_healthy(&base.url, false);
                         tracing::warn!(
                             cluster = %cluster.id(),
@@ -224,12 +326,120 @@ impl Service<Request<Body>> for Endpoint {
                             "endpoint unreachable; marked unhealthy until its metrics read again"
                         );
                     }
-                    Err(error.into())
+                    Err(Box::new(ConnectFailed(error)) as BoxError)
+                }
+                Ok(Err(error)) => Err(error.into()),
+                Err(_elapsed) => {
+                    watch.report(Event::Failure);
+                    tracing::warn!(
+                        site = %watch.cluster.site(),
+                        cluster = watch.cluster.name(),
+                        endpoint = %watch.url,
+                        secs = first_byte.as_secs(),
+                        "engine sent no response head in time"
+                    );
+                    Err(Box::new(UpstreamTimeout { after: first_byte }) as BoxError)
                 }
             }
         })
     }
 }
+
+pin_project! {
+    /// An engine's answer on its way to the client: a failure mid-stream (the engine died
+    /// or went quiet) is logged with the site and cluster and counted against the
+    /// endpoint; a clean end of a 2xx (or 1xx, 3xx) answer counts for it.
+    struct WatchedBody<B> {
+        #[pin]
+        body: B,
+        success_counts: bool,
+        // Taken at the first outcome, so each answer reports once.
+        watch: Option<Arc<EndpointWatch>>,
+    }
+}
+
+impl<B> HttpBody for WatchedBody<B>
+where
+    B: HttpBody<Error = BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let mut body = this.body;
+        let frame = ready!(body.as_mut().poll_frame(cx));
+        // hyper stops polling a body of known length after its last byte, so the end is
+        // also seen through `is_end_stream`, not only as a `None`.
+        let ended = match &frame {
+            None => true,
+            Some(Ok(_)) => body.is_end_stream(),
+            Some(Err(_)) => false,
+        };
+        if ended {
+            if let Some(watch) = this.watch.take()
+                && *this.success_counts
+            {
+                watch.report(Event::Success);
+            }
+        } else if let Some(Err(error)) = &frame
+            && let Some(watch) = this.watch.take()
+        {
+            tracing::warn!(
+                site = %watch.cluster.site(),
+                cluster = watch.cluster.name(),
+                endpoint = %watch.url,
+                %error,
+                "engine answer failed mid-stream; the client's stream is cut"
+            );
+            watch.report(Event::Failure);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Connecting to the endpoint failed (refused, unreachable, or over
+/// `timeouts.upstream_connect_ms`): nothing of the request reached an engine, so it may
+/// be retried elsewhere.
+#[derive(Debug)]
+pub(crate) struct ConnectFailed(hyper_util::client::legacy::Error);
+
+impl fmt::Display for ConnectFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cannot connect: {}", self.0)
+    }
+}
+
+impl std::error::Error for ConnectFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+/// The engine sent no response head within `timeouts.upstream_first_byte_secs`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UpstreamTimeout {
+    after: Duration,
+}
+
+impl fmt::Display for UpstreamTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "no response head within {} s", self.after.as_secs())
+    }
+}
+
+impl std::error::Error for UpstreamTimeout {}
 
 /// The request as the engine gets it: its URI, HTTP/1.1, hop-by-hop headers dropped and
 /// `host` set to the endpoint; body untouched.

@@ -76,6 +76,12 @@ async fn intake_inner(
     {
         return error.into_response();
     }
+    if INFERENCE_PATHS.contains(&path.as_str()) {
+        let stall = engine.head_stall();
+        if !stall.is_zero() {
+            tokio::time::sleep(stall).await;
+        }
+    }
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
 }
@@ -117,6 +123,23 @@ pub(crate) async fn fail(
     let retry_after = optional_u64(&body, "retry_after")?;
     engine.fail_next(status, count, retry_after);
     Ok(Json(json!({"status": status.as_u16(), "count": count})).into_response())
+}
+
+/// `POST /mock/stall {"head_ms": 3000, "token_ms": 500}`: every generation request waits
+/// `head_ms` before answering and every output token takes `token_ms` longer; both default
+/// to 0, so `{}` ends the stall.
+pub(crate) async fn stall(
+    State(engine): State<Arc<Engine>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let body = body_object(&body)?;
+    let head_ms = optional_u64(&body, "head_ms")?.unwrap_or(0);
+    let token_ms = optional_u64(&body, "token_ms")?.unwrap_or(0);
+    engine.set_stall(
+        std::time::Duration::from_millis(head_ms),
+        std::time::Duration::from_millis(token_ms),
+    );
+    Ok(Json(json!({"head_ms": head_ms, "token_ms": token_ms})).into_response())
 }
 
 /// `POST /mock/queue {"waiting": 7}` adds 7 to the reported waiting count of each model;

@@ -38,6 +38,13 @@ pub(crate) fn unix_now() -> u64 {
         .map_or(0, |elapsed| elapsed.as_secs())
 }
 
+/// Injected stalls: before the answer's head, and on each output token.
+#[derive(Debug, Default, Clone, Copy)]
+struct Stall {
+    head: Duration,
+    token: Duration,
+}
+
 /// Requests of one model waiting for and holding a running slot.
 #[derive(Debug, Default)]
 pub(crate) struct ModelLoad {
@@ -140,6 +147,7 @@ pub(crate) struct Engine {
     cache: Mutex<PrefixCache>,
     pub(crate) store: Mutex<Store>,
     failure: Mutex<Option<FailurePlan>>,
+    stall: Mutex<Stall>,
     waiting_override: Mutex<WaitingOverride>,
     /// `/metrics` answers 503 while set (`POST /mock/metrics`).
     metrics_failing: AtomicBool,
@@ -160,6 +168,7 @@ impl Engine {
             cache: Mutex::new(PrefixCache::new(config.cache_blocks)),
             store: Mutex::new(Store::default()),
             failure: Mutex::new(None),
+            stall: Mutex::new(Stall::default()),
             waiting_override: Mutex::new(WaitingOverride::default()),
             metrics_failing: AtomicBool::new(false),
             tally: Mutex::new(Tally::default()),
@@ -246,6 +255,10 @@ impl Engine {
         if !self.config.decode_delay_per_token.is_zero() {
             tokio::time::sleep(self.config.decode_delay_per_token).await;
         }
+        let stall = lock(&self.stall).token;
+        if !stall.is_zero() {
+            tokio::time::sleep(stall).await;
+        }
         lock(&self.tally).completion_tokens += 1;
     }
 
@@ -304,6 +317,17 @@ impl Engine {
         drop(failure);
         lock(&self.tally).injected_failures += 1;
         Some(if anthropic { error.anthropic() } else { error })
+    }
+
+    /// Makes every generation request wait `head` before answering and every output token
+    /// take `token` longer (zero: no stall).
+    pub(crate) fn set_stall(&self, head: Duration, token: Duration) {
+        *lock(&self.stall) = Stall { head, token };
+    }
+
+    /// How long a generation request waits before answering.
+    pub(crate) fn head_stall(&self) -> Duration {
+        lock(&self.stall).head
     }
 
     pub(crate) fn set_waiting_override(&self, waiting_override: WaitingOverride) {
@@ -375,6 +399,7 @@ impl Engine {
     /// Forgets everything: knobs, counters, kept bodies, the prefix cache and the stores.
     pub(crate) fn reset(&self) {
         *lock(&self.failure) = None;
+        *lock(&self.stall) = Stall::default();
         *lock(&self.waiting_override) = WaitingOverride::default();
         self.set_metrics_failing(false);
         *lock(&self.tally) = Tally::default();

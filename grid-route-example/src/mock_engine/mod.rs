@@ -47,6 +47,7 @@
 //! | endpoint | effect |
 //! | --- | --- |
 //! | `POST /mock/fail {"status":503,"count":2,"retry_after":1}` | the next `count` (default 1; 0 clears) requests to the four generation endpoints answer `status` with an error body (`retry_after` optional: a `Retry-After` header) |
+//! | `POST /mock/stall {"head_ms":3000,"token_ms":500}` | every generation request waits `head_ms` before its answer's head, every output token takes `token_ms` longer; `{}` ends the stall |
 //! | `POST /mock/queue {"waiting":7}` | adds 7 to each model's reported waiting count; with `"exact":true` reports exactly 7; `{"waiting":0}` turns it off |
 //! | `POST /mock/metrics {"fail":true}` | `/metrics` answers 503 (the engine's queue cannot be read) until `{"fail":false}` |
 //! | `GET /mock/stats` | [`MockStats`] as JSON: requests per route, token totals, the last body's length and hash |
@@ -282,6 +283,7 @@ fn router(engine: Arc<Engine>) -> Router {
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/mock/fail", post(admin::fail))
         .route("/mock/queue", post(admin::queue))
+        .route("/mock/stall", post(admin::stall))
         .route("/mock/metrics", post(admin::metrics_knob))
         .route("/mock/stats", get(admin::stats))
         .route("/mock/last_body", get(admin::last_body))
@@ -381,6 +383,12 @@ impl MockEngine {
     /// A snapshot of the engine's counters, as `GET /mock/stats` answers.
     pub fn stats(&self) -> MockStats {
         self.engine.stats()
+    }
+
+    /// Makes every generation request wait `head` before answering and every output token
+    /// take `token` longer (zeros end the stall), as `POST /mock/stall` does.
+    pub fn stall(&self, head: Duration, token: Duration) {
+        self.engine.set_stall(head, token);
     }
 
     /// Makes the next `count` generation requests answer `status` with an error body

@@ -1,0 +1,757 @@
+//! The gateway when clients, engines and operators misbehave: what it forwards, how long
+//! it waits, where it retries, which endpoints it takes out of rotation, and what its
+//! metrics forget. `Gateway::start` in process, mock engines behind it, real sockets.
+//!
+//! Waits poll a condition with a deadline; none guesses a duration.
+
+// Test code: a failed unwrap is a failed test. Queue depths are small integers read back
+// exactly, so they compare exactly.
+#![allow(clippy::unwrap_used, clippy::float_cmp)]
+
+use std::fmt::Write as _;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use grid_route_example::config::GatewayConfig;
+use grid_route_example::gateway::Gateway;
+use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use http_body_util::{BodyExt, Full};
+use hyper::header::HeaderMap;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+const MODEL: &str = "demo-model";
+const WAIT: Duration = Duration::from_secs(10);
+
+async fn engine(name: &str) -> MockEngine {
+    let config = MockEngineConfig {
+        prefill_tokens_per_second: 50_000_000,
+        decode_delay_per_token: Duration::ZERO,
+        ..MockEngineConfig::named(name)
+    };
+    MockEngine::start("127.0.0.1:0", config).await.unwrap()
+}
+
+/// A config with one cluster per `(site, cluster, endpoints)`, then `extra` YAML.
+fn config_yaml(clusters: &[(&str, &str, Vec<String>)], extra: &str) -> String {
+    let mut yaml = String::from(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n\
+         queue: { poll_interval_ms: 20, window_secs: 1 }\n\
+         grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n",
+    );
+    yaml.push_str(extra);
+    yaml.push_str("sites:\n");
+    let mut sites: Vec<&str> = clusters.iter().map(|c| c.0).collect();
+    sites.dedup();
+    for site in sites {
+        let _ = write!(yaml, "  - name: {site}\n    clusters:\n");
+        for (_, name, endpoints) in clusters.iter().filter(|c| c.0 == site) {
+            let _ = writeln!(
+                yaml,
+                "      - {{ name: {name}, models: [{MODEL}], endpoints: [{}] }}",
+                endpoints.join(", ")
+            );
+        }
+    }
+    yaml
+}
+
+async fn gateway(yaml: &str) -> Gateway {
+    Gateway::start(GatewayConfig::from_yaml(yaml).unwrap())
+        .await
+        .unwrap()
+}
+
+/// Waits until `condition` holds, polling every 10 ms; fails after [`WAIT`].
+async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}): {} {:?}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    fn error_code(&self) -> String {
+        self.json()["error"]["code"].as_str().unwrap().to_owned()
+    }
+
+    fn engine(&self) -> Option<&str> {
+        self.headers
+            .get("x-mock-engine")
+            .map(|name| name.to_str().unwrap())
+    }
+}
+
+async fn send(method: Method, url: &str, body: impl Into<Bytes>) -> Answer {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let request = Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", "application/json")
+        .body(Full::new(body.into()))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+fn chat(content: &str) -> String {
+    format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"{content}"}}]}}"#)
+}
+
+/// Requests the mock engine counted, over every route but the queue poller's `/metrics`.
+fn engine_requests(engine: &MockEngine) -> u64 {
+    let stats = engine.stats();
+    stats
+        .requests
+        .iter()
+        .filter(|(route, _)| route.as_str() != "GET /metrics")
+        .map(|(_, count)| count)
+        .sum()
+}
+
+// ---- what is forwarded --------------------------------------------------------------
+
+#[tokio::test]
+async fn the_consumer_role_forwards_only_the_llm_api() {
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(&[("east", "east-a", vec![east.url()])], "")).await;
+    let url = |path: &str| format!("{}{path}", gateway.url());
+
+    let chat_answer = send(Method::POST, &url("/v1/chat/completions"), chat("hi")).await;
+    assert_eq!(chat_answer.status, StatusCode::OK);
+    let stored = chat_answer.json();
+    assert_eq!(chat_answer.engine(), Some("east-a"));
+    assert!(stored["id"].is_string());
+    let response = send(
+        Method::POST,
+        &url("/v1/responses"),
+        format!(r#"{{"model":"{MODEL}","input":"hello"}}"#),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::OK);
+    let id = response.json()["id"].as_str().unwrap().to_owned();
+    let fetched = send(Method::GET, &url(&format!("/v1/responses/{id}")), "").await;
+    assert_eq!(fetched.status, StatusCode::OK, "{:?}", fetched.body);
+    assert_eq!(fetched.engine(), Some("east-a"));
+
+    let before = engine_requests(&east);
+    for (method, path) in [
+        (Method::GET, "/mock/last_body"),
+        (Method::POST, "/mock/reset"),
+        (Method::GET, "/metrics"),
+        (Method::GET, "/health"),
+        (Method::POST, "/tokenize"),
+        (Method::GET, "/v1/responses/../../mock/last_body"),
+        (Method::GET, "/v1/responses/%2e%2e"),
+        (Method::POST, "/v1/chat/completions/extra"),
+    ] {
+        let refused = send(method.clone(), &url(path), "{}").await;
+        assert_eq!(refused.status, StatusCode::NOT_FOUND, "{method} {path}");
+        assert_eq!(refused.error_code(), "not_found", "{method} {path}");
+        assert_eq!(refused.engine(), None, "{method} {path} reached an engine");
+    }
+    let refused = send(Method::GET, &url("/v1/chat/completions"), "").await;
+    assert_eq!(refused.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(refused.headers["allow"], "POST");
+    assert_eq!(refused.error_code(), "method_not_allowed");
+    let refused = send(Method::PUT, &url(&format!("/v1/responses/{id}")), "{}").await;
+    assert_eq!(refused.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(refused.headers["allow"], "GET, DELETE");
+    assert_eq!(
+        engine_requests(&east),
+        before,
+        "a refused request was forwarded"
+    );
+}
+
+#[tokio::test]
+async fn forward_paths_replaces_the_default_list_and_reloads() {
+    let east = engine("east-a").await;
+    let extra = "forward_paths:\n  - { path: /v1/chat/completions, methods: [POST] }\n  \
+                 - { path: \"/mock/stats\", methods: [GET] }\n";
+    let gateway = gateway(&config_yaml(&[("east", "east-a", vec![east.url()])], extra)).await;
+    let url = |path: &str| format!("{}{path}", gateway.url());
+    let stats = send(Method::GET, &url("/mock/stats"), "").await;
+    assert_eq!(stats.status, StatusCode::OK);
+    assert_eq!(stats.engine(), Some("east-a"));
+    let refused = send(Method::POST, &url("/v1/completions"), "{}").await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+    let refused = send(Method::GET, &url("/v1/models"), "").await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+
+    // A reload back to the default list applies to the next request.
+    let default = config_yaml(&[("east", "east-a", vec![east.url()])], "");
+    gateway
+        .reload(&GatewayConfig::from_yaml(&default).unwrap())
+        .unwrap();
+    let refused = send(Method::GET, &url("/mock/stats"), "").await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+    let models = send(Method::GET, &url("/v1/models"), "").await;
+    assert_eq!(models.status, StatusCode::OK);
+}
+
+// ---- clients that stall -------------------------------------------------------------
+
+/// Reads from `socket` until the gateway closes it, or fails after [`WAIT`]; returns
+/// what it sent.
+async fn read_until_closed(socket: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(WAIT, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match socket.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the gateway kept the connection open");
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_head_is_disconnected() {
+    use tokio::io::AsyncWriteExt as _;
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url()])],
+        "timeouts: { client_header_secs: 1 }\n",
+    ))
+    .await;
+    // Too short to tell the protocol, and a head cut after its first header.
+    for partial in ["POST", "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"] {
+        let mut socket = tokio::net::TcpStream::connect(gateway.addr())
+            .await
+            .unwrap();
+        socket.write_all(partial.as_bytes()).await.unwrap();
+        let started = Instant::now();
+        let answer = read_until_closed(&mut socket).await;
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(900),
+            "{partial:?}: closed after {waited:?}"
+        );
+        assert!(!answer.contains("200 OK"), "{partial:?}: {answer}");
+    }
+    assert_eq!(engine_requests(&east), 0);
+}
+
+#[tokio::test]
+async fn a_request_body_that_stalls_gets_a_408() {
+    use tokio::io::AsyncWriteExt as _;
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url()])],
+        "timeouts: { client_body_idle_secs: 1 }\n",
+    ))
+    .await;
+    // A keyed body (buffered by the gateway) and an unkeyed one (streamed to the engine).
+    for path in ["/v1/chat/completions", "/v1/embeddings"] {
+        let mut socket = tokio::net::TcpStream::connect(gateway.addr())
+            .await
+            .unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
+             content-length: 100\r\nconnection: close\r\n\r\n{{\"model\":"
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        let answer = read_until_closed(&mut socket).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+        let json: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(json["error"]["code"], "request_timeout", "{path}: {body}");
+    }
+}
+
+// ---- HTTP/2 -------------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_client_port_speaks_http2_with_prior_knowledge() {
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(&[("east", "east-a", vec![east.url()])], "")).await;
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let stream = format!(
+        r#"{{"model":"{MODEL}","stream":true,"messages":[{{"role":"user","content":"over h2"}}]}}"#
+    );
+    for body in [chat("over h2"), stream] {
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{}/v1/chat/completions", gateway.url()))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        assert_eq!(response.version(), hyper::Version::HTTP_2);
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["x-mock-engine"], "east-a");
+        let text = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(String::from_utf8_lossy(&text).contains("h2"), "{text:?}");
+    }
+    let models = Request::builder()
+        .uri(format!("{}/v1/models", gateway.url()))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client.request(models).await.unwrap();
+    assert_eq!(response.version(), hyper::Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+// ---- engines that stall -------------------------------------------------------------
+
+/// A base URL nothing listens on.
+fn dead_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}", listener.local_addr().unwrap())
+}
+
+fn stream_chat(content: &str) -> String {
+    format!(
+        r#"{{"model":"{MODEL}","stream":true,"messages":[{{"role":"user","content":"{content}"}}]}}"#
+    )
+}
+
+fn endpoint_healthy(gateway: &Gateway, cluster: &str, url: &str) -> Option<bool> {
+    let view = gateway.grid().view();
+    let cluster = view.clusters().iter().find(|c| c.id().name() == cluster)?;
+    cluster.load().endpoint_healthy(url)
+}
+
+#[tokio::test]
+async fn an_engine_that_sends_no_head_in_time_is_a_504() {
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url()])],
+        "timeouts: { upstream_first_byte_secs: 1 }\n",
+    ))
+    .await;
+    east.stall(Duration::from_secs(3), Duration::ZERO);
+    let started = Instant::now();
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let answer = send(Method::POST, &url, chat("slow prefill")).await;
+    assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(answer.error_code(), "upstream_timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // The request reached the engine: it is not sent again.
+    assert_eq!(engine_requests(&east), 1);
+}
+
+#[tokio::test]
+async fn a_stream_that_goes_quiet_is_cut_not_ended() {
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url()])],
+        "timeouts: { upstream_idle_secs: 1 }\n",
+    ))
+    .await;
+    east.stall(Duration::ZERO, Duration::from_secs(3));
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(format!("{}/v1/chat/completions", gateway.url()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(stream_chat("quiet engine"))))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let started = Instant::now();
+    let mut body = response.into_body();
+    let mut received = Vec::new();
+    let ended = loop {
+        match body.frame().await {
+            Some(Ok(frame)) => received.extend_from_slice(&frame.into_data().unwrap()),
+            Some(Err(error)) => break Err(error),
+            None => break Ok(()),
+        }
+    };
+    assert!(ended.is_err(), "the stream ended cleanly: {received:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // What came before the stall reached the client.
+    assert!(String::from_utf8_lossy(&received).contains("\"role\":\"assistant\""));
+}
+
+// ---- retries ------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_on_another_endpoint_of_the_cluster() {
+    let east = engine("east-a").await;
+    let dead = dead_url();
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![dead.clone(), east.url()])],
+        "",
+    ))
+    .await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // p2c picks the dead endpoint sooner or later; every request must still succeed.
+    for i in 0..40 {
+        let answer = send(Method::POST, &url, chat(&format!("retry {i}"))).await;
+        assert_eq!(answer.status, StatusCode::OK, "request {i}");
+        assert_eq!(answer.engine(), Some("east-a"));
+        if endpoint_healthy(&gateway, "east-a", &dead) == Some(false) {
+            return;
+        }
+    }
+    panic!("the dead endpoint was never tried");
+}
+
+#[tokio::test]
+async fn a_cluster_that_cannot_connect_hands_the_request_to_the_next_one() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    // East is preferred (a shorter queue) and its samples last while it is down.
+    let yaml = config_yaml(
+        &[
+            ("east", "east-a", vec![east.url()]),
+            ("west", "west-a", vec![west.url()]),
+        ],
+        "",
+    )
+    .replace("window_secs: 1", "window_secs: 30");
+    let gateway = gateway(&yaml).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    set_queue(&west, 5).await;
+    let east_id = cluster_id(&gateway, "east-a");
+    eventually("both measured, west deeper", || async {
+        let view = gateway.grid().view();
+        let now = Instant::now();
+        let depth = |name: &str| {
+            view.clusters()
+                .iter()
+                .find(|c| c.id().name() == name)
+                .unwrap()
+                .load()
+                .queue_depth(now)
+        };
+        depth("east-a") == 0.0 && depth("west-a") == 5.0
+    })
+    .await;
+    let prompt = chat(&"a long shared system prompt ".repeat(400));
+    let first = send(Method::POST, &url, prompt.clone()).await;
+    assert_eq!(first.engine(), Some("east-a"));
+    assert!(gateway.index().entries(&east_id) > 0);
+
+    let east_url = east.url();
+    east.shutdown().await.unwrap();
+    let answer = send(Method::POST, &url, prompt).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.engine(), Some("west-a"));
+    assert_eq!(endpoint_healthy(&gateway, "east-a", &east_url), Some(false));
+    assert_eq!(
+        gateway.index().entries(&east_id),
+        0,
+        "the failed cluster kept the prompt's keys"
+    );
+}
+
+#[tokio::test]
+async fn retries_stop_at_max_attempts() {
+    let (first, second) = (dead_url(), dead_url());
+    for (max_attempts, tried) in [(1, 1), (3, 2)] {
+        let gateway = gateway(&config_yaml(
+            &[("east", "east-a", vec![first.clone(), second.clone()])],
+            &format!("retries: {{ max_attempts: {max_attempts} }}\n"),
+        ))
+        .await;
+        let url = format!("{}/v1/chat/completions", gateway.url());
+        let answer = send(Method::POST, &url, chat("nowhere")).await;
+        assert_eq!(answer.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(answer.error_code(), "backend_unreachable");
+        let down = [&first, &second]
+            .iter()
+            .filter(|url| endpoint_healthy(&gateway, "east-a", url) == Some(false))
+            .count();
+        assert_eq!(down, tried, "max_attempts {max_attempts}");
+    }
+}
+
+#[tokio::test]
+async fn an_engine_error_is_not_retried() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let gateway = gateway(&config_yaml(
+        &[
+            ("east", "east-a", vec![east.url()]),
+            ("west", "west-a", vec![west.url()]),
+        ],
+        "",
+    ))
+    .await;
+    east.fail_next(StatusCode::INTERNAL_SERVER_ERROR, 100);
+    west.fail_next(StatusCode::INTERNAL_SERVER_ERROR, 100);
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let answer = send(Method::POST, &url, chat("fails once")).await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(engine_requests(&east) + engine_requests(&west), 1);
+}
+
+// ---- outlier ejection ---------------------------------------------------------------
+
+async fn set_queue(engine: &MockEngine, waiting: u64) {
+    let url = format!("{}/mock/queue", engine.url());
+    let body = format!(r#"{{"waiting":{waiting},"exact":true}}"#);
+    assert_eq!(send(Method::POST, &url, body).await.status, StatusCode::OK);
+}
+
+fn cluster_id(gateway: &Gateway, name: &str) -> grid_route_layer::grid::ClusterId {
+    let view = gateway.grid().view();
+    view.clusters()
+        .iter()
+        .find(|c| c.id().name() == name)
+        .unwrap()
+        .id()
+        .clone()
+}
+
+/// The value of a sample line of the admin `/metrics`.
+async fn metric(gateway: &Gateway, series: &str) -> Option<f64> {
+    let answer = send(Method::GET, &format!("{}/metrics", gateway.admin_url()), "").await;
+    let text = String::from_utf8(answer.body.to_vec()).unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn an_endpoint_failing_in_a_row_is_ejected_counted_and_its_cluster_not_admitted() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let yaml = config_yaml(
+        &[
+            ("east", "east-a", vec![east.url()]),
+            ("west", "west-a", vec![west.url()]),
+        ],
+        "outlier: { consecutive_failures: 3, ejection_secs: 60 }\n",
+    );
+    let gateway = gateway(&yaml).await;
+    east.fail_next(StatusCode::SERVICE_UNAVAILABLE, 1000);
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut east_failures = 0;
+    for i in 0..60 {
+        let answer = send(Method::POST, &url, chat(&format!("ejection {i}"))).await;
+        if answer.engine() == Some("east-a") {
+            assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+            east_failures += 1;
+        } else {
+            assert_eq!(answer.status, StatusCode::OK);
+        }
+        if east_failures == 3 {
+            break;
+        }
+    }
+    assert_eq!(east_failures, 3, "east was not tried three times");
+    let view = gateway.grid().view();
+    let east_cluster = view
+        .clusters()
+        .iter()
+        .find(|c| c.id().name() == "east-a")
+        .unwrap();
+    assert!(
+        !east_cluster.admits(),
+        "a cluster with every endpoint ejected still admits"
+    );
+    drop(view);
+    // The poller reads east's metrics fine, but the ejection holds.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in 0..10 {
+        let answer = send(Method::POST, &url, chat(&format!("after {i}"))).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        assert_eq!(answer.engine(), Some("west-a"));
+    }
+    let ejections = metric(
+        &gateway,
+        r#"grid_route_ejections_total{site="east",cluster="east-a"}"#,
+    )
+    .await;
+    assert_eq!(ejections, Some(1.0));
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_holds_the_endpoint_out_that_long() {
+    let east = engine("east-a").await;
+    let spare = engine("east-a").await;
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url(), spare.url()])],
+        "",
+    ))
+    .await;
+    let fail = format!("{}/mock/fail", east.url());
+    let plan = r#"{"status":429,"count":1,"retry_after":2}"#;
+    assert_eq!(send(Method::POST, &fail, plan).await.status, StatusCode::OK);
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut throttled_at = None;
+    for i in 0..40 {
+        let answer = send(Method::POST, &url, chat(&format!("busy {i}"))).await;
+        if answer.status == StatusCode::TOO_MANY_REQUESTS {
+            throttled_at = Some(Instant::now());
+            break;
+        }
+    }
+    let throttled_at = throttled_at.expect("the 429 never came");
+    assert_eq!(
+        endpoint_healthy(&gateway, "east-a", &east.url()),
+        Some(false)
+    );
+    eventually("the endpoint back after its Retry-After", || async {
+        endpoint_healthy(&gateway, "east-a", &east.url()) == Some(true)
+    })
+    .await;
+    let held = throttled_at.elapsed();
+    assert!(held >= Duration::from_millis(1900), "back after {held:?}");
+}
+
+// ---- metrics of removed clusters ----------------------------------------------------
+
+#[tokio::test]
+async fn metrics_of_a_removed_cluster_leave_at_the_reload_that_removes_it() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let both = config_yaml(
+        &[
+            ("east", "east-a", vec![east.url()]),
+            ("west", "west-b", vec![west.url()]),
+        ],
+        "",
+    );
+    let gateway = gateway(&both).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let page = || async {
+        let answer = send(Method::GET, &format!("{}/metrics", gateway.admin_url()), "").await;
+        String::from_utf8(answer.body.to_vec()).unwrap()
+    };
+    eventually("a request on each cluster", || async {
+        send(
+            Method::POST,
+            &url,
+            chat(&format!("spread {:?}", Instant::now())),
+        )
+        .await;
+        let text = page().await;
+        text.contains(r#"grid_route_decisions_total{site="west",cluster="west-b"}"#)
+            && text.contains(r#"grid_route_decisions_total{site="east",cluster="east-a"}"#)
+    })
+    .await;
+    let text = page().await;
+    assert!(text.contains(r#"cluster="west/west-b""#), "{text}");
+
+    let east_only = config_yaml(&[("east", "east-a", vec![east.url()])], "");
+    gateway
+        .reload(&GatewayConfig::from_yaml(&east_only).unwrap())
+        .unwrap();
+    let text = page().await;
+    assert!(!text.contains("west-b"), "{text}");
+    assert!(
+        text.contains(r#"grid_route_decisions_total{site="east",cluster="east-a"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"grid_route_queue_depth{site="east",cluster="east-a"}"#),
+        "{text}"
+    );
+
+    gateway
+        .reload(&GatewayConfig::from_yaml(&both).unwrap())
+        .unwrap();
+    let text = page().await;
+    assert!(
+        text.contains(r#"grid_route_queue_depth{site="west",cluster="west-b"}"#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn only_failures_in_a_row_eject_an_endpoint() {
+    let east = engine("east-a").await;
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url()])],
+        "outlier: { consecutive_failures: 3, ejection_secs: 60 }\n",
+    ))
+    .await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut statuses = Vec::new();
+    for (i, failures) in [2, 2, 3].into_iter().enumerate() {
+        east.fail_next(StatusCode::INTERNAL_SERVER_ERROR, failures);
+        for j in 0..=failures {
+            let answer = send(Method::POST, &url, chat(&format!("round {i} {j}"))).await;
+            statuses.push(answer.status.as_u16());
+        }
+        let healthy = endpoint_healthy(&gateway, "east-a", &east.url());
+        if failures < 3 {
+            assert_eq!(healthy, Some(true), "ejected after {statuses:?}");
+        } else {
+            assert_eq!(healthy, Some(false), "not ejected after {statuses:?}");
+        }
+    }
+    // Two failures, a success, two failures, a success: in; three in a row: out, so the
+    // fourth request of the last round found no admitted cluster.
+    assert_eq!(statuses, [500, 500, 200, 500, 500, 200, 500, 500, 500, 503]);
+}
+
+#[tokio::test]
+async fn a_long_answer_outlives_the_head_deadline() {
+    let config = MockEngineConfig {
+        decode_delay_per_token: Duration::from_millis(400),
+        ..MockEngineConfig::named("east-a")
+    };
+    let east = MockEngine::start("127.0.0.1:0", config).await.unwrap();
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url()])],
+        "timeouts: { client_header_secs: 1 }\n",
+    ))
+    .await;
+    let started = Instant::now();
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // Seven tokens at 400 ms: the answer takes about three head deadlines.
+    let answer = send(
+        Method::POST,
+        &url,
+        stream_chat("one two three four five six"),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(
+        String::from_utf8_lossy(&answer.body).ends_with("data: [DONE]\n\n"),
+        "{:?}",
+        answer.body
+    );
+}
