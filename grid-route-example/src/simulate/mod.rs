@@ -348,3 +348,8 @@ pub fn simulate(
 pub fn progress_wanted() -> bool {
     std::io::stderr().is_terminal()
 }
+
+#[cfg(test)]
+// Hand-computed results are compared after rounding to the printed precision.
+#[allow(clippy::float_cmp)]
+mod tests;
