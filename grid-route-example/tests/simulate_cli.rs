@@ -20,7 +20,7 @@ fn scratch(name: &str) -> PathBuf {
 /// The first `n` requests of the bundled trace, as a file.
 fn head_of_trace(n: usize) -> PathBuf {
     let text = std::fs::read_to_string(bundled_trace()).unwrap();
-    let head: String = text.lines().take(n).map(|l| format!("{l}\n")).collect();
+    let head: String = text.lines().take(n).flat_map(|l| [l, "\n"]).collect();
     let path = scratch(&format!("head-{n}.jsonl"));
     std::fs::write(&path, head).unwrap();
     path
