@@ -224,6 +224,7 @@ fn help_lists_every_flag_with_its_default() {
         "--threshold",
         "--exploration",
         "--prefill-price",
+        "--fail-share",
     ] {
         assert!(help.contains(flag), "{flag}");
     }

@@ -13,6 +13,29 @@
 //!
 //! `docs/routing.md` explains the models, what each policy leaves out, and the results
 //! on the bundled trace.
+//!
+//! ```
+//! use grid_route_example::simulate::{Policy, SimulateArgs, read_trace, simulate};
+//!
+//! // Two turns of one conversation, ten seconds apart, then a new conversation.
+//! let trace = read_trace(
+//!     concat!(
+//!         r#"{"timestamp": 0, "input_length": 3000, "output_length": 100, "hash_ids": [0, 1, 2, 3, 4, 5]}"#, "\n",
+//!         r#"{"timestamp": 10000, "input_length": 3500, "output_length": 100, "hash_ids": [0, 1, 2, 3, 4, 5, 6]}"#, "\n",
+//!         r#"{"timestamp": 20000, "input_length": 3000, "output_length": 100, "hash_ids": [0, 7, 8, 9, 10, 11]}"#, "\n",
+//!     )
+//!     .as_bytes(),
+//! )
+//! .unwrap();
+//! let mut args = SimulateArgs::new("three-requests.jsonl");
+//! args.policies = vec![Policy::GridRoute, Policy::RoundRobin];
+//! args.affinity.exploration = 0.0;
+//! let report = simulate(&args, &trace, false).unwrap();
+//! let (grid_route, round_robin) = (&report.results[0], &report.results[1]);
+//! // The second turn finds its first 3000 tokens cached only where the first one ran.
+//! assert_eq!(grid_route.outcomes["sticky"], 1);
+//! assert!(grid_route.hit_share > round_robin.hit_share);
+//! ```
 
 pub mod engine;
 pub mod policy;
@@ -51,6 +74,8 @@ options (defaults in brackets):
   --policies LIST               comma-separated
                                 [grid-route,round-robin,least-queue,cache-aware,chwbl,oracle]
   --seed N                      seed of every random draw [1]
+  --fail-share X                share of requests an engine refuses with a 503 on
+                                arrival (grid-route drops their keys) [0]
   --json                        print one JSON object instead of the table
   --plot FILE.svg               also write each policy's TTFT CDF as SVG
 engine model (Llama-3.1-8B on one H100 under vLLM; see docs/routing.md):
@@ -96,6 +121,8 @@ pub struct SimulateArgs {
     pub queue_window: Duration,
     /// grid-route's `prefix_affinity` settings.
     pub affinity: PrefixAffinityConfig,
+    /// Share of requests an engine refuses with a 503.
+    pub fail_share: f64,
 }
 
 impl SimulateArgs {
@@ -116,6 +143,7 @@ impl SimulateArgs {
             poll_interval: Duration::from_millis(queue.poll_interval_ms),
             queue_window: Duration::from_secs(queue.window_secs),
             affinity: PrefixAffinityConfig::default(),
+            fail_share: 0.0,
         }
     }
 }
@@ -207,6 +235,13 @@ pub fn parse_args(args: &[String]) -> Result<SimulateArgs, String> {
             "--threshold" => parsed.affinity.threshold = number(flag, v)?,
             "--exploration" => parsed.affinity.exploration = number(flag, v)?,
             "--prefill-price" => parsed.affinity.prefill_tokens_per_second = number(flag, v)?,
+            "--fail-share" => {
+                let share: f64 = number(flag, v)?;
+                if !(0.0..1.0).contains(&share) {
+                    return Err(format!("{flag} must be in [0, 1), got {v:?}"));
+                }
+                parsed.fail_share = share;
+            }
             _ => return Err(format!("unknown option {flag:?}")),
         }
     }
@@ -303,6 +338,7 @@ pub fn simulate(
         },
         engine: args.engine,
         poll_interval_s: args.poll_interval.as_secs_f64(),
+        fail_share: args.fail_share,
     };
     let mut results = Vec::with_capacity(args.policies.len());
     for (i, &policy) in args.policies.iter().enumerate() {

@@ -36,7 +36,8 @@ pub struct Report {
 pub struct PolicyResult {
     /// The policy's name.
     pub policy: &'static str,
-    /// Requests served.
+    /// Requests answered (refused ones, with `--fail-share`, are left out of every figure
+    /// but the load spread).
     pub requests: usize,
     /// Prompt tokens found in the serving engine's cache over all prompt tokens.
     pub hit_share: f64,
@@ -78,12 +79,15 @@ impl PolicyResult {
         ttft: &[f64],
         cached: &[u64],
         served_by: &[usize],
+        failed: &[bool],
         engines: usize,
         outcomes: BTreeMap<&'static str, u64>,
     ) -> Self {
-        let prompt: u64 = trace.iter().map(|r| r.input_tokens).sum();
-        let hit: u64 = cached.iter().sum();
-        let mut sorted_ttft = ttft.to_vec();
+        let answered = |i: &usize| !failed[*i];
+        let indexes = || (0..trace.len()).filter(answered);
+        let prompt: u64 = indexes().map(|i| trace[i].input_tokens).sum();
+        let hit: u64 = indexes().map(|i| cached[i]).sum();
+        let mut sorted_ttft: Vec<f64> = indexes().map(|i| ttft[i]).collect();
         sorted_ttft.sort_by(f64::total_cmp);
         let mut per_engine = vec![0usize; engines];
         for &engine in served_by {
@@ -93,8 +97,8 @@ impl PolicyResult {
         let mean = trace.len() as f64 / engines as f64;
         Self {
             policy: policy.name(),
-            requests: trace.len(),
-            hit_share: round(hit as f64 / prompt as f64, 4),
+            requests: sorted_ttft.len(),
+            hit_share: round(hit as f64 / prompt.max(1) as f64, 4),
             ttft_p50_s: round(percentile(&sorted_ttft, 0.50), 4),
             ttft_p90_s: round(percentile(&sorted_ttft, 0.90), 4),
             ttft_p99_s: round(percentile(&sorted_ttft, 0.99), 4),

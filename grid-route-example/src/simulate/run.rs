@@ -19,7 +19,13 @@ pub struct RunSetup {
     pub engine: EngineModel,
     /// Seconds between the gateway's queue polls.
     pub poll_interval_s: f64,
+    /// Share of requests an engine refuses with a 503 on arrival.
+    pub fail_share: f64,
 }
+
+/// Mixed into `--seed` for the draws that decide which requests fail, so that they do
+/// not change the other draws.
+pub const FAILURE_SEED_SALT: u64 = 0x6661_696c_7572_6573;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -114,6 +120,8 @@ pub fn run_policy(
     // The L4 balancer in front of the replicas: a uniform draw per request, the same
     // sequence for every policy.
     let mut balancer = fastrand::Rng::with_seed(setup.policies.seed);
+    let mut failures = fastrand::Rng::with_seed(setup.policies.seed ^ FAILURE_SEED_SALT);
+    let mut failed = vec![false; trace.len()];
     let replicas = setup.policies.replicas;
     let (mut next, mut polls) = (0usize, 0u64);
     let step = (trace.len() / 100).max(1);
@@ -141,7 +149,7 @@ pub fn run_policy(
                     Kind::FirstToken => {
                         state.engines[event.engine].end_prefill();
                         state.ttft[event.request] = now - request.arrival_ms as f64 / 1000.0;
-                        router.first_token(event.request, now);
+                        router.head(event.request, 200, now);
                         let decode = request.output_tokens as f64 / setup.engine.decode_tps;
                         state.schedule(now + decode, Kind::Finished, event.engine, event.request);
                     }
@@ -173,8 +181,17 @@ pub fn run_policy(
                     engines: &state.engines,
                 });
                 state.served_by[id] = engine;
-                state.engines[engine].enqueue(id, &trace[id]);
-                state.start(engine, now);
+                // One draw per request whatever the share, so a share changes which
+                // requests fail and nothing else.
+                if failures.f64() < setup.fail_share {
+                    // Refused on arrival: the answer head is a 503, nothing is queued.
+                    failed[id] = true;
+                    router.head(id, 503, now);
+                    router.finished(id, now);
+                } else {
+                    state.engines[engine].enqueue(id, &trace[id]);
+                    state.start(engine, now);
+                }
                 if next % step == 0 || next == trace.len() {
                     progress(next);
                 }
@@ -187,6 +204,7 @@ pub fn run_policy(
         &state.ttft,
         &state.cached,
         &state.served_by,
+        &failed,
         engines,
         router.outcomes(),
     )

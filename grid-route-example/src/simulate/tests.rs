@@ -118,6 +118,30 @@ fn grid_route_replicas_that_share_an_index_stick_like_one() {
 }
 
 #[test]
+fn grid_route_forgets_a_prefix_where_an_engine_refused_it() {
+    // The first seed whose draws refuse only the second turn.
+    let share = 0.5;
+    let seed = (1..)
+        .find(|&seed| {
+            let mut failures = fastrand::Rng::with_seed(seed ^ run::FAILURE_SEED_SALT);
+            let refused: Vec<bool> = (0..3).map(|_| failures.f64() < share).collect();
+            refused == [false, true, false]
+        })
+        .unwrap();
+    let mut failing = args(2, Policy::GridRoute);
+    failing.seed = seed;
+    failing.fail_share = share;
+    let result = run(&failing, &three_turns());
+    // Turn 1 is confirmed at site 0; turn 2 sticks there and gets a 503, which drops the
+    // keys; turn 3 finds no match. The engine still holds the blocks: Select's rotation
+    // (turn 2 of 3) brings it back to site 0, warm.
+    assert_eq!(result.requests, 2);
+    assert_eq!(outcomes(&result), [("no_match", 2), ("sticky", 1)]);
+    assert_eq!(ttfts(&result), [0.1, 1.124]);
+    assert_eq!(result.hit_share, 0.5);
+}
+
+#[test]
 fn cache_aware_follows_its_tree_then_fills_the_smallest_tenant() {
     let mut trace = three_turns();
     trace.push(request(30_000, &[7, 8]));
@@ -194,7 +218,7 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
          --policies grid-route,oracle --seed 7 --json --plot c.svg --kv-tokens 1000 \
          --max-running 8 --prefill-tps 5000 --prefill-overhead-ms 30 --decode-tps 50 \
          --poll-interval-ms 250 --queue-window-secs=3 --threshold 0.6 --exploration 0.1 \
-         --prefill-price 20000",
+         --prefill-price 20000 --fail-share 0.25",
     ))
     .unwrap();
     assert_eq!(parsed.sites, 8);
@@ -208,6 +232,7 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
     assert_eq!(parsed.queue_window, Duration::from_secs(3));
     assert_eq!(parsed.affinity.threshold, 0.6);
     assert_eq!(parsed.affinity.prefill_tokens_per_second, 20_000.0);
+    assert_eq!(parsed.fail_share, 0.25);
     for (bad, error) in [
         ("--sites 4", "--trace is required"),
         ("--trace t --sites 0", "--sites must be at least 1, got 0"),
@@ -221,6 +246,7 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
             "--prefill-tps must be a number above 0",
         ),
         ("--trace t --bogus 1", "unknown option \"--bogus\""),
+        ("--trace t --fail-share 1", "--fail-share must be in [0, 1)"),
         ("--trace", "--trace needs a value"),
     ] {
         let got = parse_args(&line(bad)).unwrap_err();

@@ -5,7 +5,8 @@
 //! library's [`narrow`](grid_route_layer::affinity::narrow): the prefix index's depths,
 //! the threshold, the load gate), then `Select`'s [`least_loaded`] among the clusters that
 //! stay, then p2c inside the cluster. At the answer head, [`Verdict`] applies the status
-//! to the index (every simulated answer is a 200, so it confirms).
+//! to the index, as `ConfirmLayer` does: a 200 confirms the keys, a 503 (an engine
+//! refusing, `--fail-share`) drops them.
 //!
 //! [`least_loaded`]: grid_route_layer::select::least_loaded
 
@@ -86,12 +87,12 @@ impl Router for GridRoute {
             .dispatch(route.replica, decision.clusters(), route.id, route.now)
     }
 
-    fn first_token(&mut self, id: usize, now: f64) {
+    fn head(&mut self, id: usize, status: u16, now: f64) {
         let Some((replica, cluster)) = self.gateways.head(id) else {
             return;
         };
         if let Some(keys) = self.keys.remove(&id) {
-            Verdict::of_status(200).apply(
+            Verdict::of_status(status).apply(
                 self.affinity[replica].index(),
                 &cluster,
                 keys.as_slice(),

@@ -29,7 +29,7 @@ impl Router for LeastQueue {
             .dispatch(route.replica, &candidates, route.id, route.now)
     }
 
-    fn first_token(&mut self, id: usize, _now: f64) {
+    fn head(&mut self, id: usize, _status: u16, _now: f64) {
         self.gateways.head(id);
     }
 

@@ -141,10 +141,11 @@ pub trait Router {
     /// The engine for a request.
     fn route(&mut self, route: &Route<'_>) -> usize;
 
-    /// The request's answer head came back (its first token): the gateway confirms.
-    fn first_token(&mut self, _id: usize, _now: f64) {}
+    /// The request's answer head came back with `status`: 200 at its first token, or 503
+    /// at once when the engine refused it (`--fail-share`).
+    fn head(&mut self, _id: usize, _status: u16, _now: f64) {}
 
-    /// The request's answer ended (its last token).
+    /// The request's answer ended (its last token, or right after a refusal).
     fn finished(&mut self, _id: usize, _now: f64) {}
 
     /// A poll of every engine's waiting queue at `now` (the gateway's queue signal).
