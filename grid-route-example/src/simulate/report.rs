@@ -71,18 +71,46 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// What happened to each request of a run, indexed by its position in the trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerRequest {
+    /// Seconds from arrival to first token.
+    pub ttft: Vec<f64>,
+    /// Prompt tokens found in the engine's cache.
+    pub cached: Vec<u64>,
+    /// The engine it was sent to.
+    pub served_by: Vec<usize>,
+    /// Whether the engine refused it (`--fail-share`).
+    pub failed: Vec<bool>,
+}
+
+impl PerRequest {
+    /// Nothing measured yet, for `requests` requests.
+    pub fn new(requests: usize) -> Self {
+        Self {
+            ttft: vec![0.0; requests],
+            cached: vec![0; requests],
+            served_by: vec![0; requests],
+            failed: vec![false; requests],
+        }
+    }
+}
+
 impl PolicyResult {
-    /// The result of `policy` from per-request TTFTs, cache hits and serving engines.
+    /// The result of `policy` over `trace` on `engines` engines.
     pub fn new(
         policy: Policy,
         trace: &[TraceRequest],
-        ttft: &[f64],
-        cached: &[u64],
-        served_by: &[usize],
-        failed: &[bool],
+        per_request: &PerRequest,
         engines: usize,
         outcomes: BTreeMap<&'static str, u64>,
     ) -> Self {
+        let PerRequest {
+            ttft,
+            cached,
+            served_by,
+            failed,
+        } = per_request;
         let answered = |i: &usize| !failed[*i];
         let indexes = || (0..trace.len()).filter(answered);
         let prompt: u64 = indexes().map(|i| trace[i].input_tokens).sum();

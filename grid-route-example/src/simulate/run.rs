@@ -7,7 +7,7 @@ use grid_route_layer::keying::PrefixKeys;
 
 use super::engine::{Engine, EngineModel};
 use super::policy::{Policy, Route, Setup, router};
-use super::report::PolicyResult;
+use super::report::{PerRequest, PolicyResult};
 use super::trace::TraceRequest;
 
 /// What one policy's run needs besides the trace.
@@ -67,9 +67,7 @@ struct Loop<'a> {
     engines: Vec<Engine>,
     events: BinaryHeap<Reverse<Event>>,
     seq: u64,
-    ttft: Vec<f64>,
-    cached: Vec<u64>,
-    served_by: Vec<usize>,
+    per_request: PerRequest,
 }
 
 impl Loop<'_> {
@@ -86,7 +84,7 @@ impl Loop<'_> {
 
     fn start(&mut self, engine: usize, now: f64) {
         if let Some(started) = self.engines[engine].start_next(self.trace, now) {
-            self.cached[started.request] = started.cached_tokens;
+            self.per_request.cached[started.request] = started.cached_tokens;
             self.schedule(
                 started.first_token_at,
                 Kind::FirstToken,
@@ -113,15 +111,12 @@ pub fn run_policy(
         engines: (0..engines).map(|_| Engine::new(setup.engine)).collect(),
         events: BinaryHeap::new(),
         seq: 0,
-        ttft: vec![0.0; trace.len()],
-        cached: vec![0; trace.len()],
-        served_by: vec![0; trace.len()],
+        per_request: PerRequest::new(trace.len()),
     };
     // The L4 balancer in front of the replicas: a uniform draw per request, the same
     // sequence for every policy.
     let mut balancer = fastrand::Rng::with_seed(setup.policies.seed);
     let mut failures = fastrand::Rng::with_seed(setup.policies.seed ^ FAILURE_SEED_SALT);
-    let mut failed = vec![false; trace.len()];
     let replicas = setup.policies.replicas;
     let (mut next, mut polls) = (0usize, 0u64);
     let step = (trace.len() / 100).max(1);
@@ -148,7 +143,8 @@ pub fn run_policy(
                 match event.kind {
                     Kind::FirstToken => {
                         state.engines[event.engine].end_prefill();
-                        state.ttft[event.request] = now - request.arrival_ms as f64 / 1000.0;
+                        state.per_request.ttft[event.request] =
+                            now - request.arrival_ms as f64 / 1000.0;
                         router.head(event.request, 200, now);
                         let decode = request.output_tokens as f64 / setup.engine.decode_tps;
                         state.schedule(now + decode, Kind::Finished, event.engine, event.request);
@@ -180,12 +176,12 @@ pub fn run_policy(
                     now,
                     engines: &state.engines,
                 });
-                state.served_by[id] = engine;
+                state.per_request.served_by[id] = engine;
                 // One draw per request whatever the share, so a share changes which
                 // requests fail and nothing else.
                 if failures.f64() < setup.fail_share {
                     // Refused on arrival: the answer head is a 503, nothing is queued.
-                    failed[id] = true;
+                    state.per_request.failed[id] = true;
                     router.head(id, 503, now);
                     router.finished(id, now);
                 } else {
@@ -201,10 +197,7 @@ pub fn run_policy(
     PolicyResult::new(
         policy,
         trace,
-        &state.ttft,
-        &state.cached,
-        &state.served_by,
-        &failed,
+        &state.per_request,
         engines,
         router.outcomes(),
     )
