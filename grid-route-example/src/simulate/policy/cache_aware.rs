@@ -31,7 +31,7 @@ use crate::simulate::trace::TraceRequest;
 const CHARS_PER_TOKEN: u64 = grid_route_layer::affinity::BYTES_PER_TOKEN as u64;
 
 /// The policy's parameters, defaulting to the router's command-line defaults
-/// (`sgl-router/src/config` and `py_src/sglang_router/router_args.py`).
+/// (`sgl-router/py_src/sglang_router/router_args.py`, `RouterArgs`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CacheAwareSettings {
     /// Match rate above which the matched tenant takes the request.

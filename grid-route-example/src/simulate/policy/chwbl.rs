@@ -1,24 +1,23 @@
 //! `chwbl`: consistent hashing with bounded loads (Mirrokni, Thorup and Zadimoghaddam,
 //! "Consistent Hashing with Bounded Loads", SODA 2018) on the prompt's first blocks, as
-//! KubeAI's `PrefixHash` strategy (substratusai/kubeai, `internal/loadbalancer`) and the
-//! SGLang model gateway's `prefix_hash` policy (`prefix_hash_load_factor` 1.25) do.
+//! KubeAI's `PrefixHash` strategy (substratusai/kubeai) and the SGLang model gateway's
+//! `prefix_hash` policy (`--prefix-token-count` 256, `--prefix-hash-load-factor` 1.25) do.
 //!
 //! Each engine owns [`VIRTUAL_NODES`] points on a hash ring. A request hashes its first
 //! [`CHWBL_PREFIX_BLOCKS`] block ids onto the ring and walks clockwise to the first engine
 //! whose load (requests this replica sent it that have not finished) is under the bound
 //! `ceil(CHWBL_LOAD_FACTOR * (total + 1) / engines)`.
 //!
-//! Those routers hash the first characters or tokens of the prompt (KubeAI 100
-//! characters, SGLang 256 tokens); in this trace every prompt's first 512-token block is
-//! the same (id 0), so that would send the whole trace to one ring point and leave only
-//! the load bound to spread it. Two blocks (1024 tokens) tell the conversations apart.
+//! Those routers hash the first characters or tokens of the prompt (the SGLang gateway
+//! 256 tokens); in the bundled trace every prompt's first 512-token block is the same
+//! (id 0), so that would send the whole trace to one ring point and leave only the load
+//! bound to spread it. Two blocks (1024 tokens) tell the conversations apart.
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Route, Router, Setup};
 
-/// How far above the mean load an engine may go: the SGLang gateway's and KubeAI's
-/// default.
+/// How far above the mean load an engine may go: the SGLang gateway's default.
 pub const CHWBL_LOAD_FACTOR: f64 = 1.25;
 
 /// Prompt blocks (512 tokens each) hashed onto the ring.
