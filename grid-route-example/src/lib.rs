@@ -13,6 +13,9 @@
 //!   cache, prefill-time model, queue metric, Responses and Conversations store), started
 //!   in process with [`mock_engine::MockEngine::start`] or from the command line with
 //!   `grid-route-example mock-engine`.
+//! - [`simulate`]: the `simulate` command, which replays a production trace through the
+//!   library's routing code and other routers' policies in virtual time.
+
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -21,3 +24,4 @@ pub mod forward_paths;
 pub mod gateway;
 pub mod keys;
 pub mod mock_engine;
+pub mod simulate;

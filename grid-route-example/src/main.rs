@@ -3,11 +3,11 @@
 //! Subcommands: `demo` (the default, with no command) runs the gateway against three mock
 //! sites with prefix affinity on and off and prints a comparison; `serve` runs the gateway
 //! from a config file; `keys` prints a body's prefix keys; `mock-engine` runs a mock
-//! inference engine.
+//! inference engine; `simulate` replays a trace through the routing policies.
 
 use std::process::ExitCode;
 
-use grid_route_example::{demo, gateway, keys, mock_engine};
+use grid_route_example::{demo, gateway, keys, mock_engine, simulate};
 
 const USAGE: &str = "usage: grid-route-example [command] [args]
 
@@ -22,6 +22,9 @@ commands:
                         print each body's prefix keys as one JSON line
   mock-engine --listen ADDR --name NAME [options]
                         run a mock OpenAI-compatible engine (see mock-engine --help)
+  simulate --trace FILE [options]
+                        replay a trace through grid-route and other routing policies
+                        in virtual time (see simulate --help)
 ";
 
 fn main() -> ExitCode {
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         "serve" => run_serve(rest),
         "keys" => run_keys(rest),
         "mock-engine" => run_mock_engine(rest),
+        "simulate" => run_simulate(rest),
         other => {
             eprintln!("unknown command {other:?}; {rest:?} not run\n");
             eprint!("{USAGE}");
@@ -188,6 +192,38 @@ fn run_mock_engine(args: &[String]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn run_simulate(args: &[String]) -> ExitCode {
+    let args = match parsed(args, "simulate", simulate::USAGE, simulate::parse_args) {
+        Ok(args) => args,
+        Err(exit) => return exit,
+    };
+    let report = match simulate::run(&args, simulate::progress_wanted()) {
+        Ok(report) => report,
+        Err(error) => {
+            eprintln!("simulate: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(path) = &args.plot
+        && let Err(error) = report.write_svg(path)
+    {
+        eprintln!("simulate: cannot write {}: {error}", path.display());
+        return ExitCode::FAILURE;
+    }
+    if args.json {
+        match serde_json::to_string(&report) {
+            Ok(json) => println!("{json}"),
+            Err(error) => {
+                eprintln!("simulate: cannot write the JSON: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{report}");
+    }
+    ExitCode::SUCCESS
 }
 
 const SERVE_USAGE: &str =

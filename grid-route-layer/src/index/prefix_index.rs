@@ -38,6 +38,20 @@ struct State {
 impl PrefixIndex {
     /// An empty index for `clusters`, each with an LRU of `settings.capacity()` entries.
     pub fn new(settings: IndexSettings, clusters: impl IntoIterator<Item = ClusterId>) -> Self {
+        Self::starting_at(settings, clusters, Instant::now())
+    }
+
+    /// [`new`](Self::new), with deadlines counted in whole seconds from `base` rather than
+    /// from the moment it is built.
+    ///
+    /// Deadlines are rounded to the second from the index's base, so a caller driving
+    /// virtual time (the simulator: `base + offset` for every `now`) passes its own `base`
+    /// to make expiry a function of the offsets alone, the same on every run.
+    pub fn starting_at(
+        settings: IndexSettings,
+        clusters: impl IntoIterator<Item = ClusterId>,
+        base: Instant,
+    ) -> Self {
         let clusters = clusters
             .into_iter()
             .map(|cluster| {
@@ -46,7 +60,7 @@ impl PrefixIndex {
             })
             .collect();
         Self {
-            clock: DeadlineClock::starting_at(Instant::now()),
+            clock: DeadlineClock::starting_at(base),
             state: ArcSwap::from_pointee(State { settings, clusters }),
             reconfiguring: Mutex::new(()),
         }

@@ -464,3 +464,18 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_index_started_at_a_given_base_expires_by_offsets_from_it() {
+    let east = cluster("east", "east-a");
+    let base = Instant::now();
+    let index = PrefixIndex::starting_at(settings(64, 10), [east.clone()], base);
+    let keys = chain(7, 4);
+    // Confirmed 0.5 s in with a 10 s TTL: the deadline rounds up to 11 s from the base.
+    index.confirm(&east, &keys, base + Duration::from_millis(500));
+    assert_eq!(
+        index.depth(&east, &keys, base + Duration::from_millis(10_999)),
+        4
+    );
+    assert_eq!(index.depth(&east, &keys, base + Duration::from_secs(11)), 0);
+}

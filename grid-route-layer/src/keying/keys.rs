@@ -92,6 +92,43 @@ impl PrefixKeys {
         }
     }
 
+    /// The keys of a prompt whose 256-byte blocks were hashed elsewhere — a trace's block
+    /// ids, an engine's block hashes — picked with the same stride rule as [`key_body`]:
+    /// `digests[i]` is the value of block `i` and must stand for the whole prompt up to the
+    /// end of that block (chained), as a key does. `None` when there is no block.
+    ///
+    /// The simulator uses it to give a replayed trace the keys the gateway would compute, so
+    /// the index and the affinity rule see a trace request as they see a live one: one key a
+    /// block for the first 256 blocks, then strided, at most [`MAX_KEYS`](super::MAX_KEYS),
+    /// priced by [`covered_bytes`](Self::covered_bytes).
+    ///
+    /// ```
+    /// use grid_route_layer::keying::{BLOCK_BYTES, MAX_KEYS, PrefixKeys};
+    ///
+    /// // A 2 MiB prompt: 8192 blocks, each digest standing for its whole prefix.
+    /// let digests: Vec<u64> = (0..8192).map(|block| 0x9e37_79b9 ^ block).collect();
+    /// let keys = PrefixKeys::from_block_digests(&digests).unwrap();
+    /// assert_eq!(keys.blocks(), 8192);
+    /// assert_eq!(&keys.as_slice()[..3], &digests[..3]);
+    /// assert!(keys.len() < MAX_KEYS);
+    /// // A match of the first ten keys saves ten blocks of prefill.
+    /// assert_eq!(keys.covered_bytes(10), 10 * BLOCK_BYTES as u64);
+    ///
+    /// assert!(PrefixKeys::from_block_digests(&[]).is_none());
+    /// ```
+    pub fn from_block_digests(digests: &[u64]) -> Option<Self> {
+        if digests.is_empty() {
+            return None;
+        }
+        let keys = KEY_BLOCKS
+            .iter()
+            .map(|&b| b as usize)
+            .take_while(|&b| b < digests.len())
+            .map(|b| digests[b])
+            .collect();
+        Some(Self::new(keys, digests.len() as u64))
+    }
+
     /// The keys, head first.
     pub fn as_slice(&self) -> &[u64] {
         &self.keys

@@ -464,6 +464,29 @@ mod tests {
     }
 
     #[test]
+    fn keys_from_block_digests_follow_the_stride_of_body_keys() {
+        let seed = KeySeed::random();
+        for blocks in [1usize, 255, 256, 257, 300, 9_000, 20_000] {
+            let mut turns = BlockChain::turns(&seed);
+            turns.text(&vec![b'x'; blocks * BLOCK_BYTES]);
+            let body_keys = join(&seed, 0, BlockChain::preamble(&seed), &turns);
+            let digests: Vec<u64> = (0..blocks as u64).collect();
+            let digest_keys = PrefixKeys::from_block_digests(&digests).unwrap();
+            assert_eq!(digest_keys.len(), body_keys.len(), "{blocks}");
+            assert_eq!(digest_keys.blocks(), body_keys.blocks(), "{blocks}");
+            assert_eq!(
+                digest_keys.total_covered_bytes(),
+                body_keys.total_covered_bytes(),
+                "{blocks}"
+            );
+            // Each key is the digest of the block it ends at.
+            for (i, &key) in digest_keys.as_slice().iter().enumerate() {
+                assert_eq!(key, u64::from(KEY_BLOCKS[i]), "{blocks}");
+            }
+        }
+    }
+
+    #[test]
     fn hashing_stops_after_the_last_key_block() {
         let seed = KeySeed::random();
         let mut chain = BlockChain::turns(&seed);

@@ -1,0 +1,373 @@
+//! The engine model: a vLLM-like server with a block prefix cache, in virtual time.
+//!
+//! - **KV cache**: `kv_tokens` of memory in 512-token blocks (the trace's). A block is
+//!   named by its trace id, which stands for its whole prefix, so prompts sharing a prefix
+//!   share its blocks and count them once. Blocks of started requests are pinned; when a
+//!   request ends its blocks stay cached, tail first into an LRU, and are evicted least
+//!   recently used first when a new request needs room (vLLM's free-block queue). A
+//!   request's hit is the longest run of its leading blocks still resident.
+//! - **Waiting queue**: requests wait, first come first served, until the engine starts
+//!   them; their count is the queue signal (`vllm:num_requests_waiting`). The head starts
+//!   when the prefill line is free, fewer than `max_running` requests are running and its
+//!   blocks fit in memory (evicting cached blocks as needed); otherwise everything behind
+//!   it waits too.
+//! - **Prefill**: one request at a time, `prefill_overhead_s` plus its uncached tokens at
+//!   `prefill_tps`. The first token comes at the end of the prefill.
+//! - **Decode**: `output_tokens / decode_tps` after the first token, in parallel for every
+//!   running request. The request holds its slot and its blocks until then.
+
+use std::collections::{HashMap, VecDeque};
+
+use lru::LruCache;
+
+use super::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
+
+/// The engine's parameters (`--kv-tokens`, `--max-running`, `--prefill-tps`,
+/// `--prefill-overhead-ms`, `--decode-tps`); see [`EngineModel::default`] for where the
+/// defaults come from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineModel {
+    /// KV cache size in tokens.
+    pub kv_tokens: u64,
+    /// Most requests running (prefilling or decoding) at once.
+    pub max_running: usize,
+    /// Uncached prompt tokens prefilled a second.
+    pub prefill_tps: f64,
+    /// Fixed time added to every prefill, seconds.
+    pub prefill_overhead_s: f64,
+    /// Tokens a second each running request decodes.
+    pub decode_tps: f64,
+}
+
+impl Default for EngineModel {
+    /// Llama-3.1-8B in bf16 on one H100 80 GB under vLLM (see `docs/routing.md`, "Engine
+    /// model", for the arithmetic and sources).
+    fn default() -> Self {
+        Self {
+            kv_tokens: 400_000,
+            max_running: 256,
+            prefill_tps: 20_000.0,
+            prefill_overhead_s: 0.02,
+            decode_tps: 75.0,
+        }
+    }
+}
+
+impl EngineModel {
+    /// Memory blocks of `kv_tokens`.
+    pub fn capacity_blocks(&self) -> usize {
+        (self.kv_tokens / TRACE_BLOCK_TOKENS) as usize
+    }
+
+    /// Blocks a request holds while it runs: its prompt blocks, and more for the output
+    /// once it outgrows them.
+    pub fn blocks_needed(request: &TraceRequest) -> usize {
+        let total = (request.input_tokens + request.output_tokens).div_ceil(TRACE_BLOCK_TOKENS);
+        (total as usize).max(request.blocks.len())
+    }
+
+    /// Seconds to prefill `uncached_tokens`.
+    pub fn prefill_seconds(&self, uncached_tokens: u64) -> f64 {
+        self.prefill_overhead_s + uncached_tokens as f64 / self.prefill_tps
+    }
+}
+
+/// A request the engine has started: when its first token comes, and its cache hit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Started {
+    /// The request's position in the trace.
+    pub request: usize,
+    /// Prompt tokens found in the cache.
+    pub cached_tokens: u64,
+    /// When the prefill ends and the first token comes.
+    pub first_token_at: f64,
+}
+
+/// One engine's state.
+#[derive(Debug)]
+pub struct Engine {
+    model: EngineModel,
+    capacity: usize,
+    /// Resident blocks and how many running requests use each (0: cached only).
+    resident: HashMap<u64, u32>,
+    /// Resident blocks no running request uses, least recently used first out.
+    evictable: LruCache<u64, ()>,
+    /// Output blocks of running requests (private, never cached).
+    private: usize,
+    waiting: VecDeque<usize>,
+    /// Estimated prefill seconds of the waiting requests (priced at their arrival).
+    waiting_prefill_s: f64,
+    running: usize,
+    /// When the prefill in progress ends (no prefill: in the past).
+    line_free_at: f64,
+    prefilling: bool,
+}
+
+impl Engine {
+    /// An idle engine with an empty cache.
+    pub fn new(model: EngineModel) -> Self {
+        Self {
+            model,
+            capacity: model.capacity_blocks(),
+            resident: HashMap::new(),
+            evictable: LruCache::unbounded(),
+            private: 0,
+            waiting: VecDeque::new(),
+            waiting_prefill_s: 0.0,
+            running: 0,
+            line_free_at: 0.0,
+            prefilling: false,
+        }
+    }
+
+    /// Requests waiting to start: the queue signal the gateway polls.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Prompt tokens of `request` the cache holds now (its longest resident prefix).
+    pub fn cached_tokens(&self, request: &TraceRequest) -> u64 {
+        let held = request
+            .blocks
+            .iter()
+            .take_while(|id| self.resident.contains_key(id))
+            .count();
+        request.prefix_tokens(held)
+    }
+
+    /// Seconds from `now` to `request`'s first token if it were sent here now, with the
+    /// cache as it is now: the prefill in progress, the waiting requests' prefills, and its
+    /// own. Slots and memory are not waited for (the oracle's estimate).
+    pub fn predicted_ttft(&self, request: &TraceRequest, now: f64) -> f64 {
+        let line = (self.line_free_at - now).max(0.0);
+        let own = self
+            .model
+            .prefill_seconds(request.input_tokens - self.cached_tokens(request));
+        line + self.waiting_prefill_s + own
+    }
+
+    /// Queues `request` (trace position `id`).
+    pub fn enqueue(&mut self, id: usize, request: &TraceRequest) {
+        self.waiting_prefill_s += self
+            .model
+            .prefill_seconds(request.input_tokens - self.cached_tokens(request));
+        self.waiting.push_back(id);
+    }
+
+    /// Starts the head of the queue if it can start at `now`: the prefill line is free, a
+    /// slot is free and its blocks fit (cached blocks are evicted to make room).
+    pub fn start_next(&mut self, trace: &[TraceRequest], now: f64) -> Option<Started> {
+        if self.prefilling || self.running >= self.model.max_running {
+            return None;
+        }
+        let &id = self.waiting.front()?;
+        let request = &trace[id];
+        let private = EngineModel::blocks_needed(request) - request.blocks.len();
+        let (mut new, mut reused_evictable) = (private, 0);
+        for block in &request.blocks {
+            match self.resident.get(block) {
+                None => new += 1,
+                Some(0) => reused_evictable += 1,
+                Some(_) => {}
+            }
+        }
+        let mut free = self
+            .capacity
+            .saturating_sub(self.resident.len() + self.private);
+        if new > free + (self.evictable.len() - reused_evictable) {
+            return None;
+        }
+        self.waiting.pop_front();
+        let cached_tokens = self.cached_tokens(request);
+        let seconds = self
+            .model
+            .prefill_seconds(request.input_tokens - cached_tokens);
+        self.waiting_prefill_s = if self.waiting.is_empty() {
+            // Start from a clean sum so rounding does not accumulate.
+            0.0
+        } else {
+            (self.waiting_prefill_s - seconds).max(0.0)
+        };
+        // Pin what is resident first, so that making room never evicts the request's own
+        // blocks; then evict for the rest. Ids within a request are distinct (the trace
+        // reader refuses repeats), so each block is counted once.
+        for block in &request.blocks {
+            if let Some(refs) = self.resident.get_mut(block) {
+                if *refs == 0 {
+                    self.evictable.pop(block);
+                }
+                *refs += 1;
+            }
+        }
+        while free < new {
+            let Some((block, ())) = self.evictable.pop_lru() else {
+                break;
+            };
+            self.resident.remove(&block);
+            free += 1;
+        }
+        for &block in &request.blocks {
+            self.resident.entry(block).or_insert(1);
+        }
+        self.private += private;
+        self.running += 1;
+        self.prefilling = true;
+        self.line_free_at = now + seconds;
+        Some(Started {
+            request: id,
+            cached_tokens,
+            first_token_at: self.line_free_at,
+        })
+    }
+
+    /// The prefill in progress has ended.
+    pub fn end_prefill(&mut self) {
+        self.prefilling = false;
+    }
+
+    /// `request` has decoded its last token: its slot and blocks are free, its prompt
+    /// blocks stay cached, the tail least recent.
+    pub fn finish(&mut self, request: &TraceRequest) {
+        for &block in request.blocks.iter().rev() {
+            if let Some(refs) = self.resident.get_mut(&block) {
+                *refs -= 1;
+                if *refs == 0 {
+                    self.evictable.put(block, ());
+                }
+            }
+        }
+        self.private -= EngineModel::blocks_needed(request) - request.blocks.len();
+        self.running -= 1;
+    }
+}
+
+#[cfg(test)]
+// Hand-computed times are sums of exactly representable values.
+#[allow(clippy::float_cmp)]
+mod tests {
+    use super::*;
+
+    fn request(input_tokens: u64, output_tokens: u64, blocks: &[u64]) -> TraceRequest {
+        TraceRequest {
+            arrival_ms: 0,
+            input_tokens,
+            output_tokens,
+            blocks: blocks.to_vec(),
+        }
+    }
+
+    /// 1000 tokens/s prefill, 0.5 s overhead, 10 tokens/s decode, `blocks` of memory.
+    fn model(blocks: u64) -> EngineModel {
+        EngineModel {
+            kv_tokens: blocks * TRACE_BLOCK_TOKENS,
+            max_running: 4,
+            prefill_tps: 1000.0,
+            prefill_overhead_s: 0.5,
+            decode_tps: 10.0,
+        }
+    }
+
+    #[test]
+    fn a_cold_engine_prefills_the_whole_prompt() {
+        let trace = [request(1500, 10, &[1, 2, 3])];
+        let mut engine = Engine::new(model(16));
+        engine.enqueue(0, &trace[0]);
+        assert_eq!(engine.waiting(), 1);
+        let started = engine.start_next(&trace, 2.0).unwrap();
+        // 0.5 s + 1500 / 1000 s.
+        assert_eq!(
+            started,
+            Started {
+                request: 0,
+                cached_tokens: 0,
+                first_token_at: 4.0
+            }
+        );
+        assert_eq!(engine.waiting(), 0);
+    }
+
+    #[test]
+    fn a_warm_engine_prefills_only_the_uncached_tail() {
+        let trace = [request(1024, 10, &[1, 2]), request(1500, 10, &[1, 2, 3])];
+        let mut engine = Engine::new(model(16));
+        engine.enqueue(0, &trace[0]);
+        engine.start_next(&trace, 0.0).unwrap();
+        engine.end_prefill();
+        engine.finish(&trace[0]);
+        assert_eq!(engine.cached_tokens(&trace[1]), 1024);
+        engine.enqueue(1, &trace[1]);
+        let started = engine.start_next(&trace, 10.0).unwrap();
+        // 0.5 s + (1500 - 1024) / 1000 s.
+        assert_eq!(started.cached_tokens, 1024);
+        assert!((started.first_token_at - 10.976).abs() < 1e-9);
+    }
+
+    #[test]
+    fn at_capacity_the_least_recently_used_blocks_go_tail_first() {
+        // Four blocks of memory. A ran and finished (blocks 1, 2 cached), then B (3, 4).
+        let trace = [
+            request(1000, 1, &[1, 2]),
+            request(1000, 1, &[3, 4]),
+            request(500, 1, &[5]),
+            request(1000, 1, &[1, 2]),
+            request(1000, 1, &[3, 4]),
+        ];
+        let mut engine = Engine::new(model(4));
+        for id in [0, 1] {
+            engine.enqueue(id, &trace[id]);
+            engine.start_next(&trace, 0.0).unwrap();
+            engine.end_prefill();
+            engine.finish(&trace[id]);
+        }
+        // C needs one block: A's tail (block 2) is the least recent and goes.
+        engine.enqueue(2, &trace[2]);
+        engine.start_next(&trace, 1.0).unwrap();
+        engine.end_prefill();
+        assert_eq!(
+            engine.cached_tokens(&trace[3]),
+            512,
+            "A keeps its head block"
+        );
+        assert_eq!(engine.cached_tokens(&trace[4]), 1000, "B is whole");
+    }
+
+    #[test]
+    fn a_full_engine_queues_and_the_queue_is_the_waiting_count() {
+        let trace = [request(1000, 10, &[1, 2]), request(1000, 10, &[3, 4])];
+        let mut engine = Engine::new(model(16));
+        engine.enqueue(0, &trace[0]);
+        engine.enqueue(1, &trace[1]);
+        assert_eq!(engine.waiting(), 2);
+        let first = engine.start_next(&trace, 0.0).unwrap();
+        assert_eq!(first.first_token_at, 1.5);
+        // One prefill at a time: the second waits for the line.
+        assert_eq!(engine.start_next(&trace, 0.0), None);
+        assert_eq!(engine.waiting(), 1);
+        // The oracle's estimate for a third, cold 1000-token prompt at 0.5 s: 1.0 s left
+        // of the prefill in progress, 1.5 s for the waiting one, 1.5 s of its own.
+        let third = request(1000, 10, &[5, 6]);
+        assert_eq!(engine.predicted_ttft(&third, 0.5), 4.0);
+        engine.end_prefill();
+        let second = engine.start_next(&trace, 1.5).unwrap();
+        assert_eq!(second.first_token_at, 3.0);
+        assert_eq!(engine.waiting(), 0);
+    }
+
+    #[test]
+    fn memory_held_by_running_requests_makes_the_head_wait() {
+        // Three blocks of memory; the first request holds two (one prompt, one output).
+        let trace = [request(500, 100, &[1]), request(1024, 1, &[2, 3])];
+        let mut engine = Engine::new(model(3));
+        engine.enqueue(0, &trace[0]);
+        engine.start_next(&trace, 0.0).unwrap();
+        engine.end_prefill();
+        engine.enqueue(1, &trace[1]);
+        assert_eq!(
+            engine.start_next(&trace, 1.0),
+            None,
+            "needs 2 blocks, 1 free"
+        );
+        engine.finish(&trace[0]);
+        assert!(engine.start_next(&trace, 2.0).is_some());
+    }
+}

@@ -1,0 +1,170 @@
+//! The gateway's side of routing shared by `grid-route` and `least-queue`: one
+//! [`Grid`] per replica (sites are clusters, engines their endpoints) fed by the queue
+//! poll, the library's [`least_loaded`] choice among candidate clusters, and p2c over the
+//! chosen cluster's endpoints (what the example gateway's `tower::balance` does).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use grid_route_layer::grid::{
+    Cluster, ClusterId, ClusterSpec, Grid, GridSettings, GridSpec, InFlight, SiteSpec,
+};
+use grid_route_layer::select::least_loaded;
+
+use super::{Setup, instant};
+use crate::simulate::engine::Engine;
+
+/// The model every simulated engine serves.
+pub(super) const MODEL: &str = "m";
+
+/// A request between dispatch and its answer's head.
+struct Open {
+    replica: usize,
+    engine: usize,
+    cluster: ClusterId,
+    /// Counts in the cluster's in-flight load until the head, as in `Select`.
+    _in_flight: InFlight,
+}
+
+struct Replica {
+    grid: Grid,
+    /// `Select`'s rotation through tied clusters.
+    turn: usize,
+    /// Requests this replica sent to each engine without an answer head yet (p2c's load).
+    pending: Vec<usize>,
+}
+
+/// Every replica's gateway state.
+pub(super) struct Gateways {
+    replicas: Vec<Replica>,
+    engines_per_site: usize,
+    site_of: HashMap<ClusterId, usize>,
+    open: HashMap<usize, Open>,
+    rng: fastrand::Rng,
+    base: Instant,
+}
+
+impl Gateways {
+    pub(super) fn new(setup: &Setup) -> Self {
+        let spec = grid_spec(setup.sites, setup.engines_per_site);
+        let settings = GridSettings {
+            local_site: None,
+            queue_window: setup.queue_window,
+        };
+        let replicas: Vec<Replica> = (0..setup.replicas)
+            .map(|_| Replica {
+                // The spec is built valid (DNS-label names, one cluster a site, endpoints
+                // present), so this cannot fail.
+                grid: Grid::new(&spec, settings.clone()).expect("a generated grid is valid"),
+                turn: 0,
+                pending: vec![0; setup.engines()],
+            })
+            .collect();
+        let site_of = replicas[0]
+            .grid
+            .view()
+            .cluster_ids()
+            .enumerate()
+            .map(|(site, id)| (id, site))
+            .collect();
+        Self {
+            replicas,
+            engines_per_site: setup.engines_per_site,
+            site_of,
+            open: HashMap::new(),
+            rng: fastrand::Rng::with_seed(setup.seed ^ 0x6761_7465_7761_7973),
+            base: setup.base,
+        }
+    }
+
+    /// The clusters of one replica's grid.
+    pub(super) fn grid(&self, replica: usize) -> &Grid {
+        &self.replicas[replica].grid
+    }
+
+    /// Sends request `id` to the least loaded of `clusters` (as `Select` does), then to an
+    /// engine of that cluster by p2c on this replica's pending requests. Returns the engine.
+    pub(super) fn dispatch(
+        &mut self,
+        replica: usize,
+        clusters: &[Arc<Cluster>],
+        id: usize,
+        now: f64,
+    ) -> usize {
+        let at = instant(self.base, now);
+        let state = &mut self.replicas[replica];
+        let turn = state.turn;
+        state.turn = state.turn.wrapping_add(1);
+        // Candidates are never empty: every site admits and serves the one model.
+        let cluster = least_loaded(clusters, at, turn).expect("a candidate cluster");
+        let site = self.site_of[cluster.id()];
+        let first = site * self.engines_per_site;
+        let engine = if self.engines_per_site == 1 {
+            first
+        } else {
+            let a = self.rng.usize(..self.engines_per_site);
+            let mut b = self.rng.usize(..self.engines_per_site - 1);
+            if b >= a {
+                b += 1;
+            }
+            let (a, b) = (first + a, first + b);
+            if state.pending[b] < state.pending[a] {
+                b
+            } else {
+                a
+            }
+        };
+        state.pending[engine] += 1;
+        self.open.insert(
+            id,
+            Open {
+                replica,
+                engine,
+                cluster: cluster.id().clone(),
+                _in_flight: cluster.load().start_request(),
+            },
+        );
+        engine
+    }
+
+    /// Request `id`'s answer head came back: it stops counting in flight. Returns the
+    /// replica and the cluster that served it, for confirmation.
+    pub(super) fn head(&mut self, id: usize) -> Option<(usize, ClusterId)> {
+        let open = self.open.remove(&id)?;
+        self.replicas[open.replica].pending[open.engine] -= 1;
+        Some((open.replica, open.cluster))
+    }
+
+    /// Every replica reads every engine's waiting queue at `now`.
+    pub(super) fn poll(&self, now: f64, engines: &[Engine]) {
+        let at = instant(self.base, now);
+        for replica in &self.replicas {
+            let view = replica.grid.view();
+            for (site, cluster) in view.clusters().iter().enumerate() {
+                for (j, url) in cluster.endpoints().iter().enumerate() {
+                    let waiting = engines[site * self.engines_per_site + j].waiting();
+                    cluster.load().record_queue(url, Some(waiting as f64), at);
+                }
+            }
+        }
+    }
+}
+
+/// One site per cluster, `engines` endpoints each: site `s` is `s{s}`, its cluster
+/// `s{s}-a`, its endpoints `http://s{s}-e{j}`.
+fn grid_spec(sites: usize, engines: usize) -> GridSpec {
+    GridSpec {
+        sites: (0..sites)
+            .map(|s| SiteSpec {
+                name: format!("s{s}"),
+                clusters: vec![ClusterSpec {
+                    name: format!("s{s}-a"),
+                    models: vec![MODEL.into()],
+                    admit: true,
+                    endpoints: (0..engines).map(|j| format!("http://s{s}-e{j}")).collect(),
+                }],
+            })
+            .collect(),
+    }
+}

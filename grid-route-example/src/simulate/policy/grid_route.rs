@@ -1,0 +1,111 @@
+//! `grid-route`: the gateway's own affinity code, driven in virtual time.
+//!
+//! Per request, exactly what `serve` runs: [`Affinity::decide`] over the grid's
+//! candidates with the request's keys, `now` and a seeded draw for exploration (the
+//! library's [`narrow`](grid_route_layer::affinity::narrow): the prefix index's depths,
+//! the threshold, the load gate), then `Select`'s [`least_loaded`] among the clusters that
+//! stay, then p2c inside the cluster. At the answer head, [`Verdict`] applies the status
+//! to the index, as `ConfirmLayer` does: a 200 confirms the keys, a 503 (an engine
+//! refusing, `--fail-share`) drops them.
+//!
+//! [`least_loaded`]: grid_route_layer::select::least_loaded
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use grid_route_layer::affinity::{Affinity, Outcome};
+use grid_route_layer::confirm::Verdict;
+use grid_route_layer::index::PrefixIndex;
+use grid_route_layer::keying::PrefixKeys;
+
+use super::gateway::{Gateways, MODEL};
+use super::{Route, Router, Setup, instant};
+use crate::simulate::engine::Engine;
+
+/// Counted when affinity had nothing to decide (fewer than two sites).
+const UNDECIDED: &str = "undecided";
+
+pub(super) struct GridRoute {
+    gateways: Gateways,
+    /// One per replica; with a shared index they all read and write the same one.
+    affinity: Vec<Affinity>,
+    /// Keys of requests waiting for their answer head, for confirmation.
+    keys: HashMap<usize, PrefixKeys>,
+    outcomes: BTreeMap<&'static str, u64>,
+    draws: fastrand::Rng,
+    base: std::time::Instant,
+}
+
+impl GridRoute {
+    pub(super) fn new(setup: &Setup) -> Self {
+        let gateways = Gateways::new(setup);
+        let index_for = |replica: usize| {
+            let clusters = gateways
+                .grid(replica)
+                .view()
+                .cluster_ids()
+                .collect::<Vec<_>>();
+            Arc::new(PrefixIndex::starting_at(setup.index, clusters, setup.base))
+        };
+        let shared = setup.shared_index.then(|| index_for(0));
+        let affinity = (0..setup.replicas)
+            .map(|replica| {
+                let index = shared.clone().unwrap_or_else(|| index_for(replica));
+                Affinity::new(index, setup.affinity)
+            })
+            .collect();
+        let mut outcomes: BTreeMap<&'static str, u64> =
+            Outcome::ALL.iter().map(|o| (o.as_str(), 0)).collect();
+        outcomes.insert(UNDECIDED, 0);
+        Self {
+            gateways,
+            affinity,
+            keys: HashMap::new(),
+            outcomes,
+            draws: fastrand::Rng::with_seed(setup.seed ^ 0x6578_706c_6f72_6521),
+            base: setup.base,
+        }
+    }
+}
+
+impl Router for GridRoute {
+    fn route(&mut self, route: &Route<'_>) -> usize {
+        let now = instant(self.base, route.now);
+        let candidates = self
+            .gateways
+            .grid(route.replica)
+            .view()
+            .candidates(Some(MODEL));
+        let draw = self.draws.f64();
+        let decision = self.affinity[route.replica].decide(candidates, route.keys, now, draw);
+        let outcome = decision.outcome().map_or(UNDECIDED, Outcome::as_str);
+        *self.outcomes.entry(outcome).or_default() += 1;
+        if let Some(keys) = route.keys {
+            self.keys.insert(route.id, keys.clone());
+        }
+        self.gateways
+            .dispatch(route.replica, decision.clusters(), route.id, route.now)
+    }
+
+    fn head(&mut self, id: usize, status: u16, now: f64) {
+        let Some((replica, cluster)) = self.gateways.head(id) else {
+            return;
+        };
+        if let Some(keys) = self.keys.remove(&id) {
+            Verdict::of_status(status).apply(
+                self.affinity[replica].index(),
+                &cluster,
+                keys.as_slice(),
+                instant(self.base, now),
+            );
+        }
+    }
+
+    fn poll(&mut self, now: f64, engines: &[Engine]) {
+        self.gateways.poll(now, engines);
+    }
+
+    fn outcomes(&self) -> BTreeMap<&'static str, u64> {
+        self.outcomes.clone()
+    }
+}

@@ -1,0 +1,255 @@
+//! Each policy on tiny traces whose hits and times were worked out by hand.
+//!
+//! The engine model here: 1000 prompt tokens a second, 0.1 s overhead, 1000 output tokens a
+//! second, memory for 1000 blocks. A cold 1024-token prompt thus takes 1.124 s to its
+//! first token, a fully cached one 0.1 s; a 10-token answer lasts 0.01 s more.
+
+use super::*;
+
+fn request(arrival_ms: u64, blocks: &[u64]) -> TraceRequest {
+    TraceRequest {
+        arrival_ms,
+        input_tokens: 512 * blocks.len() as u64,
+        output_tokens: 10,
+        blocks: blocks.to_vec(),
+    }
+}
+
+fn args(sites: usize, policy: Policy) -> SimulateArgs {
+    let mut args = SimulateArgs::new("hand-made");
+    args.sites = sites;
+    args.policies = vec![policy];
+    args.engine = EngineModel {
+        kv_tokens: 512 * 1000,
+        max_running: 16,
+        prefill_tps: 1000.0,
+        prefill_overhead_s: 0.1,
+        decode_tps: 1000.0,
+    };
+    // No random exploration: the decisions below are the rule's alone.
+    args.affinity.exploration = 0.0;
+    args
+}
+
+fn run(args: &SimulateArgs, trace: &[TraceRequest]) -> PolicyResult {
+    let report = simulate(args, trace, false).unwrap();
+    assert_eq!(report.results.len(), 1);
+    report.results.into_iter().next().unwrap()
+}
+
+fn ttfts(result: &PolicyResult) -> Vec<f64> {
+    result
+        .sorted_ttft
+        .iter()
+        .map(|t| (t * 1e6).round() / 1e6)
+        .collect()
+}
+
+/// One conversation: turns at 0 s, 10 s and 20 s with the same two blocks.
+fn three_turns() -> Vec<TraceRequest> {
+    vec![
+        request(0, &[1, 2]),
+        request(10_000, &[1, 2]),
+        request(20_000, &[1, 2]),
+    ]
+}
+
+fn outcomes(result: &PolicyResult) -> Vec<(&'static str, u64)> {
+    result
+        .outcomes
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, n)| (*k, *n))
+        .collect()
+}
+
+#[test]
+fn round_robin_sends_the_second_turn_to_a_cold_engine() {
+    let result = run(&args(2, Policy::RoundRobin), &three_turns());
+    // Engine 0, engine 1 (cold), engine 0 (warm).
+    assert_eq!(ttfts(&result), [0.1, 1.124, 1.124]);
+    assert_eq!(result.hit_share, 0.3333);
+    assert_eq!(result.ttft_p50_s, 1.124);
+    assert_eq!(result.max_over_mean_requests, 1.333);
+    assert!(outcomes(&result).is_empty());
+}
+
+#[test]
+fn least_queue_turns_through_idle_sites() {
+    // Every queue reads 0 and nothing is in flight at each arrival: Select's rotation.
+    let result = run(&args(2, Policy::LeastQueue), &three_turns());
+    assert_eq!(ttfts(&result), [0.1, 1.124, 1.124]);
+    assert_eq!(result.hit_share, 0.3333);
+}
+
+#[test]
+fn grid_route_keeps_the_conversation_where_it_was_confirmed() {
+    let result = run(&args(2, Policy::GridRoute), &three_turns());
+    // The first turn has no match; the next two stick to its site and hit whole.
+    assert_eq!(ttfts(&result), [0.1, 0.1, 1.124]);
+    assert_eq!(result.hit_share, 0.6667);
+    assert_eq!(result.max_over_mean_requests, 2.0);
+    assert_eq!(outcomes(&result), [("no_match", 1), ("sticky", 2)]);
+}
+
+#[test]
+fn grid_route_replicas_that_share_an_index_stick_like_one() {
+    // Four replicas: wherever the turns land, the shared index knows the first one's site.
+    let mut shared = args(2, Policy::GridRoute);
+    shared.replicas = 4;
+    shared.shared_index = true;
+    let result = run(&shared, &three_turns());
+    assert_eq!(result.hit_share, 0.6667);
+    assert_eq!(outcomes(&result), [("no_match", 1), ("sticky", 2)]);
+    // Own indexes: a turn sticks only when it reaches a replica that saw an earlier turn.
+    // The L4 balancer's draws are the seed's.
+    let mut balancer = fastrand::Rng::with_seed(shared.seed);
+    let replicas: Vec<usize> = (0..3).map(|_| balancer.usize(..4)).collect();
+    let sticky = (1..3)
+        .filter(|&i| replicas[..i].contains(&replicas[i]))
+        .count() as u64;
+    shared.shared_index = false;
+    let result = run(&shared, &three_turns());
+    let expected: Vec<_> = [("no_match", 3 - sticky), ("sticky", sticky)]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert_eq!(outcomes(&result), expected, "replicas {replicas:?}");
+}
+
+#[test]
+fn grid_route_forgets_a_prefix_where_an_engine_refused_it() {
+    // The first seed whose draws refuse only the second turn.
+    let share = 0.5;
+    let seed = (1..10_000)
+        .find(|&seed| {
+            let mut failures = fastrand::Rng::with_seed(seed ^ run::FAILURE_SEED_SALT);
+            let refused: Vec<bool> = (0..3).map(|_| failures.f64() < share).collect();
+            refused == [false, true, false]
+        })
+        .unwrap();
+    let mut failing = args(2, Policy::GridRoute);
+    failing.seed = seed;
+    failing.fail_share = share;
+    let result = run(&failing, &three_turns());
+    // Turn 1 is confirmed at site 0; turn 2 sticks there and gets a 503, which drops the
+    // keys; turn 3 finds no match. The engine still holds the blocks: Select's rotation
+    // (turn 2 of 3) brings it back to site 0, warm.
+    assert_eq!(result.requests, 2);
+    assert_eq!(outcomes(&result), [("no_match", 2), ("sticky", 1)]);
+    assert_eq!(ttfts(&result), [0.1, 1.124]);
+    assert_eq!(result.hit_share, 0.5);
+}
+
+#[test]
+fn cache_aware_follows_its_tree_then_fills_the_smallest_tenant() {
+    let mut trace = three_turns();
+    trace.push(request(30_000, &[7, 8]));
+    let result = run(&args(2, Policy::CacheAware), &trace);
+    // Turn 1: empty tree, smallest tenant engine 0. Turns 2, 3: match rate 1 > 0.3,
+    // engine 0, warm. The new conversation matches nothing: engine 1, the smaller tree.
+    assert_eq!(ttfts(&result), [0.1, 0.1, 1.124, 1.124]);
+    assert_eq!(result.hit_share, 0.5);
+    assert_eq!(result.max_over_mean_requests, 1.5);
+    assert_eq!(outcomes(&result), [("cache_hit", 2), ("cache_miss", 2)]);
+}
+
+#[test]
+fn chwbl_overflows_past_the_load_bound() {
+    // Three turns of one prefix at once on two engines: the home engine takes two
+    // (bounds ceil(1.25 * 1 / 2) = 1, then ceil(1.25 * 2 / 2) = 2) and the third,
+    // at bound ceil(1.25 * 3 / 2) = 2, overflows. The home engine's second request
+    // starts after the first's prefill and finds its blocks: 1.124 + 0.1.
+    let trace = vec![
+        request(0, &[1, 2]),
+        request(0, &[1, 2]),
+        request(0, &[1, 2]),
+    ];
+    let result = run(&args(2, Policy::Chwbl), &trace);
+    assert_eq!(ttfts(&result), [1.124, 1.124, 1.224]);
+    assert_eq!(result.hit_share, 0.3333);
+    assert_eq!(outcomes(&result), [("home", 2), ("overflow", 1)]);
+}
+
+#[test]
+fn oracle_picks_the_least_predicted_time_to_first_token() {
+    // A at 0 s on engine 0 (a tie, the first); B, unrelated, at 0.5 s: engine 0 would
+    // make it wait 0.624 s more, so engine 1; A's next turn at 10 s: engine 0, warm.
+    let trace = vec![
+        request(0, &[1, 2]),
+        request(500, &[3, 4]),
+        request(10_000, &[1, 2]),
+    ];
+    let result = run(&args(2, Policy::Oracle), &trace);
+    assert_eq!(ttfts(&result), [0.1, 1.124, 1.124]);
+    assert_eq!(result.hit_share, 0.3333);
+}
+
+#[test]
+fn a_queue_delays_the_first_token_behind_earlier_prefills() {
+    // One engine, three cold prompts at once: first tokens at 1.124, 2.248, 3.372 s.
+    let trace = vec![
+        request(0, &[1, 2]),
+        request(0, &[3, 4]),
+        request(0, &[5, 6]),
+    ];
+    let result = run(&args(1, Policy::RoundRobin), &trace);
+    assert_eq!(ttfts(&result), [1.124, 2.248, 3.372]);
+    assert_eq!(result.hit_share, 0.0);
+    assert_eq!(result.ttft_p99_s, 3.372);
+}
+
+#[test]
+fn a_request_larger_than_the_kv_cache_is_refused() {
+    let mut small = args(1, Policy::RoundRobin);
+    small.engine.kv_tokens = 1024;
+    let error = simulate(&small, &[request(0, &[1, 2, 3])], false).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "request 1 of the trace needs 2048 KV tokens, more than --kv-tokens 1024"
+    );
+}
+
+#[test]
+fn the_command_line_parses_every_flag_and_refuses_bad_values() {
+    let line = |s: &str| -> Vec<String> { s.split_whitespace().map(String::from).collect() };
+    let parsed = parse_args(&line(
+        "--trace t.jsonl --sites 8 --engines-per-site 2 --replicas 4 --shared-index \
+         --policies grid-route,oracle --seed 7 --json --plot c.svg --kv-tokens 1000 \
+         --max-running 8 --prefill-tps 5000 --prefill-overhead-ms 30 --decode-tps 50 \
+         --poll-interval-ms 250 --queue-window-secs=3 --threshold 0.6 --exploration 0.1 \
+         --prefill-price 20000 --fail-share 0.25",
+    ))
+    .unwrap();
+    assert_eq!(parsed.sites, 8);
+    assert_eq!(parsed.engines_per_site, 2);
+    assert_eq!(parsed.replicas, 4);
+    assert!(parsed.shared_index && parsed.json);
+    assert_eq!(parsed.policies, [Policy::GridRoute, Policy::Oracle]);
+    assert_eq!(parsed.seed, 7);
+    assert_eq!(parsed.engine.kv_tokens, 1000);
+    assert_eq!(parsed.engine.prefill_overhead_s, 0.03);
+    assert_eq!(parsed.queue_window, Duration::from_secs(3));
+    assert_eq!(parsed.affinity.threshold, 0.6);
+    assert_eq!(parsed.affinity.prefill_tokens_per_second, 20_000.0);
+    assert_eq!(parsed.fail_share, 0.25);
+    for (bad, error) in [
+        ("--sites 4", "--trace is required"),
+        ("--trace t --sites 0", "--sites must be at least 1, got 0"),
+        ("--trace t --policies fastest", "unknown policy \"fastest\""),
+        (
+            "--trace t --threshold 1.5",
+            "prefix_affinity.threshold must be in (0, 1], got 1.5",
+        ),
+        (
+            "--trace t --prefill-tps -3",
+            "--prefill-tps must be a number above 0",
+        ),
+        ("--trace t --bogus 1", "unknown option \"--bogus\""),
+        ("--trace t --fail-share 1", "--fail-share must be in [0, 1)"),
+        ("--trace", "--trace needs a value"),
+    ] {
+        let got = parse_args(&line(bad)).unwrap_err();
+        assert!(got.contains(error), "{bad}: {got}");
+    }
+}

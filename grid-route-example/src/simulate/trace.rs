@@ -1,0 +1,265 @@
+//! The trace: Mooncake FAST'25 JSONL, one request a line.
+//!
+//! `{"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": [..]}`,
+//! where `hash_ids` has one id per 512-token block of the prompt (the last may be partial)
+//! and an id stands for the whole prefix up to its block, so equal ids are a reusable
+//! prefix. Any file in this format is accepted; a line that is not is refused with its
+//! number, and nothing is simulated.
+
+use std::fmt;
+use std::io::BufRead;
+
+use grid_route_layer::keying::{BLOCK_BYTES, PrefixKeys};
+use serde::Deserialize;
+
+/// Tokens in one trace block (the Mooncake release's block size).
+pub const TRACE_BLOCK_TOKENS: u64 = 512;
+
+/// Bytes of prompt text per token, the library's own price
+/// ([`BYTES_PER_TOKEN`](grid_route_layer::affinity::BYTES_PER_TOKEN)), so one trace block
+/// is 2 KiB of text.
+const BYTES_PER_TOKEN: u64 = grid_route_layer::affinity::BYTES_PER_TOKEN as u64;
+
+/// Keying blocks in one trace block: 512 tokens × 4 bytes / 256 bytes = 8.
+pub const KEY_BLOCKS_PER_TRACE_BLOCK: u64 =
+    TRACE_BLOCK_TOKENS * BYTES_PER_TOKEN / BLOCK_BYTES as u64;
+
+/// One request of the trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceRequest {
+    /// Arrival, milliseconds from the start of the trace.
+    pub arrival_ms: u64,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// One id per 512-token prompt block, each standing for the prefix up to its block.
+    pub blocks: Vec<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    timestamp: u64,
+    input_length: u64,
+    output_length: u64,
+    hash_ids: Vec<u64>,
+}
+
+/// A trace that cannot be read: the line (from 1) and what is wrong with it, or an I/O
+/// error.
+#[derive(Debug)]
+pub enum TraceError {
+    /// Line `line` is not a request in the trace format.
+    Malformed {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The file could not be read.
+    Io(std::io::Error),
+    /// The file holds no request.
+    Empty,
+}
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TraceError::Malformed { line, reason } => write!(f, "line {line}: {reason}"),
+            TraceError::Io(error) => write!(f, "cannot read the trace: {error}"),
+            TraceError::Empty => f.write_str("the trace holds no request"),
+        }
+    }
+}
+
+impl std::error::Error for TraceError {}
+
+/// Reads a whole trace. Blank lines are skipped; requests must come in arrival order.
+pub fn read_trace(input: impl BufRead) -> Result<Vec<TraceRequest>, TraceError> {
+    let mut requests: Vec<TraceRequest> = Vec::new();
+    for (i, line) in input.lines().enumerate() {
+        let line_no = i + 1;
+        let line = line.map_err(TraceError::Io)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let malformed = |reason: String| TraceError::Malformed {
+            line: line_no,
+            reason,
+        };
+        let parsed: Line = serde_json::from_str(&line).map_err(|e| malformed(e.to_string()))?;
+        let request = TraceRequest {
+            arrival_ms: parsed.timestamp,
+            input_tokens: parsed.input_length,
+            output_tokens: parsed.output_length,
+            blocks: parsed.hash_ids,
+        };
+        if request.input_tokens == 0 {
+            return Err(malformed("input_length is 0".into()));
+        }
+        let expected = request.input_tokens.div_ceil(TRACE_BLOCK_TOKENS);
+        if request.blocks.len() as u64 != expected {
+            return Err(malformed(format!(
+                "{} hash_ids for input_length {} (expected {expected}, one per {TRACE_BLOCK_TOKENS} tokens)",
+                request.blocks.len(),
+                request.input_tokens
+            )));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(request.blocks.len());
+        if let Some(repeated) = request.blocks.iter().find(|&&id| !seen.insert(id)) {
+            return Err(malformed(format!("hash_ids repeats {repeated}")));
+        }
+        if let Some(previous) = requests.last()
+            && previous.arrival_ms > request.arrival_ms
+        {
+            return Err(malformed(format!(
+                "timestamp {} is before the previous line's {}",
+                request.arrival_ms, previous.arrival_ms
+            )));
+        }
+        requests.push(request);
+    }
+    if requests.is_empty() {
+        return Err(TraceError::Empty);
+    }
+    Ok(requests)
+}
+
+impl TraceRequest {
+    /// The prefix keys the gateway would compute for this prompt: each trace block is
+    /// 2 KiB of text, eight 256-byte keying blocks, whose digests are derived from the
+    /// block's id (which already stands for its whole prefix) and the position inside it.
+    /// A partial last block gives only its full keying blocks, as a gateway would.
+    pub fn keys(&self) -> Option<PrefixKeys> {
+        let text_blocks = self.input_tokens * BYTES_PER_TOKEN / BLOCK_BYTES as u64;
+        let digests: Vec<u64> = self
+            .blocks
+            .iter()
+            .flat_map(|&id| (0..KEY_BLOCKS_PER_TRACE_BLOCK).map(move |part| block_digest(id, part)))
+            .take(text_blocks as usize)
+            .collect();
+        PrefixKeys::from_block_digests(&digests)
+    }
+
+    /// Prompt tokens that block `i` holds (the last block may be partial).
+    pub fn block_tokens(&self, i: usize) -> u64 {
+        let start = i as u64 * TRACE_BLOCK_TOKENS;
+        self.input_tokens
+            .saturating_sub(start)
+            .min(TRACE_BLOCK_TOKENS)
+    }
+
+    /// Prompt tokens in the first `blocks` blocks.
+    pub fn prefix_tokens(&self, blocks: usize) -> u64 {
+        (blocks as u64 * TRACE_BLOCK_TOKENS).min(self.input_tokens)
+    }
+}
+
+/// The digest of keying block `part` of trace block `id`: a splitmix64 finaliser over both,
+/// so different ids or parts give unrelated 64-bit values (the index's hasher passes keys
+/// through and wants them spread), the same on every run.
+fn block_digest(id: u64, part: u64) -> u64 {
+    let mut z = id
+        .wrapping_mul(KEY_BLOCKS_PER_TRACE_BLOCK)
+        .wrapping_add(part)
+        .wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(text: &str) -> Result<Vec<TraceRequest>, TraceError> {
+        read_trace(text.as_bytes())
+    }
+
+    #[test]
+    fn a_line_in_the_mooncake_format_is_one_request() {
+        let trace = read(
+            "{\"timestamp\": 27482, \"input_length\": 1030, \"output_length\": 52, \"hash_ids\": [46, 47, 2353]}\n\n",
+        )
+        .unwrap();
+        assert_eq!(
+            trace,
+            [TraceRequest {
+                arrival_ms: 27_482,
+                input_tokens: 1030,
+                output_tokens: 52,
+                blocks: vec![46, 47, 2353],
+            }]
+        );
+        assert_eq!(trace[0].block_tokens(2), 6);
+        assert_eq!(trace[0].prefix_tokens(2), 1024);
+        assert_eq!(trace[0].prefix_tokens(3), 1030);
+    }
+
+    #[test]
+    fn a_malformed_line_is_refused_with_its_number() {
+        let good =
+            "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}";
+        for (bad, what) in [
+            ("{\"timestamp\": 1, \"input_length\": 10}", "missing field"),
+            ("not json", "expected"),
+            (
+                "{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1, 2]}",
+                "2 hash_ids for input_length 10",
+            ),
+            (
+                "{\"timestamp\": 1, \"input_length\": 0, \"output_length\": 1, \"hash_ids\": []}",
+                "input_length is 0",
+            ),
+            (
+                "{\"timestamp\": -1, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}",
+                "invalid value",
+            ),
+            (
+                "{\"timestamp\": 1, \"input_length\": 1000, \"output_length\": 1, \"hash_ids\": [4, 4]}",
+                "hash_ids repeats 4",
+            ),
+        ] {
+            let error = read(&format!("{good}\n{good}\n{bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(error.starts_with("line 3: "), "{error}");
+            assert!(error.contains(what), "{error}");
+        }
+        let late =
+            "{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}";
+        let error = read(&format!("{late}\n{good}\n")).unwrap_err().to_string();
+        assert_eq!(error, "line 2: timestamp 0 is before the previous line's 5");
+        assert_eq!(
+            read("\n").unwrap_err().to_string(),
+            "the trace holds no request"
+        );
+    }
+
+    #[test]
+    fn each_trace_block_is_eight_keying_blocks_and_equal_ids_share_keys() {
+        let request = |input_tokens, blocks: &[u64]| TraceRequest {
+            arrival_ms: 0,
+            input_tokens,
+            output_tokens: 1,
+            blocks: blocks.to_vec(),
+        };
+        let first = request(1024, &[1, 2]).keys().unwrap();
+        assert_eq!(first.len(), 16);
+        assert_eq!(first.total_covered_bytes(), 4096);
+        // The next turn of the conversation: same two blocks, then 100 more tokens.
+        let second = request(1124, &[1, 2, 3]).keys().unwrap();
+        assert_eq!(
+            second.len(),
+            17,
+            "100 tokens = 400 bytes = one full keying block"
+        );
+        assert!(second.as_slice().starts_with(first.as_slice()));
+        let other = request(1024, &[1, 9]).keys().unwrap();
+        assert_eq!(other.as_slice()[..8], first.as_slice()[..8]);
+        assert_ne!(other.as_slice()[8], first.as_slice()[8]);
+        // Under one keying block of text: no keys, like a gateway.
+        assert!(request(50, &[4]).keys().is_none());
+    }
+}

@@ -1,0 +1,233 @@
+//! The `simulate` command, run as the binary on a slice of the bundled production trace.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// The bundled trace (docs/traces), relative to this crate.
+fn bundled_trace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/traces/mooncake_conversation_trace.jsonl")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("grid-route-simulate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// The first `n` requests of the bundled trace, as a file.
+fn head_of_trace(n: usize) -> PathBuf {
+    let text = std::fs::read_to_string(bundled_trace()).unwrap();
+    let head: String = text.lines().take(n).flat_map(|l| [l, "\n"]).collect();
+    let path = scratch(&format!("head-{n}.jsonl"));
+    std::fs::write(&path, head).unwrap();
+    path
+}
+
+fn simulate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
+        .arg("simulate")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn sorted_keys(object: &Value) -> Vec<String> {
+    let mut keys: Vec<String> = object.as_object().unwrap().keys().cloned().collect();
+    keys.sort();
+    keys
+}
+
+fn sorted(keys: &[&str]) -> Vec<String> {
+    let mut keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+    keys.sort();
+    keys
+}
+
+#[test]
+fn json_output_has_the_documented_fields_for_every_policy() {
+    let trace = head_of_trace(600);
+    let output = simulate(&["--trace", trace.to_str().unwrap(), "--sites", "3", "--json"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(text.starts_with("{\"trace\":"), "{text}");
+    let report: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        sorted_keys(&report),
+        sorted(&[
+            "trace",
+            "requests",
+            "sites",
+            "engines_per_site",
+            "replicas",
+            "shared_index",
+            "seed",
+            "results",
+        ])
+    );
+    assert_eq!(report["requests"], 600);
+    assert_eq!(report["sites"], 3);
+    assert_eq!(report["replicas"], 1);
+    assert_eq!(report["shared_index"], false);
+    assert_eq!(report["seed"], 1);
+    let results = report["results"].as_array().unwrap();
+    let policies: Vec<&str> = results
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        policies,
+        [
+            "grid-route",
+            "round-robin",
+            "least-queue",
+            "cache-aware",
+            "chwbl",
+            "oracle"
+        ]
+    );
+    for result in results {
+        assert_eq!(
+            sorted_keys(result),
+            sorted(&[
+                "policy",
+                "requests",
+                "hit_share",
+                "ttft_p50_s",
+                "ttft_p90_s",
+                "ttft_p99_s",
+                "max_over_mean_requests",
+                "outcomes"
+            ])
+        );
+        assert_eq!(result["requests"], 600);
+        let hit = result["hit_share"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&hit), "{result}");
+        let (p50, p99) = (
+            result["ttft_p50_s"].as_f64().unwrap(),
+            result["ttft_p99_s"].as_f64().unwrap(),
+        );
+        assert!(0.0 < p50 && p50 <= p99, "{result}");
+        assert!(result["max_over_mean_requests"].as_f64().unwrap() >= 1.0);
+    }
+    // grid-route counts every decision under one of the affinity outcomes.
+    let outcomes = results[0]["outcomes"].as_object().unwrap();
+    let decided: u64 = outcomes.values().map(|n| n.as_u64().unwrap()).sum();
+    assert_eq!(decided, 600);
+    assert!(outcomes["sticky"].as_u64().unwrap() > 0, "{outcomes:?}");
+}
+
+#[test]
+fn the_same_seed_gives_byte_identical_json_and_another_seed_differs() {
+    let trace = head_of_trace(800);
+    let trace = trace.to_str().unwrap();
+    let args = [
+        "--trace",
+        trace,
+        "--sites",
+        "4",
+        "--replicas",
+        "3",
+        "--json",
+    ];
+    let first = simulate(&args);
+    let second = simulate(&args);
+    assert!(first.status.success());
+    assert_eq!(first.stdout, second.stdout);
+    let other = simulate(&[&args[..], &["--seed", "2"]].concat());
+    assert_ne!(first.stdout, other.stdout);
+}
+
+#[test]
+fn a_malformed_line_is_refused_with_its_line_number() {
+    let path = scratch("bad.jsonl");
+    let good = r#"{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}"#;
+    std::fs::write(&path, format!("{good}\n{good}\n{{\"timestamp\": 3}}\n")).unwrap();
+    let output = simulate(&["--trace", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.starts_with("simulate: line 3: missing field"),
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty());
+}
+
+#[test]
+fn the_table_and_the_chart_name_every_policy() {
+    let trace = head_of_trace(300);
+    let svg = scratch("cdf.svg");
+    let output = simulate(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--policies",
+        "grid-route,cache-aware",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let table = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        table.contains("300 requests, 4 sites x 1 engines"),
+        "{table}"
+    );
+    assert!(
+        table.lines().any(|l| l.starts_with("grid-route ")),
+        "{table}"
+    );
+    assert!(
+        table.lines().any(|l| l.starts_with("cache-aware ")),
+        "{table}"
+    );
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        chart.starts_with("<svg"),
+        "{}",
+        &chart[..80.min(chart.len())]
+    );
+    assert!(chart.contains("grid-route (hit "));
+    assert!(chart.contains("cache-aware (hit "));
+}
+
+#[test]
+fn help_lists_every_flag_with_its_default() {
+    let output = simulate(&["--help"]);
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    for flag in [
+        "--trace",
+        "--sites",
+        "--engines-per-site",
+        "--replicas",
+        "--shared-index",
+        "--policies",
+        "--seed",
+        "--json",
+        "--plot",
+        "--kv-tokens",
+        "--max-running",
+        "--prefill-tps",
+        "--prefill-overhead-ms",
+        "--decode-tps",
+        "--poll-interval-ms",
+        "--queue-window-secs",
+        "--threshold",
+        "--exploration",
+        "--prefill-price",
+        "--fail-share",
+    ] {
+        assert!(help.contains(flag), "{flag}");
+    }
+    let bad = simulate(&["--trace"]);
+    assert_eq!(bad.status.code(), Some(2));
+}
