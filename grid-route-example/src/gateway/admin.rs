@@ -28,8 +28,9 @@ use axum::routing::get;
 use grid_route_layer::affinity::Outcome;
 use grid_route_layer::answer::ErrorAnswer;
 use grid_route_layer::metrics::{
-    CONFIG_RELOAD_TOTAL, OUTCOME_LABEL, PIN_TOTAL, PREFIX_AFFINITY_TOTAL, RESULT_LABEL,
-    describe_metrics, record_grid_gauges,
+    CONFIG_RELOAD_TOTAL, DIRECTION_LABEL, OUTCOME_LABEL, PIN_TOTAL, PREFIX_AFFINITY_TOTAL,
+    RESULT_LABEL, SHARED_INDEX_ERRORS_TOTAL, SHARED_INDEX_EVENTS_TOTAL, describe_metrics,
+    record_grid_gauges,
 };
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderValue};
@@ -66,6 +67,11 @@ pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
                     for result in ["applied", "rejected"] {
                         metrics::counter!(CONFIG_RELOAD_TOTAL, RESULT_LABEL => result).increment(0);
                     }
+                    for direction in ["published", "applied", "dropped"] {
+                        metrics::counter!(SHARED_INDEX_EVENTS_TOTAL, DIRECTION_LABEL => direction)
+                            .increment(0);
+                    }
+                    metrics::counter!(SHARED_INDEX_ERRORS_TOTAL).increment(0);
                     spawn_upkeep(handle.clone());
                     Some(handle)
                 }

@@ -82,6 +82,7 @@ mod admin;
 mod front;
 mod queue;
 mod serve;
+pub mod shared_index;
 mod stack;
 mod upstream;
 
@@ -110,6 +111,7 @@ pub use stack::RETRY_AFTER_SECS;
 pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, POOL_IDLE_TIMEOUT};
 
 use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role};
+use shared_index::SharedIndex;
 use stack::{Routing, StackParts, routing_stack};
 use upstream::HttpClient;
 
@@ -131,7 +133,10 @@ pub(crate) struct Live {
     grid: Grid,
     index: Arc<PrefixIndex>,
     affinity: Affinity,
-    seed: KeySeed,
+    /// Random, or derived from the tag key while `shared_index` is set; replaced when a
+    /// reload brings a different tag key (see [Reload](self#reload)).
+    seed: ArcSwap<KeySeed>,
+    shared_index: SharedIndex,
     tag_keys: PinKeys,
     client: HttpClient,
     settings: ArcSwap<Settings>,
@@ -167,11 +172,19 @@ impl Settings {
 }
 
 impl Live {
+    fn shared_peers(&self, stopped: watch::Receiver<bool>) -> shared_index::Peers {
+        shared_index::Peers {
+            index: Arc::clone(&self.index),
+            grid: self.grid.clone(),
+            stopped,
+        }
+    }
+
     fn routing_for(&self, checked: &CheckedConfig) -> Routing {
         routing_stack(&StackParts {
             grid: &self.grid,
             affinity: &self.affinity,
-            seed: &self.seed,
+            seed: &self.seed.load(),
             tag_keys: &self.tag_keys,
             max_body_bytes: checked.max_body_bytes,
             client: &self.client,
@@ -190,10 +203,11 @@ impl Gateway {
         admin::prometheus();
         let grid = Grid::new(&checked.grid_spec, checked.grid_settings.clone())
             .map_err(ConfigError::Grid)?;
-        let index = Arc::new(PrefixIndex::new(
-            checked.prefix_affinity.index,
-            grid.view().cluster_ids(),
-        ));
+        let shared_index = SharedIndex::new();
+        let index = Arc::new(
+            PrefixIndex::new(checked.prefix_affinity.index, grid.view().cluster_ids())
+                .with_observer(shared_index.observer()),
+        );
         let affinity = Affinity::new(Arc::clone(&index), checked.prefix_affinity.affinity);
         let front_listener = bind("listen", checked.listen).await?;
         let admin_listener = bind("admin_listen", checked.admin_listen).await?;
@@ -202,7 +216,8 @@ impl Gateway {
         let started_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let seed = KeySeed::random();
+        let seed = seed_for(&checked, None).unwrap_or_else(KeySeed::random);
+        shared_index.set_fingerprint(seed.fingerprint());
         let tag_keys = PinKeys::new(TagKeys::new(checked.tag_key.clone()));
         let client = upstream::http_client();
         let routing = routing_stack(&StackParts {
@@ -218,7 +233,8 @@ impl Gateway {
             grid,
             index,
             affinity,
-            seed,
+            seed: ArcSwap::from_pointee(seed),
+            shared_index,
             tag_keys,
             client,
             settings: ArcSwap::from_pointee(Settings::of(&checked)),
@@ -228,6 +244,20 @@ impl Gateway {
         };
         let live = Arc::new(live);
         let (stop, stopped) = watch::channel(false);
+        // A replica that shares its index replays the last `ttl_secs` before it serves, so
+        // it is warm from its first request (bounded: an unreachable Redis delays start by
+        // REPLAY_WAIT at most, then routing starts on the local index).
+        if let Some(mut warmed) = live.shared_index.configure(
+            checked.shared_index.as_ref(),
+            live.shared_peers(stopped.clone()),
+        ) {
+            let replayed =
+                tokio::time::timeout(shared_index::REPLAY_WAIT, warmed.wait_for(|warm| *warm))
+                    .await;
+            if !matches!(replayed, Ok(Ok(_))) {
+                tracing::warn!("shared index: not replayed yet; serving on the local index");
+            }
+        }
         let tasks = vec![
             tokio::spawn(serve_until(
                 front_listener,
@@ -337,6 +367,18 @@ impl Gateway {
         live.affinity.set_settings(checked.prefix_affinity.affinity);
         live.tag_keys
             .rotate(checked.tag_key.clone(), Instant::now());
+        if let Some(seed) = seed_for(checked, Some(&live.seed.load())) {
+            live.shared_index.set_fingerprint(seed.fingerprint());
+            live.seed.store(Arc::new(seed));
+            tracing::info!(
+                "keying seed derived from the tag key; prompts key differently from now on"
+            );
+        }
+        // A changed URL or prefix restarts sharing; it replays in the background.
+        let _ = live.shared_index.configure(
+            checked.shared_index.as_ref(),
+            live.shared_peers(self.stop.subscribe()),
+        );
         let old = live.settings.swap(Arc::new(Settings::of(checked)));
         live.routing.store(Arc::new(live.routing_for(checked)));
         for (field, was, now) in [
@@ -430,6 +472,19 @@ impl fmt::Debug for Gateway {
             .field("admin_addr", &self.admin_addr)
             .field("grid", &self.live.grid)
             .finish_non_exhaustive()
+    }
+}
+
+/// The seed `checked` calls for when it differs from `current`: with `shared_index` set,
+/// the one derived from the tag key (validation guarantees a tag key then). Without
+/// `shared_index` the seed in force stays (a fresh random one only at start), so turning
+/// sharing off does not make the index stale.
+fn seed_for(checked: &CheckedConfig, current: Option<&KeySeed>) -> Option<KeySeed> {
+    checked.shared_index.as_ref()?;
+    let derived = KeySeed::from_tag_key(checked.tag_key.as_ref()?);
+    match current {
+        Some(current) if current.fingerprint() == derived.fingerprint() => None,
+        _ => Some(derived),
     }
 }
 
