@@ -836,10 +836,11 @@ grid_site_route:
                 key.display()
             )
         };
-        let checked = GatewayConfig::from_yaml(&with("{ redis_url: \"redis://127.0.0.1:6379/0\" }"))
-            .unwrap()
-            .validate()
-            .unwrap();
+        let checked =
+            GatewayConfig::from_yaml(&with("{ redis_url: \"redis://127.0.0.1:6379/0\" }"))
+                .unwrap()
+                .validate()
+                .unwrap();
         let shared = checked.shared_index.unwrap();
         assert_eq!(shared.redis_url, "redis://127.0.0.1:6379/0");
         assert_eq!(shared.key_prefix, "grid-route");
@@ -849,7 +850,10 @@ grid_site_route:
             r#"grid_site_route.prefix_affinity.shared_index.redis_url must be a Redis URL (redis://HOST:PORT/DB), got "http:...""#
         );
         let message = refused(&with("{ redis_url: \"redis://h\", key_prefix: \"\" }"));
-        assert!(message.contains("key_prefix must not be empty"), "{message}");
+        assert!(
+            message.contains("key_prefix must not be empty"),
+            "{message}"
+        );
         let message = refused(&with("{ redis_uri: \"redis://h\" }"));
         assert!(message.contains("unknown field `redis_uri`"), "{message}");
         std::fs::remove_dir_all(&dir).unwrap();

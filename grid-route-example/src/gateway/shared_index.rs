@@ -415,10 +415,9 @@ impl IndexObserver for Outbox {
             return;
         };
         let (kind, deadline_unix_ms) = match event {
-            IndexEvent::Confirmed { lifetime, .. } => (
-                EventKind::Confirmed,
-                unix_ms(SystemTime::now() + *lifetime),
-            ),
+            IndexEvent::Confirmed { lifetime, .. } => {
+                (EventKind::Confirmed, unix_ms(SystemTime::now() + *lifetime))
+            }
             IndexEvent::Dropped { .. } => (EventKind::Dropped, 0),
         };
         let cluster: &ClusterId = event.cluster();
@@ -434,8 +433,7 @@ impl IndexObserver for Outbox {
             event.keys(),
         );
         if let Err(mpsc::error::TrySendError::Full(_)) = queue.try_send(wire) {
-            metrics::counter!(SHARED_INDEX_EVENTS_TOTAL, DIRECTION_LABEL => "dropped")
-                .increment(1);
+            metrics::counter!(SHARED_INDEX_EVENTS_TOTAL, DIRECTION_LABEL => "dropped").increment(1);
         }
     }
 }
@@ -484,7 +482,9 @@ impl SharedIndex {
 
     /// Stamps later events with `fingerprint`, and applies only peers' events bearing it.
     pub(crate) fn set_fingerprint(&self, fingerprint: u64) {
-        self.outbox.fingerprint.store(fingerprint, Ordering::Relaxed);
+        self.outbox
+            .fingerprint
+            .store(fingerprint, Ordering::Relaxed);
     }
 
     /// Starts, restarts (new URL or prefix) or stops sharing to match `settings`. Returns
@@ -495,10 +495,7 @@ impl SharedIndex {
         settings: Option<&SharedIndexSettings>,
         peers: Peers,
     ) -> Option<watch::Receiver<bool>> {
-        let mut running = self
-            .running
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         if running.as_ref().map(|r| &r.settings) == settings {
             return None;
         }
@@ -535,7 +532,10 @@ impl SharedIndex {
             warm,
         };
         let tasks = [
-            tokio::spawn(until_stopped(peers.stopped.clone(), publisher.run(outgoing))),
+            tokio::spawn(until_stopped(
+                peers.stopped.clone(),
+                publisher.run(outgoing),
+            )),
             tokio::spawn(until_stopped(peers.stopped, follower.run())),
         ];
         tracing::info!(stream = %key, "shared index: sharing through Redis");
@@ -635,8 +635,8 @@ impl Publisher {
                     return; // The outbox let go of the queue: sharing stopped.
                 }
                 // Entries older than the TTL can no longer count anywhere.
-                let ttl_ms = u64::try_from(self.index.settings().ttl().as_millis())
-                    .unwrap_or(u64::MAX);
+                let ttl_ms =
+                    u64::try_from(self.index.settings().ttl().as_millis()).unwrap_or(u64::MAX);
                 let min_id = unix_ms(SystemTime::now()).saturating_sub(ttl_ms);
                 let mut pipe = redis::pipe();
                 for event in &batch {
@@ -685,10 +685,7 @@ impl Follower {
         // Replay: everything that can still count, i.e. newer than now − TTL. Stream ids
         // are `MILLISECONDS-SEQUENCE` on the Redis server's clock.
         let ttl_ms = u64::try_from(self.index.settings().ttl().as_millis()).unwrap_or(u64::MAX);
-        let mut last_id = format!(
-            "{}-0",
-            unix_ms(SystemTime::now()).saturating_sub(ttl_ms)
-        );
+        let mut last_id = format!("{}-0", unix_ms(SystemTime::now()).saturating_sub(ttl_ms));
         let mut backoff = Backoff::new();
         loop {
             let Ok(mut connection) = connect(&self.client, &self.errors).await else {
@@ -805,7 +802,11 @@ mod tests {
     fn damaged_or_foreign_entries_are_refused() {
         let bytes = event().encode();
         for cut in 0..bytes.len() {
-            assert_eq!(SharedEvent::decode(&bytes[..cut]), Err(DecodeError::Length), "{cut}");
+            assert_eq!(
+                SharedEvent::decode(&bytes[..cut]),
+                Err(DecodeError::Length),
+                "{cut}"
+            );
         }
         let mut longer = bytes.clone();
         longer.push(0);
@@ -821,7 +822,10 @@ mod tests {
         assert_eq!(SharedEvent::decode(&site), Err(DecodeError::Site));
         let mut many = bytes;
         many[35..37].copy_from_slice(&600_u16.to_le_bytes());
-        assert_eq!(SharedEvent::decode(&many), Err(DecodeError::TooManyKeys(600)));
+        assert_eq!(
+            SharedEvent::decode(&many),
+            Err(DecodeError::TooManyKeys(600))
+        );
     }
 
     fn grid_and_index() -> (Grid, PrefixIndex, ClusterId) {
@@ -849,8 +853,8 @@ mod tests {
             replica: 7,
             fingerprint: event().fingerprint,
         };
-        let wall = UNIX_EPOCH + Duration::from_millis(event().deadline_unix_ms)
-            - Duration::from_secs(30);
+        let wall =
+            UNIX_EPOCH + Duration::from_millis(event().deadline_unix_ms) - Duration::from_secs(30);
         let now = Instant::now();
         assert_eq!(apply_event(&event(), me, &index, &grid, now, wall), Ok(()));
         assert_eq!(index.depth(&east, &event().keys, now), 3);

@@ -522,7 +522,10 @@ mod tests {
         let two = KeySeed::from_tag_key(&tag_key(2));
         assert_ne!(one.fingerprint(), two.fingerprint());
         assert_ne!(one.sip_key, two.sip_key);
-        assert_ne!(KeySeed::random().fingerprint(), KeySeed::random().fingerprint());
+        assert_ne!(
+            KeySeed::random().fingerprint(),
+            KeySeed::random().fingerprint()
+        );
     }
 
     #[test]
