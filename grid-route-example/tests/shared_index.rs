@@ -10,8 +10,9 @@
 //! Needs `redis-server` on the PATH (Debian's `redis-server` package; `.ci/run` installs
 //! it). Waits poll a condition with a deadline; none guesses a duration.
 
-// Test code: a failed unwrap is a failed test.
-#![allow(clippy::unwrap_used)]
+// Test code: a failed unwrap is a failed test. Metrics are small integers read back
+// exactly, so they compare exactly.
+#![allow(clippy::unwrap_used, clippy::float_cmp)]
 
 use std::fmt::Write as _;
 use std::net::TcpListener as StdListener;

@@ -407,7 +407,7 @@ fn link(
     {
         slot.copy_from_slice(&word.to_le_bytes());
     }
-    let mut h = fresh.clone();
+    let mut h = *fresh;
     h.write(&words);
     h.finish()
 }
