@@ -40,6 +40,10 @@
 //! - **Admin listener** (`admin_listen`; `gateway/admin.rs`): `/metrics` and `/healthz`.
 //! - **Queue poller** (`gateway/queue.rs`): each endpoint's `/metrics` every
 //!   `queue.poll_interval_ms`, see [`queue_sample`].
+//! - **Shared index** (`prefix_affinity.shared_index`; [`shared_index`]): a publisher of
+//!   this replica's confirmations and drops and a follower of its peers', through a Redis
+//!   Stream. A starting gateway replays the stream (up to
+//!   [`shared_index::REPLAY_WAIT`]) before it serves.
 //!
 //! # Decisions the design leaves open
 //!
@@ -68,7 +72,12 @@
 //! stay keep their queue samples, health and in-flight counts), the prefix index resized
 //! to the new cluster list (clusters that left are dropped with their entries), the
 //! affinity settings swapped, the tag key rotated (the previous key keeps verifying for
-//! its grace period), and the routing stack rebuilt for the next requests. Requests in
+//! its grace period), and the routing stack rebuilt for the next requests. With
+//! `shared_index` set, the keying seed is the one derived from the tag key: a reload that
+//! brings another key re-derives it (prompts key differently from then on, so the entries
+//! learned before stop matching and age out), and a changed `shared_index` restarts
+//! sharing against the new Redis or prefix (replaying in the background). Without
+//! `shared_index` the seed in force stays, so turning sharing off keeps the index useful. Requests in
 //! flight finish on the stack they started on. `listen` and `admin_listen` cannot change
 //! without a restart: a reload that changes them applies the rest and logs a warning.
 //!
