@@ -694,11 +694,14 @@ impl Follower {
             };
             backoff.reset();
             loop {
-                let reply: Result<Option<StreamReadReply>, RedisError> = redis::cmd("XREAD")
-                    .arg("COUNT")
-                    .arg(READ_COUNT)
-                    .arg("BLOCK")
-                    .arg(READ_BLOCK.as_millis() as u64)
+                let mut read = redis::cmd("XREAD");
+                read.arg("COUNT").arg(READ_COUNT);
+                // Until the replay has caught up, reads return at once (an empty or short
+                // stream must not hold a starting gateway for a whole block); then they wait.
+                if *self.warm.borrow() {
+                    read.arg("BLOCK").arg(READ_BLOCK.as_millis() as u64);
+                }
+                let reply: Result<Option<StreamReadReply>, RedisError> = read
                     .arg("STREAMS")
                     .arg(&self.key)
                     .arg(&last_id)
