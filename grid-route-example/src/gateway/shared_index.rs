@@ -592,23 +592,29 @@ struct ErrorLog {
 impl ErrorLog {
     fn record(&self, operation: &'static str, error: &RedisError) {
         metrics::counter!(SHARED_INDEX_ERRORS_TOTAL).increment(1);
-        let now = Instant::now();
+        if let Some(unlogged) = self.due(Instant::now()) {
+            tracing::warn!(
+                operation,
+                %error,
+                not_logged_since_last = unlogged,
+                "shared index: Redis unavailable; routing goes on with the local index"
+            );
+        }
+    }
+
+    /// Whether an error at `now` gets a log line; if so, how many errors since the last
+    /// line did not.
+    fn due(&self, now: Instant) -> Option<u64> {
         let mut last = self
             .last_logged
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if last.is_some_and(|at| now.duration_since(at) < ERROR_LOG_INTERVAL) {
+        if last.is_some_and(|at| now.saturating_duration_since(at) < ERROR_LOG_INTERVAL) {
             self.unlogged.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         }
         *last = Some(now);
-        let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
-        tracing::warn!(
-            operation,
-            %error,
-            not_logged_since_last = unlogged,
-            "shared index: Redis unavailable; routing goes on with the local index"
-        );
+        Some(self.unlogged.swap(0, Ordering::Relaxed))
     }
 }
 
@@ -829,6 +835,18 @@ mod tests {
             SharedEvent::decode(&many),
             Err(DecodeError::TooManyKeys(600))
         );
+    }
+
+    #[test]
+    fn redis_errors_are_logged_at_most_once_per_interval() {
+        let log = ErrorLog::default();
+        let start = Instant::now();
+        assert_eq!(log.due(start), Some(0));
+        assert_eq!(log.due(start + Duration::from_secs(1)), None);
+        assert_eq!(log.due(start + ERROR_LOG_INTERVAL / 2), None);
+        // The next line says how many errors went unlogged since the last one.
+        assert_eq!(log.due(start + ERROR_LOG_INTERVAL), Some(2));
+        assert_eq!(log.due(start + ERROR_LOG_INTERVAL), None);
     }
 
     fn grid_and_index() -> (Grid, PrefixIndex, ClusterId) {
