@@ -124,7 +124,9 @@ async fn connection(url: &str) -> redis::RedisResult<redis::aio::MultiplexedConn
 struct Replica {
     admin: String,
     front: String,
-    _child: Child,
+    config: PathBuf,
+    listen_yaml: String,
+    child: Child,
 }
 
 impl Replica {
@@ -132,13 +134,9 @@ impl Replica {
     async fn start(dir: &Path, name: &str, shared_yaml: &str) -> Self {
         let (front_port, admin_port) = (free_port(), free_port());
         let config = dir.join(format!("{name}.yaml"));
-        std::fs::write(
-            &config,
-            format!(
-                "listen: 127.0.0.1:{front_port}\nadmin_listen: 127.0.0.1:{admin_port}\n{shared_yaml}"
-            ),
-        )
-        .unwrap();
+        let listen_yaml =
+            format!("listen: 127.0.0.1:{front_port}\nadmin_listen: 127.0.0.1:{admin_port}\n");
+        std::fs::write(&config, format!("{listen_yaml}{shared_yaml}")).unwrap();
         let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
             .arg("serve")
@@ -152,7 +150,9 @@ impl Replica {
         let replica = Self {
             admin: format!("http://127.0.0.1:{admin_port}"),
             front: format!("http://127.0.0.1:{front_port}"),
-            _child: child,
+            config,
+            listen_yaml,
+            child,
         };
         let healthz = format!("{}/healthz", replica.admin);
         eventually(&format!("{name} serves"), || {
@@ -165,6 +165,25 @@ impl Replica {
         })
         .await;
         replica
+    }
+
+    /// Rewrites its config file with `yaml` (same listen addresses) and sends SIGHUP;
+    /// returns once the reload is counted as applied.
+    async fn reload(&self, yaml: &str) {
+        let applied = "grid_serving_config_reload_total{result=\"applied\"}";
+        let before = self.metric(applied).await;
+        std::fs::write(&self.config, format!("{}{yaml}", self.listen_yaml)).unwrap();
+        let pid = self.child.id().unwrap().to_string();
+        let status = Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .await
+            .unwrap();
+        assert!(status.success());
+        eventually("the reload is applied", || async {
+            self.metric(applied).await > before
+        })
+        .await;
     }
 
     /// The value of one metric series in its Prometheus text (0 when absent).
@@ -546,6 +565,32 @@ async fn a_replica_with_another_tag_key_applies_no_peer_event() {
     // c read the same stream (it was up before the event) but keys under another seed.
     assert_eq!(c.entries(&cluster_label(&home)).await, 0.0);
     assert_eq!(c.applied().await, 0.0);
+}
+
+#[tokio::test]
+async fn a_reload_that_adds_shared_index_starts_sharing() {
+    let bed = Testbed::start("reload").await;
+    let alone = bed
+        .shared_yaml
+        .lines()
+        .filter(|line| !line.contains("shared_index"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let a = bed.replica("a").await;
+    let b = Replica::start(&bed.dir, "b", &format!("{alone}\n")).await;
+    let mut before = Conversation::new("wombat");
+    let home = before.turn(&a, "hello").await.engine();
+    // b does not share yet, and keys under a seed of its own.
+    assert_eq!(b.entries(&cluster_label(&home)).await, 0.0);
+
+    b.reload(&bed.shared_yaml).await;
+    // Sharing started: b replays what a published before, now under the same seed.
+    eventually("b replays the stream", || async {
+        b.entries(&cluster_label(&home)).await > 0.0
+    })
+    .await;
+    bed.weigh_down(&home, &b).await;
+    assert_eq!(before.turn(&b, "and then?").await.engine(), home);
 }
 
 #[tokio::test]
