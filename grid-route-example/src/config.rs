@@ -45,6 +45,9 @@
 //!     ttl_secs: 600
 //!     tag_key_path: /etc/grid/tag.key   # optional; at least 32 bytes
 //!     previous_tag_key_path: /etc/grid/tag.prev.key   # optional; the only way an old key verifies
+//!     shared_index:                     # optional; needs tag_key_path
+//!       redis_url: redis://127.0.0.1:6379/0
+//!       key_prefix: grid-route          # the stream is KEY_PREFIX:index-events
 //! ```
 //!
 //! Decisions the design leaves open:
@@ -62,6 +65,9 @@
 //!   least 10; `max_body_bytes` at least 1.
 //! - `provider_allowed_paths` are exact paths: each starts with `/` and holds no `?` or
 //!   `#`.
+//! - `prefix_affinity.shared_index` needs `prefix_affinity.tag_key_path`: replicas derive
+//!   the keying seed they share from the tag key. Its `redis_url` must be a URL the
+//!   `redis` crate accepts (`redis://`, `redis+unix://`); `key_prefix` must not be empty.
 //!
 //! ```
 //! use grid_route_example::config::GatewayConfig;
@@ -316,6 +322,21 @@ pub struct PrefixAffinityYaml {
     /// ones) for as long as it is named here; drop it to revoke those ids. Needs
     /// `tag_key_path`.
     pub previous_tag_key_path: Option<PathBuf>,
+    /// Share confirmations and drops with the other replicas through Redis; none keeps the
+    /// index per replica.
+    pub shared_index: Option<SharedIndexYaml>,
+}
+
+/// `grid_site_route.prefix_affinity.shared_index`: where replicas share their index.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct SharedIndexYaml {
+    /// The Redis to share through, `redis://[user:password@]host:port/db`.
+    pub redis_url: String,
+    /// The prefix of the Redis keys used. Default `grid-route`.
+    #[serde(default = "defaults::key_prefix")]
+    pub key_prefix: String,
 }
 
 impl Default for PrefixAffinityYaml {
@@ -331,6 +352,7 @@ impl Default for PrefixAffinityYaml {
             ttl_secs: d.ttl_secs,
             tag_key_path: d.tag_key_path,
             previous_tag_key_path: None,
+            shared_index: None,
         }
     }
 }
@@ -357,6 +379,9 @@ mod defaults {
     }
     pub(super) fn admit() -> bool {
         true
+    }
+    pub(super) fn key_prefix() -> String {
+        "grid-route".to_owned()
     }
 }
 
@@ -396,6 +421,18 @@ pub struct CheckedConfig {
     pub tag_key: Option<TagKey>,
     /// The previous tag key read from `previous_tag_key_path`, when set.
     pub previous_tag_key: Option<TagKey>,
+    /// Where replicas share their index, when set (then `tag_key` is set too).
+    pub shared_index: Option<SharedIndexSettings>,
+}
+
+/// A checked `shared_index`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SharedIndexSettings {
+    /// The Redis URL, as configured (it may hold a password: never log it whole).
+    pub redis_url: String,
+    /// The prefix of the Redis keys used.
+    pub key_prefix: String,
 }
 
 impl CheckedConfig {
@@ -546,6 +583,7 @@ impl GatewayConfig {
             Some(path) => Some(TagKey::from_file(path).map_err(ConfigError::PreviousTagKey)?),
             None => None,
         };
+        let shared_index = self.shared_index(tag_key.is_some())?;
         Ok(CheckedConfig {
             listen,
             admin_listen,
@@ -566,7 +604,43 @@ impl GatewayConfig {
             prefix_affinity,
             tag_key,
             previous_tag_key,
+            shared_index,
         })
+    }
+
+    fn shared_index(&self, has_tag_key: bool) -> Result<Option<SharedIndexSettings>, ConfigError> {
+        let Some(shared) = &self.grid_site_route.prefix_affinity.shared_index else {
+            return Ok(None);
+        };
+        if !has_tag_key {
+            return Err(ConfigError::Invalid {
+                field: "grid_site_route.prefix_affinity.tag_key_path".to_owned(),
+                value: "none".to_owned(),
+                expected: "must be set when grid_site_route.prefix_affinity.shared_index is \
+                           (replicas derive the keying seed they share from the tag key)"
+                    .to_owned(),
+            });
+        }
+        if redis::Client::open(shared.redis_url.as_str()).is_err() {
+            // The URL itself may hold a password: the message shows its scheme only.
+            let scheme = shared.redis_url.split(':').next().unwrap_or_default();
+            return Err(invalid(
+                "grid_site_route.prefix_affinity.shared_index.redis_url",
+                &format!("{scheme}:..."),
+                "must be a Redis URL (redis://HOST:PORT/DB)",
+            ));
+        }
+        if shared.key_prefix.is_empty() {
+            return Err(invalid(
+                "grid_site_route.prefix_affinity.shared_index.key_prefix",
+                "",
+                "must not be empty",
+            ));
+        }
+        Ok(Some(SharedIndexSettings {
+            redis_url: shared.redis_url.clone(),
+            key_prefix: shared.key_prefix.clone(),
+        }))
     }
 
     /// `forward_paths`, checked.
@@ -1071,6 +1145,54 @@ grid_site_route:
         );
         let checked = GatewayConfig::from_yaml(&both).unwrap().validate().unwrap();
         assert!(checked.previous_tag_key.is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_shared_index_without_a_tag_key_is_refused_naming_both_fields() {
+        let yaml = format!(
+            "{MINIMAL}grid_site_route: {{ prefix_affinity: {{ shared_index: {{ redis_url: \"redis://127.0.0.1:6379/0\" }} }} }}\n"
+        );
+        assert_eq!(
+            refused(&yaml),
+            "grid_site_route.prefix_affinity.tag_key_path must be set when \
+             grid_site_route.prefix_affinity.shared_index is (replicas derive the keying seed \
+             they share from the tag key), got none"
+        );
+    }
+
+    #[test]
+    fn a_shared_index_defaults_its_key_prefix_and_checks_its_url() {
+        let dir = std::env::temp_dir().join(format!("grid-route-shared-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("tag.key");
+        std::fs::write(&key, [9u8; 32]).unwrap();
+        let with = |shared: &str| {
+            format!(
+                "{MINIMAL}grid_site_route: {{ prefix_affinity: {{ tag_key_path: {}, shared_index: {shared} }} }}\n",
+                key.display()
+            )
+        };
+        let checked =
+            GatewayConfig::from_yaml(&with("{ redis_url: \"redis://127.0.0.1:6379/0\" }"))
+                .unwrap()
+                .validate()
+                .unwrap();
+        let shared = checked.shared_index.unwrap();
+        assert_eq!(shared.redis_url, "redis://127.0.0.1:6379/0");
+        assert_eq!(shared.key_prefix, "grid-route");
+        let message = refused(&with("{ redis_url: \"http://secret@host\" }"));
+        assert_eq!(
+            message,
+            r#"grid_site_route.prefix_affinity.shared_index.redis_url must be a Redis URL (redis://HOST:PORT/DB), got "http:...""#
+        );
+        let message = refused(&with("{ redis_url: \"redis://h\", key_prefix: \"\" }"));
+        assert!(
+            message.contains("key_prefix must not be empty"),
+            "{message}"
+        );
+        let message = refused(&with("{ redis_uri: \"redis://h\" }"));
+        assert!(message.contains("unknown field `redis_uri`"), "{message}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -14,6 +14,8 @@
 //! | `grid_route_index_entries` | gauge | `cluster` | [`record_grid_gauges`] |
 //! | `grid_route_queue_depth` | gauge | `site`, `cluster` | [`record_grid_gauges`] |
 //! | `grid_serving_config_reload_total` | counter | `result` | the gateway |
+//! | `grid_route_shared_index_events_total` | counter | `direction` | the gateway's shared index |
+//! | `grid_route_shared_index_errors_total` | counter | | the gateway's shared index |
 //!
 //! ```
 //! use grid_route_layer::metrics::{PREFIX_AFFINITY_TOTAL, describe_metrics};
@@ -58,6 +60,11 @@ pub const INDEX_ENTRIES: &str = "grid_route_index_entries";
 pub const QUEUE_DEPTH: &str = "grid_route_queue_depth";
 /// Config reloads by result (`applied`, `rejected`).
 pub const CONFIG_RELOAD_TOTAL: &str = "grid_serving_config_reload_total";
+/// Shared-index events by direction: `published` (sent to the shared store), `applied`
+/// (a peer's event changed this replica's index), `dropped` (the publish queue was full).
+pub const SHARED_INDEX_EVENTS_TOTAL: &str = "grid_route_shared_index_events_total";
+/// Failed operations against the shared index's store (connect, publish, read).
+pub const SHARED_INDEX_ERRORS_TOTAL: &str = "grid_route_shared_index_errors_total";
 
 /// The label naming an outcome.
 pub const OUTCOME_LABEL: &str = "outcome";
@@ -67,6 +74,8 @@ pub const SITE_LABEL: &str = "site";
 pub const CLUSTER_LABEL: &str = "cluster";
 /// The label naming a reload's result.
 pub const RESULT_LABEL: &str = "result";
+/// The label naming which way a shared-index event went.
+pub const DIRECTION_LABEL: &str = "direction";
 
 /// Registers the help text (and unit) of every metric with the installed recorder. Call
 /// it once at start, after installing the recorder.
@@ -115,6 +124,19 @@ pub fn describe_metrics() {
         CONFIG_RELOAD_TOTAL,
         Unit::Count,
         "Config reloads by result: applied, or rejected (the old config stays)."
+    );
+    metrics::describe_counter!(
+        SHARED_INDEX_EVENTS_TOTAL,
+        Unit::Count,
+        "Shared-index events by direction: published (sent to the shared store), applied \
+         (a peer's confirmation or drop changed this replica's index), dropped (the publish \
+         queue was full)."
+    );
+    metrics::describe_counter!(
+        SHARED_INDEX_ERRORS_TOTAL,
+        Unit::Count,
+        "Failed operations against the shared index's store (connect, publish, read); \
+         routing goes on with the local index."
     );
 }
 

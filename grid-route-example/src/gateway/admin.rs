@@ -36,9 +36,10 @@ use grid_route_layer::affinity::Outcome;
 use grid_route_layer::answer::ErrorAnswer;
 use grid_route_layer::grid::ClusterId;
 use grid_route_layer::metrics::{
-    CLUSTER_LABEL, CONFIG_RELOAD_TOTAL, KEYING_SECONDS, KEYING_SECONDS_BUCKETS, KEYS_PER_REQUEST,
-    KEYS_PER_REQUEST_BUCKETS, OUTCOME_LABEL, PIN_TOTAL, PREFIX_AFFINITY_TOTAL, RESULT_LABEL,
-    SITE_LABEL, describe_metrics, record_grid_gauges,
+    CLUSTER_LABEL, CONFIG_RELOAD_TOTAL, DIRECTION_LABEL, KEYING_SECONDS, KEYING_SECONDS_BUCKETS,
+    KEYS_PER_REQUEST, KEYS_PER_REQUEST_BUCKETS, OUTCOME_LABEL, PIN_TOTAL, PREFIX_AFFINITY_TOTAL,
+    RESULT_LABEL, SHARED_INDEX_ERRORS_TOTAL, SHARED_INDEX_EVENTS_TOTAL, SITE_LABEL,
+    describe_metrics, record_grid_gauges,
 };
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderValue};
@@ -89,6 +90,11 @@ pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
                     for result in ["applied", "rejected"] {
                         metrics::counter!(CONFIG_RELOAD_TOTAL, RESULT_LABEL => result).increment(0);
                     }
+                    for direction in ["published", "applied", "dropped"] {
+                        metrics::counter!(SHARED_INDEX_EVENTS_TOTAL, DIRECTION_LABEL => direction)
+                            .increment(0);
+                    }
+                    metrics::counter!(SHARED_INDEX_ERRORS_TOTAL).increment(0);
                     spawn_upkeep(handle.clone());
                     Some(handle)
                 }

@@ -44,6 +44,10 @@
 //! - **Admin listener** (`admin_listen`; `gateway/admin.rs`): `/metrics` and `/healthz`.
 //! - **Queue poller** (`gateway/queue.rs`): each endpoint's `/metrics` every
 //!   `queue.poll_interval_ms`, see [`queue_sample`].
+//! - **Shared index** (`prefix_affinity.shared_index`; [`shared_index`]): a publisher of
+//!   this replica's confirmations and drops and a follower of its peers', through a Redis
+//!   Stream. A starting gateway replays the stream (up to
+//!   [`shared_index::REPLAY_WAIT`]) before it serves.
 //!
 //! # Decisions the design leaves open
 //!
@@ -83,7 +87,12 @@
 //! routing stack rebuilt for the next requests (with the new `forward_paths`,
 //! `timeouts`, `retries` and `outlier` settings; a changed `upstream_connect_ms` gets a
 //! new engine client and pool; endpoints that left lose their outlier records; series of
-//! clusters that left leave `/metrics`). Requests in flight finish on the stack they
+//! clusters that left leave `/metrics`). With `shared_index` set, the keying seed is the
+//! one derived from the tag key: a reload that brings another key re-derives it (prompts
+//! key differently from then on, so the entries learned before stop matching and age out),
+//! and a changed `shared_index` restarts sharing against the new Redis or prefix
+//! (replaying in the background). Without `shared_index` the seed in force stays, so
+//! turning sharing off keeps the index useful. Requests in flight finish on the stack they
 //! started on. `listen` and `admin_listen` cannot change
 //! without a restart: a reload that changes them applies the rest and logs a warning.
 //!
@@ -110,6 +119,7 @@ mod queue;
 mod retry;
 mod serve;
 mod server;
+pub mod shared_index;
 mod stack;
 mod upstream;
 
@@ -142,6 +152,7 @@ use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role, Timeouts};
 use crate::forward_paths::ForwardPaths;
 use outlier::Outliers;
 use server::serve_until;
+use shared_index::SharedIndex;
 use stack::{Routing, StackParts, routing_stack};
 use upstream::HttpClient;
 
@@ -163,7 +174,10 @@ pub(crate) struct Live {
     grid: Grid,
     index: Arc<PrefixIndex>,
     affinity: Affinity,
-    seed: KeySeed,
+    /// Random, or derived from the tag key while `shared_index` is set; replaced when a
+    /// reload brings a different tag key (see [Reload](self#reload)).
+    seed: ArcSwap<KeySeed>,
+    shared_index: SharedIndex,
     tag_keys: PinKeys,
     /// Replaced on reload when `timeouts.upstream_connect_ms` changes.
     client: ArcSwap<HttpClient>,
@@ -223,11 +237,37 @@ impl Live {
         move || live.settings.load().timeouts.client_header
     }
 
+    /// Starts sharing the index when `checked` asks for it. A replica that shares its
+    /// index replays the last `ttl_secs` before it serves, so it is warm from its first
+    /// request (bounded: an unreachable Redis delays start by `REPLAY_WAIT` at most, then
+    /// routing starts on the local index).
+    async fn start_sharing(&self, checked: &CheckedConfig, stopped: watch::Receiver<bool>) {
+        let Some(mut warmed) = self
+            .shared_index
+            .configure(checked.shared_index.as_ref(), self.shared_peers(stopped))
+        else {
+            return;
+        };
+        let replayed =
+            tokio::time::timeout(shared_index::REPLAY_WAIT, warmed.wait_for(|warm| *warm)).await;
+        if !matches!(replayed, Ok(Ok(_))) {
+            tracing::warn!("shared index: not replayed yet; serving on the local index");
+        }
+    }
+
+    fn shared_peers(&self, stopped: watch::Receiver<bool>) -> shared_index::Peers {
+        shared_index::Peers {
+            index: Arc::clone(&self.index),
+            grid: self.grid.clone(),
+            stopped,
+        }
+    }
+
     fn routing_for(&self, checked: &CheckedConfig) -> Routing {
         routing_stack(&StackParts {
             grid: &self.grid,
             affinity: &self.affinity,
-            seed: &self.seed,
+            seed: &self.seed.load(),
             tag_keys: &self.tag_keys,
             max_body_bytes: checked.max_body_bytes,
             client: &self.client.load(),
@@ -249,10 +289,11 @@ impl Gateway {
         admin::prometheus();
         let grid = Grid::new(&checked.grid_spec, checked.grid_settings.clone())
             .map_err(ConfigError::Grid)?;
-        let index = Arc::new(PrefixIndex::new(
-            checked.prefix_affinity.index,
-            grid.view().cluster_ids(),
-        ));
+        let shared_index = SharedIndex::new();
+        let index = Arc::new(
+            PrefixIndex::new(checked.prefix_affinity.index, grid.view().cluster_ids())
+                .with_observer(shared_index.observer()),
+        );
         let affinity = Affinity::new(Arc::clone(&index), checked.prefix_affinity.affinity);
         let front_listener = bind("listen", checked.listen).await?;
         let admin_listener = bind("admin_listen", checked.admin_listen).await?;
@@ -261,7 +302,8 @@ impl Gateway {
         let started_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let seed = KeySeed::random();
+        let seed = seed_for(&checked, None).unwrap_or_else(KeySeed::random);
+        shared_index.set_fingerprint(seed.fingerprint());
         let tag_keys = PinKeys::new(checked.tag_keys());
         let client = upstream::http_client(checked.timeouts.upstream_connect);
         let outliers = Arc::new(Outliers::new(checked.outlier));
@@ -281,7 +323,8 @@ impl Gateway {
             grid,
             index,
             affinity,
-            seed,
+            seed: ArcSwap::from_pointee(seed),
+            shared_index,
             tag_keys,
             client: ArcSwap::from_pointee(client),
             outliers,
@@ -293,6 +336,7 @@ impl Gateway {
         };
         let live = Arc::new(live);
         let (stop, stopped) = watch::channel(false);
+        live.start_sharing(&checked, stopped.clone()).await;
         let tasks = vec![
             tokio::spawn(serve_until(
                 front_listener,
@@ -405,6 +449,18 @@ impl Gateway {
         live.affinity.set_settings(checked.prefix_affinity.affinity);
         live.tag_keys.set(checked.tag_keys());
         live.outliers.reconfigure(checked.outlier, &view);
+        if let Some(seed) = seed_for(checked, Some(&live.seed.load())) {
+            live.shared_index.set_fingerprint(seed.fingerprint());
+            live.seed.store(Arc::new(seed));
+            tracing::info!(
+                "keying seed derived from the tag key; prompts key differently from now on"
+            );
+        }
+        // A changed URL or prefix restarts sharing; it replays in the background.
+        let _ = live.shared_index.configure(
+            checked.shared_index.as_ref(),
+            live.shared_peers(self.stop.subscribe()),
+        );
         let old = live.settings.swap(Arc::new(Settings::of(checked)));
         if old.timeouts.upstream_connect != checked.timeouts.upstream_connect {
             // The connect timeout belongs to the client: a new one (with a new pool).
@@ -523,6 +579,19 @@ fn warn_if_the_local_site_is_empty(view: &GridView) {
             "the local site has no cluster: new conversations go to the least loaded \
              admitted cluster of another site, and ids stored on clusters that left answer 404"
         );
+    }
+}
+
+/// The seed `checked` calls for when it differs from `current`: with `shared_index` set,
+/// the one derived from the tag key (validation guarantees a tag key then). Without
+/// `shared_index` the seed in force stays (a fresh random one only at start), so turning
+/// sharing off does not make the index stale.
+fn seed_for(checked: &CheckedConfig, current: Option<&KeySeed>) -> Option<KeySeed> {
+    checked.shared_index.as_ref()?;
+    let derived = KeySeed::from_tag_key(checked.tag_key.as_ref()?);
+    match current {
+        Some(current) if current.fingerprint() == derived.fingerprint() => None,
+        _ => Some(derived),
     }
 }
 

@@ -31,6 +31,12 @@
 //!   keeps an LRU node at 32 bytes; with the map's slot an entry costs about 66 bytes of
 //!   heap when a cluster is full (see `tests/tests/index_memory.rs`).
 //! - **Quiet.** `Debug` prints counts, never keys.
+//! - **Shareable.** Replicas behind one load balancer can share what they learn: an
+//!   [`IndexObserver`] set with [`PrefixIndex::with_observer`] is told of each local
+//!   confirmation and drop ([`IndexEvent`]), and [`PrefixIndex::apply`] takes a peer's.
+//!   The index does no I/O for it; the transport is the gateway's (the example gateway
+//!   uses a Redis Stream). Events are comparable only between replicas whose
+//!   [`KeySeed`](crate::keying::KeySeed)s share a fingerprint.
 //!
 //! # Example
 //!
@@ -64,8 +70,8 @@
 //!
 //! # Limits
 //!
-//! The index is per replica and in memory: it is empty after a restart and sees only what
-//! this replica routed. It matches request text, not engine tokens, and a cluster's depth
+//! The index is per replica and in memory: without a shared transport it is empty after
+//! a restart and sees only what this replica routed. It matches request text, not engine tokens, and a cluster's depth
 //! is what it was *sent*, not what its engines still cache.
 
 mod clock;
@@ -73,9 +79,11 @@ mod cluster;
 mod hasher;
 mod prefix_index;
 mod settings;
+mod shared;
 
 pub use prefix_index::PrefixIndex;
 pub use settings::{IndexSettings, IndexSettingsError};
+pub use shared::{IndexEvent, IndexObserver};
 
 #[cfg(test)]
 mod tests;

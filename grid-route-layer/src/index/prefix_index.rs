@@ -3,13 +3,14 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
 use super::clock::DeadlineClock;
 use super::cluster::ClusterLru;
 use super::settings::IndexSettings;
+use super::shared::{IndexEvent, IndexObserver};
 use crate::grid::ClusterId;
 
 /// What this gateway replica remembers about which cluster holds which prompt prefix.
@@ -28,6 +29,8 @@ pub struct PrefixIndex {
     state: ArcSwap<State>,
     /// Serialises `reconfigure` calls so that two reloads cannot interleave their resizes.
     reconfiguring: Mutex<()>,
+    /// Told of every confirmation and drop made here (not of applied peer events).
+    observer: Option<Arc<dyn IndexObserver>>,
 }
 
 struct State {
@@ -63,7 +66,16 @@ impl PrefixIndex {
             clock: DeadlineClock::starting_at(base),
             state: ArcSwap::from_pointee(State { settings, clusters }),
             reconfiguring: Mutex::new(()),
+            observer: None,
         }
+    }
+
+    /// This index, telling `observer` of every confirmation and drop it makes on its own
+    /// (see [`IndexObserver`]). One observer per index; a later call replaces it.
+    #[must_use]
+    pub fn with_observer(mut self, observer: Arc<dyn IndexObserver>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// The settings in force.
@@ -82,8 +94,17 @@ impl PrefixIndex {
     pub fn confirm(&self, cluster: &ClusterId, keys: &[u64], now: Instant) {
         let state = self.state.load();
         if let Some(lru) = state.clusters.get(cluster) {
-            let deadline = self.clock.deadline(now, state.settings.ttl());
-            lru.confirm(keys, deadline, self.clock.now(now));
+            let lifetime = state.settings.ttl();
+            lru.confirm(
+                keys,
+                self.clock.deadline(now, lifetime),
+                self.clock.now(now),
+            );
+            self.tell(&IndexEvent::Confirmed {
+                cluster,
+                keys,
+                lifetime,
+            });
         }
     }
 
@@ -92,7 +113,60 @@ impl PrefixIndex {
     pub fn drop_keys(&self, cluster: &ClusterId, keys: &[u64]) {
         if let Some(lru) = self.state.load().clusters.get(cluster) {
             lru.drop_keys(keys);
+            self.tell(&IndexEvent::Dropped { cluster, keys });
         }
+    }
+
+    fn tell(&self, event: &IndexEvent<'_>) {
+        if let Some(observer) = &self.observer {
+            observer.observe(event);
+        }
+    }
+
+    /// Applies a peer replica's change at `now`, without telling the observer (so it is
+    /// never sent back out). Returns whether it changed anything: an event for a cluster
+    /// this index does not know, or a confirmation whose lifetime is over, is ignored.
+    ///
+    /// A confirmation counts for its `lifetime`, but never longer than this index's own
+    /// TTL, so a peer with a longer `ttl_secs` cannot make entries outlive local ones.
+    /// Keys are written tail first, like a local confirmation.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// use grid_route_layer::grid::{ClusterId, SiteName};
+    /// use grid_route_layer::index::{IndexEvent, IndexSettings, PrefixIndex};
+    ///
+    /// let east = ClusterId::new(SiteName::new("east").unwrap(), "east-a");
+    /// let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
+    /// let keys = [0x243f_6a88_85a3_08d3, 0x1319_8a2e_0370_7344];
+    /// let now = Instant::now();
+    /// // A peer's confirmation made 100 s ago, with 500 s left to count.
+    /// let event = IndexEvent::Confirmed { cluster: &east, keys: &keys, lifetime: Duration::from_secs(500) };
+    /// assert!(index.apply(&event, now));
+    /// assert_eq!(index.depth(&east, &keys, now), 2);
+    /// assert_eq!(index.depth(&east, &keys, now + Duration::from_secs(501)), 0);
+    /// ```
+    pub fn apply(&self, event: &IndexEvent<'_>, now: Instant) -> bool {
+        let state = self.state.load();
+        let Some(lru) = state.clusters.get(event.cluster()) else {
+            return false;
+        };
+        match *event {
+            IndexEvent::Confirmed { keys, lifetime, .. } => {
+                let lifetime = lifetime.min(state.settings.ttl());
+                if lifetime == Duration::ZERO {
+                    return false;
+                }
+                lru.confirm(
+                    keys,
+                    self.clock.deadline(now, lifetime),
+                    self.clock.now(now),
+                );
+            }
+            IndexEvent::Dropped { keys, .. } => lru.drop_keys(keys),
+        }
+        true
     }
 
     /// How many of the request's `keys` `cluster` holds as a prefix at `now`: the largest
@@ -196,6 +270,7 @@ impl fmt::Debug for PrefixIndex {
         f.debug_struct("PrefixIndex")
             .field("settings", &state.settings)
             .field("clusters", &state.clusters)
+            .field("observed", &self.observer.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -479,3 +479,123 @@ fn an_index_started_at_a_given_base_expires_by_offsets_from_it() {
     );
     assert_eq!(index.depth(&east, &keys, base + Duration::from_secs(11)), 0);
 }
+
+/// What an observer was told, as (confirmed?, cluster, keys, lifetime).
+type Told = Vec<(bool, ClusterId, Vec<u64>, Option<Duration>)>;
+
+#[derive(Default)]
+struct Recorder(std::sync::Mutex<Told>);
+
+impl super::IndexObserver for Recorder {
+    fn observe(&self, event: &super::IndexEvent<'_>) {
+        let lifetime = match event {
+            super::IndexEvent::Confirmed { lifetime, .. } => Some(*lifetime),
+            super::IndexEvent::Dropped { .. } => None,
+        };
+        self.0.lock().unwrap().push((
+            lifetime.is_some(),
+            event.cluster().clone(),
+            event.keys().to_vec(),
+            lifetime,
+        ));
+    }
+}
+
+#[test]
+fn the_observer_is_told_of_local_confirmations_and_drops_with_the_ttl() {
+    let east = cluster("east", "east-a");
+    let gone = cluster("east", "east-gone");
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let index = PrefixIndex::new(settings(64, 30), [east.clone()])
+        .with_observer(std::sync::Arc::clone(&recorder) as _);
+    let prompt = chain(3, 4);
+    let now = Instant::now();
+    index.confirm(&east, &prompt, now);
+    index.drop_keys(&east, &prompt[..2]);
+    // Changes to clusters the index does not hold change nothing and are not told.
+    index.confirm(&gone, &prompt, now);
+    index.drop_keys(&gone, &prompt);
+    let told = recorder.0.lock().unwrap().clone();
+    assert_eq!(
+        told,
+        [
+            (
+                true,
+                east.clone(),
+                prompt.clone(),
+                Some(Duration::from_secs(30))
+            ),
+            (false, east, prompt[..2].to_vec(), None),
+        ]
+    );
+}
+
+#[test]
+fn a_peers_event_applies_without_being_told_back() {
+    let east = cluster("east", "east-a");
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let index = PrefixIndex::new(settings(64, 600), [east.clone()])
+        .with_observer(std::sync::Arc::clone(&recorder) as _);
+    let prompt = chain(4, 6);
+    let now = Instant::now();
+    let confirmed = super::IndexEvent::Confirmed {
+        cluster: &east,
+        keys: &prompt,
+        lifetime: Duration::from_secs(20),
+    };
+    assert!(index.apply(&confirmed, now));
+    assert_eq!(index.depth(&east, &prompt, now), 6);
+    assert_eq!(
+        index.depth(&east, &prompt, now + Duration::from_secs(21)),
+        0
+    );
+    let dropped = super::IndexEvent::Dropped {
+        cluster: &east,
+        keys: &prompt[3..],
+    };
+    assert!(index.apply(&dropped, now));
+    assert_eq!(index.depth(&east, &prompt, now), 3);
+    assert!(recorder.0.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_peers_event_for_an_unknown_cluster_or_past_its_lifetime_is_ignored() {
+    let east = cluster("east", "east-a");
+    let west = cluster("west", "west-a");
+    let index = PrefixIndex::new(settings(64, 600), [east.clone()]);
+    let prompt = chain(5, 3);
+    let now = Instant::now();
+    let unknown = super::IndexEvent::Confirmed {
+        cluster: &west,
+        keys: &prompt,
+        lifetime: Duration::from_secs(60),
+    };
+    assert!(!index.apply(&unknown, now));
+    assert_eq!(index.depth(&west, &prompt, now), 0);
+    let spent = super::IndexEvent::Confirmed {
+        cluster: &east,
+        keys: &prompt,
+        lifetime: Duration::ZERO,
+    };
+    assert!(!index.apply(&spent, now));
+    assert_eq!(index.entries(&east), 0);
+}
+
+#[test]
+fn a_peers_confirmation_never_outlives_the_local_ttl() {
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(settings(64, 10), [east.clone()]);
+    let prompt = chain(6, 2);
+    let now = Instant::now();
+    let long = super::IndexEvent::Confirmed {
+        cluster: &east,
+        keys: &prompt,
+        lifetime: Duration::from_secs(3_600),
+    };
+    assert!(index.apply(&long, now));
+    assert_eq!(index.depth(&east, &prompt, now + Duration::from_secs(9)), 2);
+    assert_eq!(
+        index.depth(&east, &prompt, now + Duration::from_secs(11)),
+        0
+    );
+}

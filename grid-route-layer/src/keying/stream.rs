@@ -20,10 +20,13 @@
 //! before it.
 
 use std::fmt;
-use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
+use std::hash::{BuildHasher, Hasher, RandomState};
+
+use siphasher::sip::SipHasher13;
 
 use super::keys::PrefixKeys;
 use super::scan::TextSink;
+use crate::pin::TagKey;
 
 /// Size of one block of the canonical stream.
 pub const BLOCK_BYTES: usize = 256;
@@ -133,33 +136,94 @@ enum Domain {
     Block = 9,
 }
 
-/// The per-process secret that seeds every key. Keys are only comparable within one
-/// `KeySeed`; clients cannot predict them.
+/// The secret that seeds every key. Keys are only comparable within one `KeySeed`;
+/// clients cannot predict them.
+///
+/// A gateway replica alone uses a [`random`](Self::random) seed. Replicas that share what
+/// they learned (a shared index) must key a prompt alike, so they derive the seed from the
+/// tag key they already share ([`from_tag_key`](Self::from_tag_key)); a
+/// [`fingerprint`](Self::fingerprint) tells them whether a peer's keys are comparable to
+/// their own without revealing either the seed or the tag key.
+///
+/// The keyed hash is SipHash-1-3 from the `siphasher` crate rather than the standard
+/// library's `DefaultHasher`: the standard library does not promise that its algorithm
+/// stays the same between Rust releases, and replicas built by different compilers must
+/// still agree on keys.
 #[derive(Clone)]
 pub struct KeySeed {
-    state: RandomState,
+    sip_key: [u64; 2],
     nh_key: [u64; NH_KEY_WORDS],
+    fingerprint: u64,
 }
 
 /// Words of the NH key: one per word of a block.
 const NH_KEY_WORDS: usize = BLOCK_BYTES / 8;
 
+/// The HMAC label of the seed derived from a tag key. The tag key's other uses (id tag
+/// macs, the fingerprint below) start with different labels, so no output of one is an
+/// output of another.
+const SEED_LABEL: &[u8] = b"grid-route/keying-seed/v1\0";
+/// The HMAC label of a derived seed's fingerprint.
+const FINGERPRINT_LABEL: &[u8] = b"grid-route/keying-seed-fingerprint/v1\0";
+
 impl KeySeed {
-    /// A fresh random seed.
+    /// A fresh random seed, for a replica that shares nothing.
     pub fn random() -> Self {
         let state = RandomState::new();
-        let mut nh_key = [0u64; NH_KEY_WORDS];
-        for (i, word) in nh_key.iter_mut().enumerate() {
-            let mut h = state.build_hasher();
-            h.write_u64(Domain::NhKey as u64);
-            h.write_usize(i);
-            *word = h.finish();
-        }
-        Self { state, nh_key }
+        let draw = |i: u64| state.hash_one(i);
+        Self::from_parts([draw(0), draw(1)], draw(2))
     }
 
-    fn hasher(&self, domain: Domain) -> DefaultHasher {
-        let mut h = self.state.build_hasher();
+    /// The seed every replica holding `tag_key` derives alike: the SipHash key is the
+    /// first 16 bytes of HMAC-SHA256(tag key, a keying label), the NH key is expanded from
+    /// it, and the fingerprint is the first 8 bytes of HMAC-SHA256(tag key, a different
+    /// label). HMAC is a PRF, so neither the seed nor the fingerprint reveals the tag key
+    /// or each other, and knowing the seed forges no id tag.
+    ///
+    /// ```
+    /// use grid_route_layer::keying::{Api, KeySeed, key_body};
+    /// use grid_route_layer::pin::TagKey;
+    ///
+    /// let tag_key = TagKey::from_bytes(&[7; 32]).unwrap();
+    /// let (a, b) = (KeySeed::from_tag_key(&tag_key), KeySeed::from_tag_key(&tag_key));
+    /// assert_eq!(a.fingerprint(), b.fingerprint());
+    /// let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(600));
+    /// let keys = |seed| key_body(seed, Api::Completions, body.as_bytes()).unwrap();
+    /// assert_eq!(keys(&a).keys(), keys(&b).keys());
+    /// assert_ne!(KeySeed::random().fingerprint(), a.fingerprint());
+    /// ```
+    pub fn from_tag_key(tag_key: &TagKey) -> Self {
+        let seed = tag_key.derive(SEED_LABEL);
+        let fingerprint = tag_key.derive(FINGERPRINT_LABEL);
+        Self::from_parts(
+            [le_u64(&seed[..8]), le_u64(&seed[8..16])],
+            le_u64(&fingerprint[..8]),
+        )
+    }
+
+    fn from_parts(sip_key: [u64; 2], fingerprint: u64) -> Self {
+        let mut seed = Self {
+            sip_key,
+            nh_key: [0; NH_KEY_WORDS],
+            fingerprint,
+        };
+        for (i, word) in (0u64..).zip(0..NH_KEY_WORDS) {
+            let mut h = seed.hasher(Domain::NhKey);
+            h.write_u64(i);
+            seed.nh_key[word] = h.finish();
+        }
+        seed
+    }
+
+    /// A 64-bit tag of this seed: equal for seeds that key alike, and telling nothing
+    /// about the seed itself. Replicas sharing an index stamp their events with it and
+    /// ignore events keyed under another seed.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    fn hasher(&self, domain: Domain) -> SipHasher13 {
+        let mut h = SipHasher13::new_with_keys(self.sip_key[0], self.sip_key[1]);
         h.write_u64(domain as u64);
         h
     }
@@ -171,7 +235,8 @@ impl KeySeed {
             match part {
                 Some(bytes) => {
                     h.write_u8(1);
-                    h.write_usize(bytes.len());
+                    // A fixed width, so replicas on 32- and 64-bit hosts key alike.
+                    h.write_u64(bytes.len() as u64);
                     h.write(bytes);
                 }
                 None => h.write_u8(0),
@@ -203,6 +268,13 @@ impl KeySeed {
     }
 }
 
+/// The little-endian `u64` of 8 bytes.
+fn le_u64(bytes: &[u8]) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[..8]);
+    u64::from_le_bytes(word)
+}
+
 impl Default for KeySeed {
     fn default() -> Self {
         Self::random()
@@ -216,7 +288,7 @@ impl fmt::Debug for KeySeed {
 }
 
 /// A keyed digest of text written in runs.
-pub(crate) struct DigestSink(DefaultHasher);
+pub(crate) struct DigestSink(SipHasher13);
 
 impl DigestSink {
     pub(crate) fn finish(&self) -> u64 {
@@ -239,7 +311,7 @@ impl TextSink for DigestSink {
 /// chained onto the previous block's value with keyed SipHash. NH costs one multiply per
 /// sixteen bytes, a fraction of running SipHash over every byte.
 pub(crate) struct BlockChain {
-    fresh: DefaultHasher,
+    fresh: SipHasher13,
     nh_key: [u64; NH_KEY_WORDS],
     previous: u64,
     block: [u8; BLOCK_BYTES],
@@ -320,7 +392,7 @@ impl BlockChain {
 /// `previous`: NH of the block, then keyed SipHash of the previous value, the NH sum and
 /// the length.
 fn link(
-    fresh: &DefaultHasher,
+    fresh: &SipHasher13,
     nh_key: &[u64; NH_KEY_WORDS],
     previous: u64,
     block: &[u8],
@@ -335,7 +407,7 @@ fn link(
     {
         slot.copy_from_slice(&word.to_le_bytes());
     }
-    let mut h = fresh.clone();
+    let mut h = *fresh;
     h.write(&words);
     h.finish()
 }
@@ -427,6 +499,49 @@ pub(crate) fn join(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tag_key(byte: u8) -> TagKey {
+        TagKey::from_bytes(&[byte; 32]).unwrap()
+    }
+
+    #[test]
+    fn replicas_with_one_tag_key_derive_one_seed_and_fingerprint() {
+        let (a, b) = (
+            KeySeed::from_tag_key(&tag_key(1)),
+            KeySeed::from_tag_key(&tag_key(1)),
+        );
+        assert_eq!(a.sip_key, b.sip_key);
+        assert_eq!(a.nh_key, b.nh_key);
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_eq!(a.namespace(Some(b"m"), None), b.namespace(Some(b"m"), None));
+    }
+
+    #[test]
+    fn another_tag_key_or_a_random_seed_has_another_fingerprint() {
+        let one = KeySeed::from_tag_key(&tag_key(1));
+        let two = KeySeed::from_tag_key(&tag_key(2));
+        assert_ne!(one.fingerprint(), two.fingerprint());
+        assert_ne!(one.sip_key, two.sip_key);
+        assert_ne!(
+            KeySeed::random().fingerprint(),
+            KeySeed::random().fingerprint()
+        );
+    }
+
+    #[test]
+    fn the_seed_and_its_fingerprint_are_separate_derivations_of_the_tag_key() {
+        let key = tag_key(3);
+        let seed = KeySeed::from_tag_key(&key);
+        let seed_bytes = key.derive(SEED_LABEL);
+        let fingerprint_bytes = key.derive(FINGERPRINT_LABEL);
+        assert_ne!(seed_bytes, fingerprint_bytes);
+        assert_eq!(seed.sip_key[0], le_u64(&seed_bytes[..8]));
+        assert_eq!(seed.fingerprint(), le_u64(&fingerprint_bytes[..8]));
+        // Neither is the raw key material.
+        assert_ne!(&seed_bytes[..8], &[3; 8]);
+        assert_ne!(seed.fingerprint(), seed.sip_key[0]);
+        assert_ne!(seed.fingerprint(), seed.sip_key[1]);
+    }
 
     #[test]
     fn keys_are_dense_for_64_kib_then_stride_out_to_about_4_mib() {

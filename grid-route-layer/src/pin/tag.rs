@@ -182,6 +182,15 @@ impl TagKey {
             .verify_truncated_left(&mac)
             .is_ok()
     }
+
+    /// HMAC-SHA256(key, `label`): a secret derived from this key for another use. Labels
+    /// differ from [`MAC_DOMAIN`] in their first bytes, so a derived secret is never a tag
+    /// mac.
+    pub(crate) fn derive(&self, label: &[u8]) -> [u8; 32] {
+        let mut mac = self.hmac.clone();
+        mac.update(label);
+        mac.finalize().into_bytes().into()
+    }
 }
 
 impl fmt::Debug for TagKey {

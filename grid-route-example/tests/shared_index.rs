@@ -1,0 +1,630 @@
+//! The shared index end to end: two `serve` processes (the binary, fully independent
+//! replicas), one real `redis-server` started by the test on a free port, and two mock
+//! engines (sites `east` and `west`) in the test process.
+//!
+//! Affinity must be what keeps a follow-up on its site, so before each follow-up the
+//! first turn's site is made one queued request heavier than the other (its 110 KiB
+//! prompt is worth more than that): a replica that does not know the prompt routes the
+//! follow-up to the other, lighter site; one that learned it through Redis keeps it home.
+//!
+//! Needs `redis-server` on the PATH (Debian's `redis-server` package; `.ci/run` installs
+//! it). Waits poll a condition with a deadline; none guesses a duration.
+
+// Test code: a failed unwrap is a failed test. Metrics are small integers read back
+// exactly, so they compare exactly.
+#![allow(clippy::unwrap_used, clippy::float_cmp)]
+
+use std::fmt::Write as _;
+use std::net::TcpListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use grid_route_example::gateway::shared_index::{EVENT_FIELD, SharedEvent, stream_key};
+use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+
+const MODEL: &str = "demo-model";
+const WAIT: Duration = Duration::from_secs(20);
+/// The first turn's system prompt: worth more than one queued request of prefill.
+const SYSTEM_BYTES: usize = 110 * 1024;
+
+// ---- processes ----------------------------------------------------------------------
+
+fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "grid-route-shared-index-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A `redis-server` of the test's own, without persistence, killed on drop.
+struct Redis {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Redis {
+    async fn start(dir: &Path) -> Self {
+        let mut redis = Self {
+            port: free_port(),
+            dir: dir.to_owned(),
+            child: None,
+        };
+        redis.restart().await;
+        redis
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Starts the server (again, empty) on its port and waits until it answers PING.
+    async fn restart(&mut self) {
+        let log = std::fs::File::create(self.dir.join("redis.log")).unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(log)
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server on the PATH (apt-get install redis-server)");
+        self.child = Some(child);
+        let url = self.url();
+        eventually("redis-server answers PING", || {
+            let url = url.clone();
+            async move {
+                let Ok(mut connection) = connection(&url).await else {
+                    return false;
+                };
+                redis::cmd("PING")
+                    .query_async::<String>(&mut connection)
+                    .await
+                    .is_ok()
+            }
+        })
+        .await;
+    }
+
+    async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await.unwrap();
+        }
+    }
+}
+
+async fn connection(url: &str) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await
+}
+
+/// A `grid-route-example serve` process, killed on drop.
+struct Replica {
+    admin: String,
+    front: String,
+    config: PathBuf,
+    listen_yaml: String,
+    child: Child,
+}
+
+impl Replica {
+    /// Writes its config into `dir` and starts it; returns once `/healthz` answers.
+    async fn start(dir: &Path, name: &str, shared_yaml: &str) -> Self {
+        let (front_port, admin_port) = (free_port(), free_port());
+        let config = dir.join(format!("{name}.yaml"));
+        let listen_yaml =
+            format!("listen: 127.0.0.1:{front_port}\nadmin_listen: 127.0.0.1:{admin_port}\n");
+        std::fs::write(&config, format!("{listen_yaml}{shared_yaml}")).unwrap();
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let replica = Self {
+            admin: format!("http://127.0.0.1:{admin_port}"),
+            front: format!("http://127.0.0.1:{front_port}"),
+            config,
+            listen_yaml,
+            child,
+        };
+        let healthz = format!("{}/healthz", replica.admin);
+        eventually(&format!("{name} serves"), || {
+            let healthz = healthz.clone();
+            async move {
+                try_send(Method::GET, &healthz, Bytes::new())
+                    .await
+                    .is_some_and(|a| a.status == StatusCode::OK)
+            }
+        })
+        .await;
+        replica
+    }
+
+    /// Rewrites its config file with `yaml` (same listen addresses) and sends SIGHUP;
+    /// returns once the reload is counted as applied.
+    async fn reload(&self, yaml: &str) {
+        let applied = "grid_serving_config_reload_total{result=\"applied\"}";
+        let before = self.metric(applied).await;
+        std::fs::write(&self.config, format!("{}{yaml}", self.listen_yaml)).unwrap();
+        let pid = self.child.id().unwrap().to_string();
+        let status = Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .await
+            .unwrap();
+        assert!(status.success());
+        eventually("the reload is applied", || async {
+            self.metric(applied).await > before
+        })
+        .await;
+    }
+
+    /// The value of one metric series in its Prometheus text (0 when absent).
+    async fn metric(&self, series: &str) -> f64 {
+        let text = send(
+            Method::GET,
+            &format!("{}/metrics", self.admin),
+            Bytes::new(),
+        )
+        .await
+        .text();
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    async fn entries(&self, cluster: &str) -> f64 {
+        self.metric(&format!(
+            "grid_route_index_entries{{cluster=\"{cluster}\"}}"
+        ))
+        .await
+    }
+
+    async fn applied(&self) -> f64 {
+        self.metric("grid_route_shared_index_events_total{direction=\"applied\"}")
+            .await
+    }
+
+    async fn queue_depth(&self, engine: &str) -> f64 {
+        let site = site_of(engine);
+        self.metric(&format!(
+            "grid_route_queue_depth{{site=\"{site}\",cluster=\"{engine}\"}}"
+        ))
+        .await
+    }
+}
+
+// ---- the testbed --------------------------------------------------------------------
+
+struct Testbed {
+    dir: PathBuf,
+    redis: Redis,
+    east: MockEngine,
+    west: MockEngine,
+    /// The config every replica shares, without its listen addresses.
+    shared_yaml: String,
+}
+
+async fn engine(name: &str) -> MockEngine {
+    let config = MockEngineConfig {
+        models: vec![MODEL.to_owned()],
+        prefill_tokens_per_second: 50_000_000,
+        decode_delay_per_token: Duration::ZERO,
+        ..MockEngineConfig::named(name)
+    };
+    MockEngine::start("127.0.0.1:0", config).await.unwrap()
+}
+
+impl Testbed {
+    async fn start(name: &str) -> Self {
+        let dir = scratch_dir(name);
+        let redis = Redis::start(&dir).await;
+        let (east, west) = (engine("east-a").await, engine("west-a").await);
+        let tag_key = dir.join("tag.key");
+        std::fs::write(&tag_key, [0x5a; 32]).unwrap();
+        let mut shared_yaml = format!(
+            "queue: {{ poll_interval_ms: 20, window_secs: 1 }}\n\
+             grid_site_route:\n  prefix_affinity:\n    exploration: 0.0\n    \
+             tag_key_path: {}\n    shared_index: {{ redis_url: \"{}\", key_prefix: {name} }}\n\
+             sites:\n",
+            tag_key.display(),
+            redis.url()
+        );
+        for engine in [&east, &west] {
+            let cluster = engine.name();
+            let _ = write!(
+                shared_yaml,
+                "  - name: {}\n    clusters:\n      - {{ name: {cluster}, models: [{MODEL}], endpoints: [{}] }}\n",
+                site_of(cluster),
+                engine.url()
+            );
+        }
+        Self {
+            dir,
+            redis,
+            east,
+            west,
+            shared_yaml,
+        }
+    }
+
+    async fn replica(&self, name: &str) -> Replica {
+        Replica::start(&self.dir, name, &self.shared_yaml).await
+    }
+
+    fn engine(&self, name: &str) -> &MockEngine {
+        if name == "east-a" {
+            &self.east
+        } else {
+            &self.west
+        }
+    }
+
+    /// Makes `home` one queued request heavier than the other engine, and waits until
+    /// `replica` sees both depths.
+    async fn weigh_down(&self, home: &str, replica: &Replica) {
+        set_queue(self.engine(home), 1).await;
+        set_queue(self.engine(other(home)), 0).await;
+        eventually("the replica sees the queues", || async {
+            replica.queue_depth(home).await == 1.0 && replica.queue_depth(other(home)).await == 0.0
+        })
+        .await;
+    }
+
+    /// Every stream entry's raw field values, and every key in Redis.
+    async fn redis_contents(&self, prefix: &str) -> (Vec<Vec<u8>>, Vec<String>) {
+        let mut connection = connection(&self.redis.url()).await.unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(stream_key(prefix))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let mut values = Vec::new();
+        for entry in entries.ids {
+            for (field, value) in entry.map {
+                assert_eq!(field, EVENT_FIELD);
+                let redis::Value::BulkString(bytes) = value else {
+                    panic!("a stream value that is not bytes: {value:?}");
+                };
+                values.push(bytes);
+            }
+        }
+        (values, keys)
+    }
+}
+
+fn site_of(engine: &str) -> &'static str {
+    if engine == "east-a" { "east" } else { "west" }
+}
+
+fn other(engine: &str) -> &'static str {
+    if engine == "east-a" {
+        "west-a"
+    } else {
+        "east-a"
+    }
+}
+
+async fn set_queue(engine: &MockEngine, waiting: u64) {
+    let url = format!("{}/mock/queue", engine.url());
+    let body = json!({"waiting": waiting, "exact": true}).to_string();
+    assert_eq!(send(Method::POST, &url, body).await.status, StatusCode::OK);
+}
+
+// ---- the client ---------------------------------------------------------------------
+
+struct Answer {
+    status: StatusCode,
+    engine: Option<String>,
+    body: Bytes,
+}
+
+impl Answer {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn engine(&self) -> String {
+        self.engine
+            .clone()
+            .unwrap_or_else(|| panic!("no engine answered: {} {}", self.status, self.text()))
+    }
+}
+
+async fn try_send(method: Method, url: &str, body: Bytes) -> Option<Answer> {
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let request = Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .unwrap();
+    let response = client.request(request).await.ok()?;
+    let status = response.status();
+    let engine = response
+        .headers()
+        .get("x-mock-engine")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = response.into_body().collect().await.ok()?.to_bytes();
+    Some(Answer {
+        status,
+        engine,
+        body,
+    })
+}
+
+async fn send(method: Method, url: &str, body: impl Into<Bytes>) -> Answer {
+    try_send(method, url, body.into())
+        .await
+        .unwrap_or_else(|| panic!("no answer from {url}"))
+}
+
+/// Waits until `condition` holds, polling every 20 ms; fails after [`WAIT`].
+async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---- prompts ------------------------------------------------------------------------
+
+/// A multi-turn Chat conversation with a long system prompt about `topic`.
+struct Conversation {
+    messages: Vec<Value>,
+}
+
+impl Conversation {
+    fn new(topic: &str) -> Self {
+        let mut system = String::new();
+        let mut i = 0;
+        while system.len() < SYSTEM_BYTES {
+            let _ = write!(system, "{topic} rule {i}: answer precisely. ");
+            i += 1;
+        }
+        Self {
+            messages: vec![json!({"role": "system", "content": system})],
+        }
+    }
+
+    /// Sends the next turn through `replica`; a 200 answer joins the conversation.
+    async fn turn(&mut self, replica: &Replica, question: &str) -> Answer {
+        self.messages
+            .push(json!({"role": "user", "content": question}));
+        let body = serde_json::to_vec(&json!({"model": MODEL, "messages": self.messages})).unwrap();
+        let url = format!("{}/v1/chat/completions", replica.front);
+        let answer = send(Method::POST, &url, body).await;
+        if answer.status == StatusCode::OK {
+            let reply: Value = serde_json::from_slice(&answer.body).unwrap();
+            self.messages.push(json!({
+                "role": "assistant",
+                "content": reply["choices"][0]["message"]["content"].clone()
+            }));
+        } else {
+            self.messages.pop();
+        }
+        answer
+    }
+}
+
+fn cluster_label(engine: &str) -> String {
+    format!("{}/{engine}", site_of(engine))
+}
+
+// ---- tests --------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_follow_up_through_the_other_replica_stays_on_the_first_turns_site() {
+    let bed = Testbed::start("follow-up").await;
+    let (a, b) = (bed.replica("a").await, bed.replica("b").await);
+    for topic in ["zebra", "quokka"] {
+        let mut conversation = Conversation::new(topic);
+        let first = conversation.turn(&a, "hello").await;
+        assert_eq!(first.status, StatusCode::OK);
+        let home = first.engine();
+        eventually("replica b learns the first turn", || async {
+            b.entries(&cluster_label(&home)).await > 0.0
+        })
+        .await;
+        bed.weigh_down(&home, &b).await;
+        assert_eq!(conversation.turn(&b, "and then?").await.engine(), home);
+    }
+    assert!(b.applied().await >= 2.0);
+    assert!(
+        a.metric("grid_route_shared_index_events_total{direction=\"published\"}")
+            .await
+            >= 2.0
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_replica_is_sticky_at_once() {
+    let bed = Testbed::start("restart").await;
+    let a = bed.replica("a").await;
+    let b = bed.replica("b").await;
+    drop(b);
+    // Learned while b is down: b can only know it by replaying the stream.
+    let mut conversation = Conversation::new("pangolin");
+    let home = conversation.turn(&a, "hello").await.engine();
+    eventually("a publishes the first turn", || async {
+        a.metric("grid_route_shared_index_events_total{direction=\"published\"}")
+            .await
+            >= 1.0
+    })
+    .await;
+    let b = bed.replica("b-again").await;
+    // Warm from its first scrape: the replay happened before it served.
+    assert!(b.entries(&cluster_label(&home)).await > 0.0);
+    bed.weigh_down(&home, &b).await;
+    assert_eq!(conversation.turn(&b, "still there?").await.engine(), home);
+}
+
+#[tokio::test]
+async fn stopping_redis_fails_no_request_and_sharing_resumes_when_it_returns() {
+    let mut bed = Testbed::start("outage").await;
+    let (a, b) = (bed.replica("a").await, bed.replica("b").await);
+    bed.redis.stop().await;
+    for (i, replica) in [&a, &b, &a, &b, &a, &b].into_iter().enumerate() {
+        let mut conversation = Conversation::new(&format!("outage{i}"));
+        let first = conversation.turn(replica, "hello").await;
+        assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+        let second = conversation.turn(replica, "and?").await;
+        assert_eq!(second.status, StatusCode::OK, "{}", second.text());
+        // Routing goes on with the local index.
+        assert_eq!(second.engine(), first.engine());
+    }
+    eventually("both replicas count Redis errors", || async {
+        a.metric("grid_route_shared_index_errors_total").await > 0.0
+            && b.metric("grid_route_shared_index_errors_total").await > 0.0
+    })
+    .await;
+
+    bed.redis.restart().await;
+    // Events sent while a replica had not yet noticed the restart may be lost (a lost
+    // event costs a miss); new first turns go through until b applies one.
+    let deadline = Instant::now() + WAIT;
+    let mut attempt = 0;
+    let (mut conversation, home) = 'resumed: loop {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for b to apply an event"
+        );
+        attempt += 1;
+        let before = b.applied().await;
+        let mut conversation = Conversation::new(&format!("resumed{attempt}"));
+        let home = conversation.turn(&a, "hello").await.engine();
+        let applied_by = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < applied_by {
+            if b.applied().await > before {
+                break 'resumed (conversation, home);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    bed.weigh_down(&home, &b).await;
+    assert_eq!(conversation.turn(&b, "and then?").await.engine(), home);
+}
+
+#[tokio::test]
+async fn a_replica_with_another_tag_key_applies_no_peer_event() {
+    let bed = Testbed::start("other-key").await;
+    let other_key = bed.dir.join("other.key");
+    std::fs::write(&other_key, [0xa5; 32]).unwrap();
+    let tag_key = bed.dir.join("tag.key");
+    let rotated = bed.shared_yaml.replace(
+        &tag_key.display().to_string(),
+        &other_key.display().to_string(),
+    );
+    let (a, b) = (bed.replica("a").await, bed.replica("b").await);
+    let c = Replica::start(&bed.dir, "c", &rotated).await;
+    let mut conversation = Conversation::new("axolotl");
+    let home = conversation.turn(&a, "hello").await.engine();
+    eventually("b learns the first turn", || async {
+        b.entries(&cluster_label(&home)).await > 0.0
+    })
+    .await;
+    // c read the same stream (it was up before the event) but keys under another seed.
+    assert_eq!(c.entries(&cluster_label(&home)).await, 0.0);
+    assert_eq!(c.applied().await, 0.0);
+}
+
+#[tokio::test]
+async fn a_reload_that_adds_shared_index_starts_sharing() {
+    let bed = Testbed::start("reload").await;
+    let alone = bed
+        .shared_yaml
+        .lines()
+        .filter(|line| !line.contains("shared_index"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let a = bed.replica("a").await;
+    let b = Replica::start(&bed.dir, "b", &format!("{alone}\n")).await;
+    let mut before = Conversation::new("wombat");
+    let home = before.turn(&a, "hello").await.engine();
+    // b does not share yet, and keys under a seed of its own.
+    assert_eq!(b.entries(&cluster_label(&home)).await, 0.0);
+
+    b.reload(&bed.shared_yaml).await;
+    // Sharing started: b replays what a published before, now under the same seed.
+    eventually("b replays the stream", || async {
+        b.entries(&cluster_label(&home)).await > 0.0
+    })
+    .await;
+    bed.weigh_down(&home, &b).await;
+    assert_eq!(before.turn(&b, "and then?").await.engine(), home);
+}
+
+#[tokio::test]
+async fn redis_holds_keys_and_no_prompt_text() {
+    let bed = Testbed::start("no-text").await;
+    let (a, b) = (bed.replica("a").await, bed.replica("b").await);
+    let mut conversation = Conversation::new("ocelot");
+    let home = conversation
+        .turn(&a, "what about the narwhal?")
+        .await
+        .engine();
+    eventually("b learns the first turn", || async {
+        b.entries(&cluster_label(&home)).await > 0.0
+    })
+    .await;
+    let (values, keys) = bed.redis_contents("no-text").await;
+    assert_eq!(keys, [stream_key("no-text")]);
+    assert!(!values.is_empty());
+    for value in &values {
+        let event = SharedEvent::decode(value).unwrap();
+        assert!(!event.keys.is_empty());
+        let text = String::from_utf8_lossy(value).to_lowercase();
+        for word in [
+            "ocelot",
+            "narwhal",
+            "rule",
+            "answer",
+            "precisely",
+            "hello",
+            "demo-model",
+            "system",
+            "user",
+        ] {
+            assert!(!text.contains(word), "Redis holds {word:?}");
+        }
+    }
+}
