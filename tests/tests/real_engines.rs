@@ -95,10 +95,7 @@ struct Engine {
 impl Engine {
     async fn start(name: &str) -> Self {
         let server = setup_file("GRID_ROUTE_LLAMA_SERVER", "bin/llama-server");
-        let model = setup_file(
-            "GRID_ROUTE_LLAMA_MODEL",
-            "SmolLM2-135M-Instruct.Q4_1.gguf",
-        );
+        let model = setup_file("GRID_ROUTE_LLAMA_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf");
         // The port is free when asked for; llama-server binds it moments later.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -232,7 +229,11 @@ impl TwoSites {
                 ran.push(*site);
             }
         }
-        assert_eq!(ran.len(), 1, "expected one engine to run {path}, got {ran:?}");
+        assert_eq!(
+            ran.len(),
+            1,
+            "expected one engine to run {path}, got {ran:?}"
+        );
         (answer, ran[0])
     }
 }
@@ -421,7 +422,10 @@ async fn assert_streams_through_whole(path: &str, body: Value) {
     streaming["stream"] = json!(true);
     let streamed = sites.post(path, &streaming).await;
     let streamed_text = streamed_text(path, &streamed.events());
-    assert_eq!(streamed_text, whole_text, "{path}: the stream carried other text");
+    assert_eq!(
+        streamed_text, whole_text,
+        "{path}: the stream carried other text"
+    );
 }
 
 // ---- tests --------------------------------------------------------------------------
