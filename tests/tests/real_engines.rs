@@ -17,6 +17,9 @@
 //! (what the setup prints), else the files in the setup's default cache. A missing one
 //! fails the test, naming that command: with the feature on, these tests never pass
 //! without running.
+//!
+//! Each engine writes its log to `grid-route-llama-<pid>-<site>-<port>.log` in the
+//! temporary folder, kept when its test fails.
 
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
@@ -106,6 +109,7 @@ impl Engine {
             "grid-route-llama-{}-{name}-{port}.log",
             std::process::id()
         ));
+        let log_file = std::fs::File::create(&log).unwrap();
         let process = tokio::process::Command::new(&server)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .arg("--model")
@@ -116,8 +120,8 @@ impl Engine {
             .args(["--threads", "1", "--threads-batch", "1", "--parallel", "1"])
             .args(["--ctx-size", "4096", "--seed", "7"])
             .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", server.display()));
@@ -160,6 +164,15 @@ impl Engine {
             .trim()
             .parse()
             .unwrap()
+    }
+}
+
+impl Drop for Engine {
+    /// Keeps the engine's log only when a test failed, to read after it.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }
 
