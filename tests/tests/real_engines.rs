@@ -465,6 +465,8 @@ async fn a_follow_up_turn_stays_on_its_site_and_the_engine_serves_it_from_cache(
         .post_and_locate("/v1/chat/completions", &second_body)
         .await;
     assert_eq!(second_site, first_site, "the follow-up left its site");
+    // This llama-server reports `usage.prompt_tokens_details.cached_tokens` and keeps a
+    // slot's prompt for the next request by default (`cache_prompt: true`): nothing to ask.
     let usage = &second.json()["usage"];
     let cached = usage["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
