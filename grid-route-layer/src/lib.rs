@@ -11,6 +11,7 @@
 //! PinLayer       -> Pinned      (pin)
 //! ConfirmLayer   2xx confirms, 429/5xx/failed connection drops   (confirm)
 //! AffinityLayer  -> Candidates  (affinity)
+//! FeedbackLayer  engine-reported prompt and cached tokens, per cluster   (feedback)
 //! Select         -> Served      (select: the default balancer, or your own)
 //! ```
 //!
@@ -22,6 +23,7 @@ pub mod affinity;
 pub mod answer;
 pub mod config;
 pub mod confirm;
+pub mod feedback;
 pub mod grid;
 pub mod index;
 pub mod keying;

@@ -911,6 +911,63 @@ async fn models_are_the_union_over_the_admitted_clusters() {
     assert_eq!(ids, ["alpha", "beta", "gamma"]);
 }
 
+/// The value of the sample `series` (name and labels) on the admin port; 0 when absent.
+async fn scraped(gateway: &Gateway, series: &str) -> u64 {
+    let text = get(format!("{}/metrics", gateway.admin_url())).await.text();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0, |value| value.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn the_engines_prompt_and_cached_tokens_are_counted_per_cluster() {
+    // A site of its own: no other test of this binary counts under its labels.
+    let engine = engine("usage-a").await;
+    let yaml = config_yaml(&[("usage", vec![cluster("usage-a", &[&engine])])], "");
+    let gateway = gateway(&yaml).await;
+    let mut conversation = Conversation::new("usage", 9 * 1024);
+    assert_eq!(
+        conversation.turn(&gateway, "hello").await.status,
+        StatusCode::OK
+    );
+    // A streamed follow-up reports its usage in the last chunk before [DONE].
+    let mut streamed: Value = serde_json::from_slice(&conversation.ask("again")).unwrap();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let answer = post(&gateway, "/v1/chat/completions", streamed.to_string()).await;
+    assert!(answer.text().ends_with("data: [DONE]\n\n"));
+    let system = text("usage", 9 * 1024);
+    let anthropic = json!({"model": MODEL, "max_tokens": 8, "stream": true, "system": system,
+        "messages": [{"role": "user", "content": "hello"}]});
+    assert_eq!(
+        post(&gateway, "/v1/messages", anthropic.to_string())
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let responses = json!({"model": MODEL, "instructions": system, "input": "hello",
+        "store": false});
+    assert_eq!(
+        post(&gateway, "/v1/responses", responses.to_string())
+            .await
+            .status,
+        StatusCode::OK
+    );
+
+    // Every answer's usage was read, whatever its API and framing: the counters hold what
+    // the engine itself tallied.
+    let stats = engine.stats();
+    let labels = r#"{site="usage",cluster="usage-a"}"#;
+    let prompt = scraped(&gateway, &format!("grid_route_prompt_tokens_total{labels}")).await;
+    let cached = scraped(
+        &gateway,
+        &format!("grid_route_cached_prompt_tokens_total{labels}"),
+    )
+    .await;
+    assert_eq!((prompt, cached), (stats.prompt_tokens, stats.cached_tokens));
+    assert!(cached > 0 && cached < prompt, "{cached} of {prompt}");
+}
+
 #[tokio::test]
 async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
     let (_east, _west, gateway) = two_sites().await;
@@ -930,6 +987,8 @@ async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
         "grid_route_prefix_affinity_total",
         "grid_route_pin_total",
         "grid_route_decisions_total",
+        "grid_route_prompt_tokens_total",
+        "grid_route_cached_prompt_tokens_total",
         "grid_route_keying_seconds",
         "grid_route_keys_per_request",
         "grid_route_index_entries",

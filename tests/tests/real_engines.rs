@@ -39,7 +39,7 @@ use serde_json::{Value, json};
 
 /// The name the engines serve the model under (`--alias`) and the clusters list.
 const MODEL: &str = "smollm2";
-/// The sites, each one cluster `<site>-a` of one engine.
+/// The sites of most tests, each one cluster `<site>-a` of one engine.
 const SITES: [&str; 2] = ["east", "west"];
 /// Generous for loading a 100 MB model on a busy 2-core machine.
 const ENGINE_START: Duration = Duration::from_secs(120);
@@ -178,14 +178,21 @@ impl Drop for Engine {
 
 /// Two engines, one per site, and the gateway in front of them.
 struct TwoSites {
+    sites: [&'static str; 2],
     engines: Vec<Engine>,
     gateway: Gateway,
 }
 
 impl TwoSites {
     async fn start() -> Self {
+        Self::start_as(SITES).await
+    }
+
+    /// With sites named `sites`: the gateway's counters are per process, so a test that
+    /// reads them names its sites apart from the others'.
+    async fn start_as(sites: [&'static str; 2]) -> Self {
         let mut engines = Vec::new();
-        for site in SITES {
+        for site in sites {
             engines.push(Engine::start(site).await);
         }
         let mut yaml = String::from(
@@ -194,7 +201,7 @@ impl TwoSites {
              window_secs: 2 }\n\
              grid_site_route: { prefix_affinity: { exploration: 0.0 } }\nsites:\n",
         );
-        for (site, engine) in SITES.iter().zip(&engines) {
+        for (site, engine) in sites.iter().zip(&engines) {
             let _ = writeln!(
                 yaml,
                 "  - {{ name: {site}, clusters: [{{ name: {site}-a, models: [{MODEL}], \
@@ -219,7 +226,11 @@ impl TwoSites {
             assert!(now < deadline, "the gateway never read the engines' queues");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Self { engines, gateway }
+        Self {
+            sites,
+            engines,
+            gateway,
+        }
     }
 
     async fn post(&self, path: &str, body: &Value) -> Answer {
@@ -237,7 +248,7 @@ impl TwoSites {
         }
         let answer = self.post(path, body).await;
         let mut ran = Vec::new();
-        for ((site, engine), before) in SITES.iter().zip(&self.engines).zip(before) {
+        for ((site, engine), before) in self.sites.iter().zip(&self.engines).zip(before) {
             if engine.metric("n_decode_total").await > before {
                 ran.push(*site);
             }
@@ -445,7 +456,7 @@ async fn assert_streams_through_whole(path: &str, body: Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follow_up_turn_stays_on_its_site_and_the_engine_serves_it_from_cache() {
-    let sites = TwoSites::start().await;
+    let sites = TwoSites::start_as(["sticky-east", "sticky-west"]).await;
     let mut messages = vec![
         json!({"role": "system", "content": system_prompt("astronomy", 3000)}),
         json!({"role": "user", "content": "Name one planet."}),
@@ -476,6 +487,30 @@ async fn a_follow_up_turn_stays_on_its_site_and_the_engine_serves_it_from_cache(
         cached * 10 >= first_prompt_tokens * 9,
         "{cached} of the first turn's {first_prompt_tokens} prompt tokens cached: {usage}"
     );
+
+    // The gateway read both answers' usage: its counters for the site hold both turns.
+    let prompt_tokens = first_prompt_tokens + usage["prompt_tokens"].as_u64().unwrap();
+    let labels = format!(r#"{{site="{first_site}",cluster="{first_site}-a"}}"#);
+    let scrape = send(
+        Method::GET,
+        &format!("{}/metrics", sites.gateway.admin_url()),
+        "",
+    )
+    .await
+    .text();
+    let counted = |name: &str| -> u64 {
+        let series = format!("{name}{labels} ");
+        scrape
+            .lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .unwrap_or_else(|| panic!("no {series} in {scrape}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(counted("grid_route_prompt_tokens_total"), prompt_tokens);
+    // The first turn found nothing cached: the engines were fresh.
+    assert_eq!(counted("grid_route_cached_prompt_tokens_total"), cached);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
