@@ -9,7 +9,7 @@
 //! AffinityLayer   the sticky set, or every admitted candidate -> Candidates, Outcome
 //! RouteNoteLayer  Outcome / Pinned onto the response, for the request log
 //! FeedbackLayer   the engines' usage of 2xx answers -> prompt / cached token counters
-//! Select          least windowed-worst queue among Candidates -> Served
+//! Select          least loaded among Candidates (queue [+ in flight]) -> Served
 //!   per cluster:  Buffer(p2c Balance over one Endpoint each)  (see upstream)
 //! ```
 
