@@ -26,7 +26,8 @@
 //!   upstream_idle_secs: 120     # between two chunks of an answer: the stream is aborted
 //! retries: { max_attempts: 3 }  # only requests that never reached an engine
 //! outlier: { consecutive_failures: 5, ejection_secs: 30 }
-//! queue: { metric: "vllm:num_requests_waiting", poll_interval_ms: 500, window_secs: 10 }
+//! queue: { metric: "vllm:num_requests_waiting", poll_interval_ms: 500, window_secs: 10,
+//!          count_in_flight: false }
 //! sites:
 //!   - name: east
 //!     clusters:
@@ -182,6 +183,9 @@ pub struct QueueConfig {
     pub poll_interval_ms: u64,
     /// How far back the windowed worst queue depth looks. Default 10 s.
     pub window_secs: u64,
+    /// Whether a cluster's load also counts this gateway's requests to it that have not
+    /// answered yet: `queue depth + in flight` instead of `queue depth`. Default `false`.
+    pub count_in_flight: bool,
 }
 
 impl Default for QueueConfig {
@@ -190,6 +194,7 @@ impl Default for QueueConfig {
             metric: VLLM_QUEUE_METRIC.to_owned(),
             poll_interval_ms: 500,
             window_secs: GridSettings::DEFAULT_QUEUE_WINDOW.as_secs(),
+            count_in_flight: false,
         }
     }
 }
@@ -560,6 +565,7 @@ impl GatewayConfig {
                 .clone()
                 .or_else(|| self.sites.first().map(|site| site.name.clone())),
             queue_window: Duration::from_secs(self.queue.window_secs),
+            count_in_flight: self.queue.count_in_flight,
         };
         // The grid validates itself; building a throwaway one checks without applying.
         Grid::new(&grid_spec, grid_settings.clone()).map_err(ConfigError::Grid)?;
@@ -923,6 +929,7 @@ sites:
         assert_eq!(config.queue.metric, "vllm:num_requests_waiting");
         assert_eq!(config.queue.poll_interval_ms, 500);
         assert_eq!(config.queue.window_secs, 10);
+        assert!(!config.queue.count_in_flight);
         assert!(config.sites[0].clusters[0].admit);
         let p = &config.grid_site_route.prefix_affinity;
         assert!(p.enabled);
@@ -937,6 +944,16 @@ sites:
         assert_eq!(checked.grid_settings.local_site.as_deref(), Some("east"));
         assert_eq!(checked.poll_interval, Duration::from_millis(500));
         assert!(checked.tag_key.is_none());
+        assert!(!checked.grid_settings.count_in_flight);
+    }
+
+    #[test]
+    fn count_in_flight_reaches_the_grid_settings() {
+        let config =
+            GatewayConfig::from_yaml(&format!("{MINIMAL}queue: {{ count_in_flight: true }}\n"))
+                .unwrap();
+        assert!(config.queue.count_in_flight);
+        assert!(config.validate().unwrap().grid_settings.count_in_flight);
     }
 
     #[test]

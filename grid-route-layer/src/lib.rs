@@ -11,6 +11,7 @@
 //! PinLayer       -> Pinned      (pin)
 //! ConfirmLayer   2xx confirms, 429/5xx/failed connection drops   (confirm)
 //! AffinityLayer  -> Candidates  (affinity)
+//! FeedbackLayer  engine-reported prompt and cached tokens, per cluster   (feedback)
 //! Select         -> Served      (select: the default balancer, or your own)
 //! ```
 //!
@@ -45,6 +46,7 @@ pub mod affinity;
 pub mod answer;
 pub mod config;
 pub mod confirm;
+pub mod feedback;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -9,6 +9,8 @@
 //! | `grid_route_prefix_affinity_total` | counter | `outcome` | `AffinityLayer` |
 //! | `grid_route_pin_total` | counter | `outcome` | `PinLayer` |
 //! | `grid_route_decisions_total` | counter | `site`, `cluster` | `Select` |
+//! | `grid_route_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
+//! | `grid_route_cached_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_keying_seconds` | histogram | | `KeyingLayer` |
 //! | `grid_route_keys_per_request` | histogram | | `KeyingLayer` |
 //! | `grid_route_index_entries` | gauge | `cluster` | [`record_grid_gauges`] |
@@ -41,6 +43,10 @@ pub const PREFIX_AFFINITY_TOTAL: &str = "grid_route_prefix_affinity_total";
 pub const PIN_TOTAL: &str = "grid_route_pin_total";
 /// Requests dispatched, by site and cluster.
 pub const DECISIONS_TOTAL: &str = "grid_route_decisions_total";
+/// Prompt tokens of 2xx answers, as the engines counted them, by site and cluster.
+pub const PROMPT_TOKENS_TOTAL: &str = "grid_route_prompt_tokens_total";
+/// The part of [`PROMPT_TOKENS_TOTAL`] the engines served from their cache.
+pub const CACHED_PROMPT_TOKENS_TOTAL: &str = "grid_route_cached_prompt_tokens_total";
 /// Time spent keying a request body, in seconds.
 pub const KEYING_SECONDS: &str = "grid_route_keying_seconds";
 /// Prefix keys per keyed request.
@@ -97,6 +103,18 @@ pub fn describe_metrics() {
         DECISIONS_TOTAL,
         Unit::Count,
         "Requests dispatched to each backend cluster by this replica."
+    );
+    metrics::describe_counter!(
+        PROMPT_TOKENS_TOTAL,
+        Unit::Count,
+        "Prompt tokens of the 2xx answers of each backend cluster, as its engines reported \
+         them in the answers' usage."
+    );
+    metrics::describe_counter!(
+        CACHED_PROMPT_TOKENS_TOTAL,
+        Unit::Count,
+        "Prompt tokens of the 2xx answers of each backend cluster that its engines reported \
+         serving from their prefix cache."
     );
     metrics::describe_histogram!(
         KEYING_SECONDS,

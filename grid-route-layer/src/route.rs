@@ -12,7 +12,7 @@
 //! | [`Pinned`] | request extension | [`PinLayer`] | [`AffinityLayer`], [`Select`] |
 //! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
 //! | [`Outcome`] | request extension | [`AffinityLayer`], when it counted a decision | the gateway (its request log) |
-//! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], [`PinLayer`] |
+//! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], [`PinLayer`], [`FeedbackLayer`] |
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
 //! | [`NoCandidate`] | error | [`Select`] | the gateway (404 when no cluster serves the model, else 503) |
 //!
@@ -20,6 +20,7 @@
 //! [`AffinityLayer`]: crate::affinity::AffinityLayer
 //! [`PinLayer`]: crate::pin::PinLayer
 //! [`ConfirmLayer`]: crate::confirm::ConfirmLayer
+//! [`FeedbackLayer`]: crate::feedback::FeedbackLayer
 //! [`Outcome`]: crate::affinity::Outcome
 //! [`Select`]: crate::select::Select
 

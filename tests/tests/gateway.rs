@@ -442,6 +442,111 @@ async fn an_unmeasured_site_gives_way_to_a_measured_one() {
     assert!(view.cluster(&cluster_id(&gateway, &home)).unwrap().admits());
 }
 
+// ---- our own in-flight load (queue.count_in_flight) ----------------------------------
+
+/// Two sites of slow engines (about 2 s an answer) behind a gateway that reads their
+/// queues once, at start, and then not for ten minutes: every decision of a test is made
+/// between the same two polls. West's engine reports one request waiting.
+async fn two_slow_sites_read_once(count_in_flight: bool) -> (MockEngine, MockEngine, Gateway) {
+    let slow = |name: &str| MockEngineConfig {
+        models: vec![MODEL.to_owned()],
+        prefill_tokens_per_second: 50_000_000,
+        decode_delay_per_token: Duration::from_millis(300),
+        ..MockEngineConfig::named(name)
+    };
+    let east = MockEngine::start("127.0.0.1:0", slow("east-a"))
+        .await
+        .unwrap();
+    let west = MockEngine::start("127.0.0.1:0", slow("west-a"))
+        .await
+        .unwrap();
+    set_queue(&west, 1).await;
+    let yaml = config_yaml(
+        &[
+            ("east", vec![cluster("east-a", &[&east])]),
+            ("west", vec![cluster("west-a", &[&west])]),
+        ],
+        "",
+    )
+    .replace(
+        "queue: { poll_interval_ms: 20, window_secs: 1 }",
+        &format!(
+            "queue: {{ poll_interval_ms: 600000, window_secs: 1200, \
+             count_in_flight: {count_in_flight} }}"
+        ),
+    );
+    let gateway = gateway(&yaml).await;
+    assert_eq!(queue_depth(&gateway, "west-a"), 1.0);
+    (east, west, gateway)
+}
+
+/// Sends `bodies` to the chat endpoint all at once; returns how many each engine answered.
+async fn burst(gateway: &Gateway, bodies: Vec<Vec<u8>>) -> BTreeMap<String, usize> {
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut sent = tokio::task::JoinSet::new();
+    for body in bodies {
+        let url = url.clone();
+        sent.spawn(async move { send(Method::POST, &url, Some("application/json"), body).await });
+    }
+    let mut seen = BTreeMap::new();
+    while let Some(answer) = sent.join_next().await {
+        let answer = answer.unwrap();
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+        *seen.entry(answer.engine()).or_default() += 1;
+    }
+    seen
+}
+
+fn distinct_chats(n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| chat(&format!("question {i} about something else entirely")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_burst_between_two_polls_piles_onto_the_lightest_queue() {
+    let (_east, _west, gateway) = two_slow_sites_read_once(false).await;
+    let seen = burst(&gateway, distinct_chats(4)).await;
+    assert_eq!(seen, BTreeMap::from([("east-a".to_owned(), 4)]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_in_flight_a_burst_between_two_polls_spreads_over_the_sites() {
+    let (_east, _west, gateway) = two_slow_sites_read_once(true).await;
+    let seen = burst(&gateway, distinct_chats(4)).await;
+    // Loads east|west: 0|1, 1|1 (tie: fewer in flight), 1|2, 2|2 (tie again).
+    assert_eq!(
+        seen,
+        BTreeMap::from([("east-a".to_owned(), 2), ("west-a".to_owned(), 2)])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_in_flight_a_burst_of_follow_ups_spills_past_the_sticky_site() {
+    for (count_in_flight, spills) in [(false, false), (true, true)] {
+        let (_east, _west, gateway) = two_slow_sites_read_once(count_in_flight).await;
+        let mut conversation = Conversation::new("burst", 9 * 1024);
+        let home = conversation.turn(&gateway, "hello there").await.engine();
+        let follow_ups = (0..4)
+            .map(|i| {
+                let mut next = Conversation {
+                    messages: conversation.messages.clone(),
+                };
+                next.ask(&format!("follow-up {i}"))
+            })
+            .collect();
+        let seen = burst(&gateway, follow_ups).await;
+        if spills {
+            // Each follow-up in flight at home weighs a whole queued request against a
+            // 9 KiB match worth about a tenth of one.
+            assert_eq!(seen.len(), 2, "{seen:?}");
+            assert!(seen.values().all(|&n| n >= 1), "{seen:?}");
+        } else {
+            assert_eq!(seen, BTreeMap::from([(home.clone(), 4)]));
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_5xx_or_a_429_answer_drops_the_prompt_from_its_cluster() {
     let (east, west, gateway) = two_sites().await;
@@ -940,6 +1045,63 @@ async fn models_are_the_union_over_the_admitted_clusters() {
     assert_eq!(ids, ["alpha", "beta", "gamma"]);
 }
 
+/// The value of the sample `series` (name and labels) on the admin port; 0 when absent.
+async fn scraped(gateway: &Gateway, series: &str) -> u64 {
+    let text = get(format!("{}/metrics", gateway.admin_url())).await.text();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0, |value| value.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn the_engines_prompt_and_cached_tokens_are_counted_per_cluster() {
+    // A site of its own: no other test of this binary counts under its labels.
+    let engine = engine("usage-a").await;
+    let yaml = config_yaml(&[("usage", vec![cluster("usage-a", &[&engine])])], "");
+    let gateway = gateway(&yaml).await;
+    let mut conversation = Conversation::new("usage", 9 * 1024);
+    assert_eq!(
+        conversation.turn(&gateway, "hello").await.status,
+        StatusCode::OK
+    );
+    // A streamed follow-up reports its usage in the last chunk before [DONE].
+    let mut streamed: Value = serde_json::from_slice(&conversation.ask("again")).unwrap();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let answer = post(&gateway, "/v1/chat/completions", streamed.to_string()).await;
+    assert!(answer.text().ends_with("data: [DONE]\n\n"));
+    let system = text("usage", 9 * 1024);
+    let anthropic = json!({"model": MODEL, "max_tokens": 8, "stream": true, "system": system,
+        "messages": [{"role": "user", "content": "hello"}]});
+    assert_eq!(
+        post(&gateway, "/v1/messages", anthropic.to_string())
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let responses = json!({"model": MODEL, "instructions": system, "input": "hello",
+        "store": false});
+    assert_eq!(
+        post(&gateway, "/v1/responses", responses.to_string())
+            .await
+            .status,
+        StatusCode::OK
+    );
+
+    // Every answer's usage was read, whatever its API and framing: the counters hold what
+    // the engine itself tallied.
+    let stats = engine.stats();
+    let labels = r#"{site="usage",cluster="usage-a"}"#;
+    let prompt = scraped(&gateway, &format!("grid_route_prompt_tokens_total{labels}")).await;
+    let cached = scraped(
+        &gateway,
+        &format!("grid_route_cached_prompt_tokens_total{labels}"),
+    )
+    .await;
+    assert_eq!((prompt, cached), (stats.prompt_tokens, stats.cached_tokens));
+    assert!(cached > 0 && cached < prompt, "{cached} of {prompt}");
+}
+
 #[tokio::test]
 async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
     let (_east, _west, gateway) = two_sites().await;
@@ -959,6 +1121,8 @@ async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
         "grid_route_prefix_affinity_total",
         "grid_route_pin_total",
         "grid_route_decisions_total",
+        "grid_route_prompt_tokens_total",
+        "grid_route_cached_prompt_tokens_total",
         "grid_route_keying_seconds",
         "grid_route_keys_per_request",
         "grid_route_index_entries",

@@ -12,8 +12,9 @@
 //! ConfirmLayer    2xx confirms, 429/5xx/failed connection drops
 //! AffinityLayer   the sticky set, or every admitted candidate -> Candidates, Outcome
 //! RouteNoteLayer  Outcome / Pinned onto the response, for the request log
+//! FeedbackLayer   the engines' usage of 2xx answers -> prompt / cached token counters
 //! RetryLayer      connect failures -> the next candidate, up to retries.max_attempts
-//! Select          least windowed-worst queue among Candidates -> Served
+//! Select          least loaded among Candidates (queue [+ in flight]) -> Served
 //!   per cluster:  Buffer(p2c Balance over one Endpoint each)  (see upstream)
 //! ```
 
@@ -30,6 +31,7 @@ use axum::response::{IntoResponse, Response};
 use grid_route_layer::affinity::{Affinity, AffinityLayer, Outcome};
 use grid_route_layer::answer::ErrorAnswer;
 use grid_route_layer::confirm::ConfirmLayer;
+use grid_route_layer::feedback::FeedbackLayer;
 use grid_route_layer::grid::{Cluster, Grid};
 use grid_route_layer::keying::{Api, KeySeed, KeyingLayer};
 use grid_route_layer::pin::{PinKeys, PinLayer, is_stored_state_api};
@@ -96,6 +98,7 @@ pub(crate) fn routing_stack(parts: &StackParts<'_>) -> Routing {
             parts.affinity.clone(),
         ))
         .layer(RouteNoteLayer)
+        .layer(FeedbackLayer::new())
         .map_request(to_engine_body)
         .layer(RetryLayer::new(
             parts.grid.clone(),

@@ -83,8 +83,9 @@ impl Narrowing {
 }
 
 /// Steps 2 to 4 of the affinity rule for a keyed request with at least two candidates:
-/// `depths[i]` is candidate `i`'s depth for `keys`, `queue(i)` its windowed worst queue
-/// depth (read only when the load gate needs it).
+/// `depths[i]` is candidate `i`'s depth for `keys`, `queue(i)` its load in queued requests
+/// (read only when the load gate needs it; [`Affinity::decide`] passes the cluster's
+/// [`routing_load`](crate::grid::ClusterLoad::routing_load)).
 ///
 /// - `deepest` is the largest depth. It is a match worth sticking to when it covers at
 ///   least [`STICKY_MATCH_BYTES`] or at least `threshold` of the bytes the keys cover —
@@ -196,7 +197,7 @@ impl Affinity {
             .index
             .depths(candidates.iter().map(|c| c.id()), keys.as_slice(), now);
         let narrowing = narrow(&settings, keys, &depths, |i| {
-            candidates[i].load().queue_depth(now)
+            candidates[i].load().routing_load(now)
         });
         let mut depth = depths.iter();
         candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));

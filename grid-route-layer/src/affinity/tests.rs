@@ -32,7 +32,11 @@ fn settings(config: &PrefixAffinityConfig) -> AffinitySettings {
 }
 
 fn fixture(sites: &[(&str, &[&str])]) -> Fixture {
-    let grid = Grid::new(&grid_spec(sites), GridSettings::default()).unwrap();
+    fixture_with(sites, GridSettings::default())
+}
+
+fn fixture_with(sites: &[(&str, &[&str])], settings: GridSettings) -> Fixture {
+    let grid = Grid::new(&grid_spec(sites), settings).unwrap();
     let index = Arc::new(PrefixIndex::new(
         IndexSettings::default(),
         grid.view().cluster_ids(),
@@ -164,6 +168,31 @@ fn a_400_block_match_keeps_its_site_one_queued_request_heavier() {
     // Two queued requests heavier is more than it saves.
     f.set_queue("east-a", Some(2.0));
     assert_eq!(f.decide(&next).outcome(), Some(Outcome::LoadOverride));
+}
+
+#[test]
+fn counting_in_flight_the_holders_unanswered_requests_outweigh_a_match() {
+    let counting = GridSettings {
+        count_in_flight: true,
+        ..GridSettings::default()
+    };
+    for (settings, sent, outcome) in [
+        // The engines' queues alone do not see what was sent since the last poll.
+        (GridSettings::default(), 2, Outcome::Sticky),
+        // A 40-block match is worth about a tenth of a queued request: one in flight at
+        // the holder outweighs it.
+        (counting.clone(), 1, Outcome::LoadOverride),
+        (counting, 0, Outcome::Sticky),
+    ] {
+        let f = fixture_with(&[("east", &["east-a"]), ("west", &["west-a"])], settings);
+        let (first, next) = turn_and_follow_up(&f, 40 * 256);
+        f.confirm("east-a", &first);
+        f.set_queue("east-a", Some(0.0));
+        f.set_queue("west-a", Some(0.0));
+        let holder = f.cluster("east-a");
+        let _in_flight: Vec<_> = (0..sent).map(|_| holder.load().start_request()).collect();
+        assert_eq!(f.decide(&next).outcome(), Some(outcome), "{sent} in flight");
+    }
 }
 
 #[test]

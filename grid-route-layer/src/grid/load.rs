@@ -1,5 +1,7 @@
 //! A cluster's live load: windowed worst queue depth, endpoint health, requests in flight.
 
+use super::GridSettings;
+
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -21,8 +23,16 @@ use std::time::{Duration, Instant};
 /// unmeasured, and makes the cluster's depth `f64::INFINITY`: a cluster the gateway cannot
 /// see is never preferred to one it can. Unhealthy endpoints do not count (their engines
 /// take no traffic); a cluster with none healthy reads `f64::INFINITY` too.
+///
+/// # Routing load
+///
+/// What selection and the affinity load gate compare is
+/// [`routing_load`](Self::routing_load): the queue depth alone, or with
+/// [`GridSettings::count_in_flight`] the queue depth plus this replica's requests in
+/// flight, which grows the moment a request is sent rather than at the next poll.
 pub struct ClusterLoad {
     window: Duration,
+    count_in_flight: bool,
     in_flight: Arc<AtomicUsize>,
     /// In the cluster's endpoint order.
     endpoints: Box<[Arc<EndpointLoad>]>,
@@ -36,9 +46,10 @@ pub(super) struct EndpointLoad {
 
 impl ClusterLoad {
     /// A cluster load with no sample yet (unmeasured), every endpoint healthy.
-    pub(super) fn new(endpoints: &[Arc<str>], window: Duration) -> Self {
+    pub(super) fn new(endpoints: &[Arc<str>], settings: &GridSettings) -> Self {
         Self {
-            window,
+            window: settings.queue_window,
+            count_in_flight: settings.count_in_flight,
             in_flight: Arc::new(AtomicUsize::new(0)),
             endpoints: endpoints
                 .iter()
@@ -49,9 +60,10 @@ impl ClusterLoad {
 
     /// The load of a reconfigured cluster: the in-flight count and the state of endpoints
     /// that stay (matched by URL) carry over; new endpoints start healthy and unmeasured.
-    pub(super) fn carried_over(&self, endpoints: &[Arc<str>], window: Duration) -> Self {
+    pub(super) fn carried_over(&self, endpoints: &[Arc<str>], settings: &GridSettings) -> Self {
         Self {
-            window,
+            window: settings.queue_window,
+            count_in_flight: settings.count_in_flight,
             in_flight: Arc::clone(&self.in_flight),
             endpoints: endpoints
                 .iter()
@@ -98,6 +110,32 @@ impl ClusterLoad {
         } else {
             worst
         }
+    }
+
+    /// The load that selection and the affinity load gate compare at `now`:
+    ///
+    /// ```text
+    /// routing_load = queue_depth(now)                        count_in_flight: false
+    /// routing_load = queue_depth(now) + in_flight()          count_in_flight: true
+    /// ```
+    ///
+    /// Both terms count requests: the engines' waiting requests (the worst of the window)
+    /// and this replica's requests that have not had their answer's head. The second can
+    /// count a request twice once the engine reports it waiting, which errs towards
+    /// spreading; it is what stops a burst piling onto one cluster between two polls.
+    /// `f64::INFINITY` when unmeasured, either way.
+    pub fn routing_load(&self, now: Instant) -> f64 {
+        let queue = self.queue_depth(now);
+        if self.count_in_flight {
+            queue + self.in_flight() as f64
+        } else {
+            queue
+        }
+    }
+
+    /// Whether [`routing_load`](Self::routing_load) counts requests in flight.
+    pub fn counts_in_flight(&self) -> bool {
+        self.count_in_flight
     }
 
     /// The window queue samples count for.
@@ -148,6 +186,7 @@ impl fmt::Debug for ClusterLoad {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClusterLoad")
             .field("window", &self.window)
+            .field("count_in_flight", &self.count_in_flight)
             .field("in_flight", &self.in_flight())
             .field("endpoints", &self.endpoints)
             .finish()
@@ -258,15 +297,22 @@ mod tests {
         Duration::from_secs(s)
     }
 
+    fn settings(queue_window: Duration) -> GridSettings {
+        GridSettings {
+            queue_window,
+            ..GridSettings::default()
+        }
+    }
+
     #[test]
     fn a_cluster_without_samples_is_unmeasured() {
-        let load = ClusterLoad::new(&urls(2), WINDOW);
+        let load = ClusterLoad::new(&urls(2), &settings(WINDOW));
         assert_eq!(load.queue_depth(Instant::now()), f64::INFINITY);
     }
 
     #[test]
     fn the_depth_is_the_worst_sample_of_the_window_over_all_endpoints() {
-        let load = ClusterLoad::new(&urls(2), WINDOW);
+        let load = ClusterLoad::new(&urls(2), &settings(WINDOW));
         let t0 = Instant::now();
         load.record_queue("http://e0", Some(7.0), t0);
         load.record_queue("http://e0", Some(2.0), t0 + secs(1));
@@ -278,7 +324,7 @@ mod tests {
 
     #[test]
     fn samples_age_out_of_the_window() {
-        let load = ClusterLoad::new(&urls(1), WINDOW);
+        let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
         let t0 = Instant::now();
         load.record_queue("http://e0", Some(8.0), t0);
         load.record_queue("http://e0", Some(1.0), t0 + secs(5));
@@ -291,13 +337,13 @@ mod tests {
 
     #[test]
     fn an_unreadable_endpoint_makes_the_cluster_unmeasured() {
-        let load = ClusterLoad::new(&urls(2), WINDOW);
+        let load = ClusterLoad::new(&urls(2), &settings(WINDOW));
         let t0 = Instant::now();
         load.record_queue("http://e0", Some(1.0), t0);
         load.record_queue("http://e1", None, t0);
         assert_eq!(load.queue_depth(t0), f64::INFINITY);
         for bad in [f64::NAN, -1.0, f64::INFINITY] {
-            let one = ClusterLoad::new(&urls(1), WINDOW);
+            let one = ClusterLoad::new(&urls(1), &settings(WINDOW));
             one.record_queue("http://e0", Some(bad), t0);
             assert_eq!(one.queue_depth(t0), f64::INFINITY, "{bad}");
         }
@@ -305,7 +351,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_poll_keeps_the_readable_samples_of_the_window() {
-        let load = ClusterLoad::new(&urls(1), WINDOW);
+        let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
         let t0 = Instant::now();
         load.record_queue("http://e0", Some(4.0), t0);
         load.record_queue("http://e0", None, t0 + secs(1));
@@ -314,7 +360,7 @@ mod tests {
 
     #[test]
     fn unhealthy_endpoints_do_not_count_and_none_healthy_is_unmeasured() {
-        let load = ClusterLoad::new(&urls(2), WINDOW);
+        let load = ClusterLoad::new(&urls(2), &settings(WINDOW));
         let t0 = Instant::now();
         load.record_queue("http://e0", Some(2.0), t0);
         assert!(load.set_endpoint_healthy("http://e1", false));
@@ -329,7 +375,7 @@ mod tests {
 
     #[test]
     fn a_late_sample_counts_as_taken_at_the_latest_time() {
-        let load = ClusterLoad::new(&urls(1), WINDOW);
+        let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
         let t0 = Instant::now();
         load.record_queue("http://e0", Some(1.0), t0 + secs(5));
         load.record_queue("http://e0", Some(6.0), t0);
@@ -339,25 +385,54 @@ mod tests {
 
     #[test]
     fn in_flight_counts_until_the_guard_drops() {
-        let load = ClusterLoad::new(&urls(1), WINDOW);
+        let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
         let a = load.start_request();
         let b = load.start_request();
         assert_eq!(load.in_flight(), 2);
         drop(a);
         assert_eq!(load.in_flight(), 1);
-        let carried = load.carried_over(&urls(1), WINDOW);
+        let carried = load.carried_over(&urls(1), &settings(WINDOW));
         drop(b);
         assert_eq!(carried.in_flight(), 0);
     }
 
     #[test]
+    fn the_routing_load_is_the_queue_alone_unless_in_flight_counts() {
+        let t0 = Instant::now();
+        let queue_only = ClusterLoad::new(&urls(1), &settings(WINDOW));
+        let counting = ClusterLoad::new(
+            &urls(1),
+            &GridSettings {
+                count_in_flight: true,
+                ..settings(WINDOW)
+            },
+        );
+        for load in [&queue_only, &counting] {
+            assert_eq!(load.routing_load(t0), f64::INFINITY);
+            load.record_queue("http://e0", Some(2.0), t0);
+        }
+        let _sent = [queue_only.start_request(), queue_only.start_request()];
+        assert_eq!(queue_only.routing_load(t0), 2.0);
+        assert!(!queue_only.counts_in_flight());
+
+        let first = counting.start_request();
+        let _second = counting.start_request();
+        assert_eq!(counting.routing_load(t0), 4.0);
+        drop(first);
+        assert_eq!(counting.routing_load(t0), 3.0);
+        assert!(counting.counts_in_flight());
+        // Unmeasured stays unmeasured, whatever is in flight.
+        assert_eq!(counting.routing_load(t0 + WINDOW), f64::INFINITY);
+    }
+
+    #[test]
     fn reconfiguration_keeps_endpoints_that_stay_by_url() {
-        let load = ClusterLoad::new(&urls(2), WINDOW);
+        let load = ClusterLoad::new(&urls(2), &settings(WINDOW));
         let t0 = Instant::now();
         load.record_queue("http://e1", Some(3.0), t0);
         load.set_endpoint_healthy("http://e0", false);
         let next: Vec<Arc<str>> = vec!["http://e1".into(), "http://e2".into()];
-        let carried = load.carried_over(&next, secs(20));
+        let carried = load.carried_over(&next, &settings(secs(20)));
         assert_eq!(carried.endpoint_healthy("http://e0"), None);
         assert_eq!(carried.endpoint_healthy("http://e2"), Some(true));
         carried.record_queue("http://e2", Some(1.0), t0);

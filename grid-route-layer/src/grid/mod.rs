@@ -14,7 +14,9 @@
 //!   endpoints is believed healthy. [`GridView::candidates`] lists the admitted clusters
 //!   serving a model.
 //! - Its *queue depth* is the windowed worst of its engines' waiting-request counts,
-//!   `f64::INFINITY` when unmeasured ([`ClusterLoad`]).
+//!   `f64::INFINITY` when unmeasured ([`ClusterLoad`]). Its *routing load*, what selection
+//!   and the affinity load gate compare, is that depth, plus the requests this replica
+//!   has in flight there when [`GridSettings::count_in_flight`] is on.
 //!
 //! The configuration is an immutable [`GridView`] behind the [`Grid`] handle, swapped
 //! atomically by [`Grid::reconfigure`]; live load is carried over for clusters that stay.

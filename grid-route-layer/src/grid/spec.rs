@@ -59,6 +59,10 @@ pub struct GridSettings {
     /// How far back a cluster's queue depth looks (`queue.window_secs`, default 10 s): the
     /// depth is the worst sample seen in this window.
     pub queue_window: Duration,
+    /// Whether a cluster's load also counts the requests this replica sent it that have
+    /// not had their answer's head (`queue.count_in_flight`, default `false`). See
+    /// [`ClusterLoad::routing_load`](crate::grid::ClusterLoad::routing_load).
+    pub count_in_flight: bool,
 }
 
 impl GridSettings {
@@ -71,6 +75,7 @@ impl Default for GridSettings {
         Self {
             local_site: None,
             queue_window: Self::DEFAULT_QUEUE_WINDOW,
+            count_in_flight: false,
         }
     }
 }

@@ -105,8 +105,8 @@ impl GridView {
                     .map(|e| e.as_str().into())
                     .collect();
                 let load = match old.and_then(|old| old.cluster(&id)) {
-                    Some(kept) => kept.load.carried_over(&endpoints, settings.queue_window),
-                    None => ClusterLoad::new(&endpoints, settings.queue_window),
+                    Some(kept) => kept.load.carried_over(&endpoints, &settings),
+                    None => ClusterLoad::new(&endpoints, &settings),
                 };
                 clusters.push(Arc::new(Cluster {
                     id,
@@ -201,6 +201,7 @@ impl fmt::Debug for GridView {
             .field("clusters", &self.clusters)
             .field("local_site", &self.local_site)
             .field("queue_window", &self.settings.queue_window)
+            .field("count_in_flight", &self.settings.count_in_flight)
             .field("generation", &self.generation)
             .finish_non_exhaustive()
     }

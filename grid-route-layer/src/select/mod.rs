@@ -2,8 +2,9 @@
 //!
 //! Affinity decides *which clusters* may take a request ([`Candidates`]); something still
 //! has to pick one and send the request there. [`Select`] picks the candidate with the
-//! lowest windowed worst queue depth, then the fewest requests in flight from this
-//! replica, then the next in turn ([`least_loaded`]), and dispatches to that cluster's
+//! lowest routing load (the windowed worst queue depth, plus this replica's requests in
+//! flight when the grid's `count_in_flight` is on), then the fewest requests in flight from
+//! this replica, then the next in turn ([`least_loaded`]), and dispatches to that cluster's
 //! service, which the gateway supplies through a factory — typically a `tower::balance`
 //! p2c over the cluster's endpoints, since p2c balances *inside* a cluster. It sets
 //! [`Served`] on the answer for confirmation and pinning, counts

@@ -5,8 +5,10 @@ use std::time::Instant;
 
 use crate::grid::Cluster;
 
-/// The least loaded of `candidates` at `now`: the lowest windowed worst queue depth, then
-/// the fewest requests in flight from this replica; among clusters equal on both, the
+/// The least loaded of `candidates` at `now`: the lowest
+/// [`routing_load`](crate::grid::ClusterLoad::routing_load) (the windowed worst queue depth,
+/// plus the requests in flight when the grid counts them), then the fewest requests in
+/// flight from this replica; among clusters equal on both, the
 /// `turn`-th (modulo their number), so that a caller passing a rotating counter spreads
 /// ties evenly. `None` when there is no candidate.
 ///
@@ -18,7 +20,7 @@ pub fn least_loaded<'a>(
 ) -> Option<&'a Arc<Cluster>> {
     let loads: Vec<(f64, usize, &Arc<Cluster>)> = candidates
         .into_iter()
-        .map(|c| (c.load().queue_depth(now), c.load().in_flight(), c))
+        .map(|c| (c.load().routing_load(now), c.load().in_flight(), c))
         .collect();
     let (queue, in_flight) = loads
         .iter()

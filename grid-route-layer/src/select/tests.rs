@@ -29,7 +29,11 @@ struct Fixture {
 
 /// A `Select` over mock cluster services, one per cluster name in `spec`.
 fn fixture(spec: &GridSpec) -> Fixture {
-    let grid = Grid::new(spec, GridSettings::default()).unwrap();
+    fixture_with(spec, GridSettings::default())
+}
+
+fn fixture_with(spec: &GridSpec, settings: GridSettings) -> Fixture {
+    let grid = Grid::new(spec, settings).unwrap();
     let mut mocks = HashMap::new();
     let mut handles = HashMap::new();
     for cluster in grid.view().clusters() {
@@ -125,6 +129,42 @@ fn with_candidates(ids: &[ClusterId]) -> Request<String> {
 
 fn plain() -> Request<String> {
     Request::new(String::new())
+}
+
+/// East polled empty and west one request deep; then four requests before the next poll,
+/// none answered yet. Returns how many each cluster got.
+fn burst_between_polls(settings: GridSettings) -> HashMap<String, usize> {
+    let spec = grid_spec(&[("east", &["east-a"]), ("west", &["west-a"])]);
+    let mut f = fixture_with(&spec, settings);
+    f.set_queue("east-a", 0.0);
+    f.set_queue("west-a", 1.0);
+    let mut got = HashMap::new();
+    let mut unanswered = Vec::new();
+    for _ in 0..4 {
+        let (future, name) = f.send(plain());
+        *got.entry(name).or_default() += 1;
+        unanswered.push(future);
+    }
+    got
+}
+
+#[test]
+fn a_burst_between_polls_piles_onto_the_lightest_queue_by_default() {
+    let got = burst_between_polls(GridSettings::default());
+    assert_eq!(got, HashMap::from([("east-a".to_owned(), 4)]));
+}
+
+#[test]
+fn counting_in_flight_spreads_a_burst_between_polls() {
+    let got = burst_between_polls(GridSettings {
+        count_in_flight: true,
+        ..GridSettings::default()
+    });
+    // Loads 0|1, then 1|1 (tie: fewer in flight), 1|2, 2|2 (tie: fewer in flight).
+    assert_eq!(
+        got,
+        HashMap::from([("east-a".to_owned(), 2), ("west-a".to_owned(), 2)])
+    );
 }
 
 #[test]

@@ -51,6 +51,7 @@ impl Gateways {
         let settings = GridSettings {
             local_site: None,
             queue_window: setup.queue_window,
+            ..GridSettings::default()
         };
         let replicas: Vec<Replica> = (0..setup.replicas)
             .map(|_| Replica {

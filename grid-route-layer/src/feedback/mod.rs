@@ -1,0 +1,40 @@
+//! Engine feedback: what the engines say they served from cache, per cluster.
+//!
+//! The prefix index predicts which cluster holds a prompt; only the engine knows how much
+//! of it it really served from its KV cache. Every answer of the Chat, Completions,
+//! Responses and Anthropic APIs says so in its `usage` ([`PromptUsage::of`] lists the
+//! fields). [`FeedbackLayer`] sits right outside the balancer, where answers carry
+//! [`Served`](crate::route::Served), and reads that usage from every 2xx answer as its
+//! body passes, without holding any of it back: a copy of a JSON answer (up to
+//! [`MAX_JSON_BYTES`]) is parsed when the body ends, and each `data:` line of a
+//! server-sent event stream (up to [`MAX_EVENT_LINE_BYTES`]) as it completes, the last
+//! usage seen counting. It counts
+//! `grid_route_prompt_tokens_total{site,cluster}` and
+//! `grid_route_cached_prompt_tokens_total{site,cluster}`, whose ratio is the share of the
+//! prompt the engines of a cluster served from cache.
+//!
+//! Answers without a usage (a stream without `stream_options.include_usage`, an
+//! embedding, an error) count nothing; nothing is logged, and no prompt text is kept.
+//!
+//! ```
+//! use grid_route_layer::feedback::PromptUsage;
+//! use serde_json::json;
+//!
+//! // Anthropic counts cache reads apart from the (uncached) input tokens.
+//! let answer = json!({"usage": {"input_tokens": 10, "cache_read_input_tokens": 90}});
+//! let usage = PromptUsage::of(&answer).unwrap();
+//! assert_eq!((usage.prompt_tokens, usage.cached_tokens), (100, 90));
+//! ```
+
+mod body;
+mod layer;
+mod service;
+mod usage;
+
+pub use body::FeedbackBody;
+pub use layer::FeedbackLayer;
+pub use service::{FeedbackService, ResponseFuture};
+pub use usage::{MAX_EVENT_LINE_BYTES, MAX_JSON_BYTES, PromptUsage, UsageReader};
+
+#[cfg(test)]
+mod tests;
