@@ -291,11 +291,11 @@ fn assert_explained(seen: &[(Duration, Seen)], faults: &Timeline) {
             Seen::Cut(engine) => assert_eq!(engine, "east-a", "cut at {at:?}"),
             Seen::Gateway(502, code) => {
                 assert_eq!(code, "backend_unreachable");
-                // Answers cut by the kill, and requests that met east's closing sockets
-                // before the grid saw it down; on a loaded 2-core machine that takes
-                // seconds, so the window is generous.
+                // Answers cut by the kill, and requests that met east's dead or restarting
+                // port before outlier ejection or the poller took it out; on a loaded
+                // 2-core machine that can take until it is back.
                 assert!(
-                    *at >= faults.east_down && *at < faults.east_down + Duration::from_secs(5),
+                    *at >= faults.east_down && *at < faults.east_up + Duration::from_secs(3),
                     "a 502 outside east's death, at {at:?}"
                 );
             }
