@@ -42,6 +42,7 @@
 //!     exploration: 0.02
 //!     prefill_tokens_per_second: 10000
 //!     queued_request_seconds: 2
+//!     engine_feedback: true   # forget what an engine reports it no longer caches
 //!     capacity: 16384
 //!     ttl_secs: 600
 //!     tag_key_path: /etc/grid/tag.key   # optional; at least 32 bytes
@@ -317,6 +318,8 @@ pub struct PrefixAffinityYaml {
     pub prefill_tokens_per_second: f64,
     /// What one queued request costs, in seconds.
     pub queued_request_seconds: f64,
+    /// Forget what an engine reports it no longer holds (far less cached than predicted).
+    pub engine_feedback: bool,
     /// Index entries per cluster.
     pub capacity: usize,
     /// How long a confirmation counts.
@@ -353,6 +356,7 @@ impl Default for PrefixAffinityYaml {
             exploration: d.exploration,
             prefill_tokens_per_second: d.prefill_tokens_per_second,
             queued_request_seconds: d.queued_request_seconds,
+            engine_feedback: d.engine_feedback,
             capacity: d.capacity,
             ttl_secs: d.ttl_secs,
             tag_key_path: d.tag_key_path,
@@ -740,6 +744,7 @@ impl GatewayConfig {
             exploration: p.exploration,
             prefill_tokens_per_second: p.prefill_tokens_per_second,
             queued_request_seconds: p.queued_request_seconds,
+            engine_feedback: p.engine_feedback,
             capacity: p.capacity,
             ttl_secs: p.ttl_secs,
             tag_key_path: p.tag_key_path.clone(),
@@ -980,6 +985,7 @@ grid_site_route:
     exploration: 0.02
     prefill_tokens_per_second: 10000
     queued_request_seconds: 2
+    engine_feedback: true
     capacity: 16384
     ttl_secs: 600
 "#;

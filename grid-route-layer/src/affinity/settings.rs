@@ -24,6 +24,7 @@ pub struct AffinitySettings {
     exploration: f64,
     prefill_tokens_per_second: f64,
     queued_request_seconds: f64,
+    engine_feedback: bool,
 }
 
 impl AffinitySettings {
@@ -45,6 +46,7 @@ impl AffinitySettings {
         exploration: f64,
         prefill_tokens_per_second: f64,
         queued_request_seconds: f64,
+        engine_feedback: bool,
     ) -> Self {
         Self {
             enabled,
@@ -52,6 +54,7 @@ impl AffinitySettings {
             exploration,
             prefill_tokens_per_second,
             queued_request_seconds,
+            engine_feedback,
         }
     }
 
@@ -81,6 +84,13 @@ impl AffinitySettings {
         self.queued_request_seconds
     }
 
+    /// Whether an engine reporting far less cached than the index predicted makes the
+    /// index forget what the engine no longer holds (`prefix_affinity.engine_feedback`,
+    /// read by [`FeedbackLayer`](crate::feedback::FeedbackLayer)).
+    pub fn engine_feedback(&self) -> bool {
+        self.engine_feedback
+    }
+
     /// Prefill seconds a match covering `covered_bytes` saves.
     pub fn saved_seconds(&self, covered_bytes: u64) -> f64 {
         covered_bytes as f64 / BYTES_PER_TOKEN / self.prefill_tokens_per_second
@@ -101,6 +111,7 @@ impl Default for AffinitySettings {
             exploration: Self::DEFAULT_EXPLORATION,
             prefill_tokens_per_second: Self::DEFAULT_PREFILL_TOKENS_PER_SECOND,
             queued_request_seconds: Self::DEFAULT_QUEUED_REQUEST_SECONDS,
+            engine_feedback: true,
         }
     }
 }
