@@ -1103,6 +1103,79 @@ async fn the_engines_prompt_and_cached_tokens_are_counted_per_cluster() {
 }
 
 #[tokio::test]
+async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_it() {
+    // Sites of their own: no other test of this binary counts under their labels.
+    let east = engine("evict-east-a").await;
+    let west = engine("evict-west-a").await;
+    let yaml = config_yaml(
+        &[
+            ("evict-east", vec![cluster("evict-east-a", &[&east])]),
+            ("evict-west", vec![cluster("evict-west-a", &[&west])]),
+        ],
+        "",
+    );
+    let gateway = gateway(&yaml).await;
+    let counters = |home: String| {
+        let gateway = &gateway;
+        async move {
+            let labels = format!(r#"{{site="{}",cluster="{home}"}}"#, &home[..home.len() - 2]);
+            let predicted = format!("grid_route_predicted_cached_tokens_total{labels}");
+            let delivered = format!("grid_route_delivered_cached_tokens_total{labels}");
+            (
+                scraped(gateway, &predicted).await,
+                scraped(gateway, &delivered).await,
+            )
+        }
+    };
+    let mut conversation = Conversation::new("evicted", 12 * 1024);
+    let home = conversation.turn(&gateway, "hello").await.engine();
+    assert_eq!(
+        conversation.turn(&gateway, "and then?").await.engine(),
+        home
+    );
+    // A sticky turn the engine served from cache: predicted and delivered agree.
+    eventually("the sticky turn counted", || async {
+        counters(home.clone()).await.0 > 0
+    })
+    .await;
+    let seen = counters(home.clone()).await;
+    assert!(seen.1 * 2 >= seen.0, "delivered {} of {}", seen.1, seen.0);
+
+    // The engine loses its cache; the index still predicts the conversation there.
+    let engine = if home == east.name() { &east } else { &west };
+    let reset = send(
+        Method::POST,
+        &format!("{}/mock/reset", engine.url()),
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(reset.status, StatusCode::OK);
+    let entries_before = entries(&gateway, &home);
+    let answer = conversation.turn(&gateway, "still there?").await;
+    assert_eq!(answer.engine(), home, "the index still predicted it");
+    assert_eq!(
+        answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
+    // It reported nothing cached: the index forgot what it had confirmed there.
+    eventually("the index forgot the evicted conversation", || async {
+        entries(&gateway, &home) < entries_before / 4
+    })
+    .await;
+    let after_eviction = counters(home.clone()).await;
+    assert!(after_eviction.0 > seen.0, "the evicted turn was predicted");
+    assert_eq!(after_eviction.1, seen.1, "and nothing of it delivered");
+
+    // The next turn is no longer sticky: nothing predicted, wherever it goes.
+    assert_eq!(
+        conversation.turn(&gateway, "once more").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(counters(home.clone()).await.0, after_eviction.0);
+}
+
+#[tokio::test]
 async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
     let (_east, _west, gateway) = two_sites().await;
     let mut conversation = Conversation::new("metrics", 9 * 1024);
@@ -1123,6 +1196,8 @@ async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
         "grid_route_decisions_total",
         "grid_route_prompt_tokens_total",
         "grid_route_cached_prompt_tokens_total",
+        "grid_route_predicted_cached_tokens_total",
+        "grid_route_delivered_cached_tokens_total",
         "grid_route_keying_seconds",
         "grid_route_keys_per_request",
         "grid_route_index_entries",

@@ -33,7 +33,9 @@
 //!
 //! [`AffinityLayer`] reads the request's [`Prompt`] (model and keys) and writes the
 //! [`Candidates`] extension for the balancer inside (and the [`Outcome`] itself, for the
-//! gateway's request log, when it counted one), counting
+//! gateway's request log, when it counted one, and for a sticky request the
+//! [`PredictedMatch`] that [`FeedbackLayer`](crate::feedback::FeedbackLayer) weighs
+//! against the engine's report), counting
 //! `grid_route_prefix_affinity_total{outcome}` and emitting a `debug` event with the
 //! outcome, candidate count and depth (never keys or text). Decisions the design leaves
 //! open, made here:
@@ -138,6 +140,7 @@
 //! [`Prompt`]: crate::route::Prompt
 //! [`Pinned`]: crate::route::Pinned
 //! [`Candidates`]: crate::route::Candidates
+//! [`PredictedMatch`]: crate::route::PredictedMatch
 
 mod decide;
 mod draw;
