@@ -145,6 +145,7 @@
 mod decide;
 mod draw;
 mod layer;
+mod prefill;
 mod service;
 mod settings;
 
@@ -152,6 +153,10 @@ pub use decide::{Affinity, Decision, Narrowing, Outcome, narrow};
 #[cfg(test)]
 pub(crate) use draw::random_draw;
 pub use layer::AffinityLayer;
+pub use prefill::{
+    MAX_PREFILL_TOKENS_PER_SECOND, MIN_PREFILL_TOKENS_PER_SECOND, MIN_SAMPLE_TOKENS,
+    PREFILL_SMOOTHING, PrefillEstimate, PrefillRates,
+};
 pub use service::AffinityService;
 pub use settings::{AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 

@@ -25,6 +25,7 @@ pub struct AffinitySettings {
     prefill_tokens_per_second: f64,
     queued_request_seconds: f64,
     engine_feedback: bool,
+    learn_prefill: bool,
 }
 
 impl AffinitySettings {
@@ -47,6 +48,7 @@ impl AffinitySettings {
         prefill_tokens_per_second: f64,
         queued_request_seconds: f64,
         engine_feedback: bool,
+        learn_prefill: bool,
     ) -> Self {
         Self {
             enabled,
@@ -55,6 +57,7 @@ impl AffinitySettings {
             prefill_tokens_per_second,
             queued_request_seconds,
             engine_feedback,
+            learn_prefill,
         }
     }
 
@@ -74,9 +77,23 @@ impl AffinitySettings {
         self.exploration
     }
 
-    /// Prefill speed that prices a match, tokens a second.
+    /// Prefill speed that prices a match, tokens a second; with
+    /// [`learns_prefill`](Self::learns_prefill), the prior of every cluster's estimate.
     pub fn prefill_tokens_per_second(&self) -> f64 {
         self.prefill_tokens_per_second
+    }
+
+    /// Whether each cluster's prefill speed is learned from its answers
+    /// (`prefill_tokens_per_second: auto`) rather than fixed.
+    pub fn learns_prefill(&self) -> bool {
+        self.learn_prefill
+    }
+
+    /// These settings with a match priced at `tokens_per_second` (a learned speed).
+    #[must_use]
+    pub fn priced_at(mut self, tokens_per_second: f64) -> Self {
+        self.prefill_tokens_per_second = tokens_per_second;
+        self
     }
 
     /// Seconds one queued request costs.
@@ -112,6 +129,7 @@ impl Default for AffinitySettings {
             prefill_tokens_per_second: Self::DEFAULT_PREFILL_TOKENS_PER_SECOND,
             queued_request_seconds: Self::DEFAULT_QUEUED_REQUEST_SECONDS,
             engine_feedback: true,
+            learn_prefill: false,
         }
     }
 }

@@ -3,6 +3,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -15,7 +16,7 @@ use crate::grid::ClusterId;
 use crate::keying::PrefixKeys;
 use crate::metrics::{
     CACHED_PROMPT_TOKENS_TOTAL, CLUSTER_LABEL, DELIVERED_CACHED_TOKENS_TOTAL,
-    PREDICTED_CACHED_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL, SITE_LABEL,
+    PREDICTED_CACHED_TOKENS_TOTAL, PREFILL_TOKENS_PER_SECOND, PROMPT_TOKENS_TOTAL, SITE_LABEL,
 };
 use crate::route::PredictedMatch;
 
@@ -35,6 +36,17 @@ struct Tally {
     reader: Option<UsageReader>,
     cluster: ClusterId,
     prediction: Option<Prediction>,
+    prefill: Option<PrefillTiming>,
+}
+
+/// When an answer started, for learning its cluster's prefill speed.
+pub(super) struct PrefillTiming {
+    pub(super) affinity: Affinity,
+    pub(super) dispatched: Instant,
+    /// From dispatch to the answer's start: its head for a JSON answer (which an engine
+    /// sends once it has generated the whole answer), its first data for an event stream
+    /// (whose head vLLM and llama.cpp send before prefilling). `None` until then.
+    pub(super) started: Option<Duration>,
 }
 
 /// A sticky request's predicted match, weighed against the engine's report.
@@ -64,6 +76,22 @@ impl Drop for Tally {
             CLUSTER_LABEL => Arc::clone(&cluster)
         )
         .increment(usage.cached_tokens);
+        if let Some(timing) = self.prefill.take()
+            && let Some(started) = timing.started
+        {
+            let uncached = usage.prompt_tokens.saturating_sub(usage.cached_tokens);
+            if let Some(rate) = timing
+                .affinity
+                .learn_prefill(&self.cluster, uncached, started)
+            {
+                metrics::gauge!(
+                    PREFILL_TOKENS_PER_SECOND,
+                    SITE_LABEL => Arc::clone(&site),
+                    CLUSTER_LABEL => Arc::clone(&cluster)
+                )
+                .set(rate);
+            }
+        }
         if let Some(prediction) = self.prediction.take() {
             metrics::counter!(
                 PREDICTED_CACHED_TOKENS_TOTAL,
@@ -121,6 +149,7 @@ impl<B> FeedbackBody<B> {
         reader: UsageReader,
         cluster: ClusterId,
         prediction: Option<Prediction>,
+        prefill: Option<PrefillTiming>,
     ) -> Self {
         Self {
             body,
@@ -128,6 +157,7 @@ impl<B> FeedbackBody<B> {
                 reader: Some(reader),
                 cluster,
                 prediction,
+                prefill,
             }),
         }
     }
@@ -155,6 +185,11 @@ where
             && let (Some(data), Some(reader)) = (frame.data_ref(), tally.reader.as_mut())
         {
             reader.feed(data);
+            if let Some(timing) = tally.prefill.as_mut()
+                && timing.started.is_none()
+            {
+                timing.started = Some(timing.dispatched.elapsed());
+            }
         }
         Poll::Ready(frame)
     }

@@ -3,13 +3,14 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Instant;
 
 use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use super::body::{FeedbackBody, Prediction};
+use super::body::{FeedbackBody, Prediction, PrefillTiming};
 use super::usage::UsageReader;
 use crate::affinity::Affinity;
 use crate::route::{PredictedMatch, Prompt, Served};
@@ -66,6 +67,10 @@ where
         ResponseFuture {
             inner: self.inner.call(request),
             prediction,
+            learn: self
+                .teach
+                .clone()
+                .map(|affinity| (affinity, Instant::now())),
         }
     }
 }
@@ -76,6 +81,8 @@ pin_project! {
         #[pin]
         inner: F,
         prediction: Option<Prediction>,
+        // The affinity that learns prefill speeds, and when the request was dispatched.
+        learn: Option<(Affinity, Instant)>,
     }
 }
 
@@ -114,6 +121,13 @@ where
                 UsageReader::new(event_stream),
                 cluster,
                 this.prediction.take(),
+                this.learn
+                    .take()
+                    .map(|(affinity, dispatched)| PrefillTiming {
+                        affinity,
+                        dispatched,
+                        started: (!event_stream).then(|| dispatched.elapsed()),
+                    }),
             ),
             None => FeedbackBody::unread(body),
         })))
