@@ -1175,6 +1175,65 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_it() {
     assert_eq!(counters(home.clone()).await.0, after_eviction.0);
 }
 
+/// The value of the gauge `series` on the admin port, when present.
+async fn scraped_gauge(gateway: &Gateway, series: &str) -> Option<f64> {
+    let text = get(format!("{}/metrics", gateway.admin_url())).await.text();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn with_an_auto_price_the_gateway_learns_the_engines_prefill_speed() {
+    // An engine that prefills 40,000 tokens a second, four times the prior.
+    let config = MockEngineConfig {
+        prefill_tokens_per_second: 40_000,
+        decode_delay_per_token: Duration::ZERO,
+        ..MockEngineConfig::named("prefill-a")
+    };
+    let engine = MockEngine::start("127.0.0.1:0", config).await.unwrap();
+    let yaml = config_yaml(
+        &[("prefill", vec![cluster("prefill-a", &[&engine])])],
+        "grid_site_route: { prefix_affinity: { exploration: 0.0, \
+         prefill_tokens_per_second: auto, prefill_prior_tokens_per_second: 10000 } }\n",
+    );
+    let gateway = gateway(&yaml).await;
+    let series = r#"grid_route_prefill_tokens_per_second{site="prefill",cluster="prefill-a"}"#;
+    let ask = |i: usize| {
+        let gateway = &gateway;
+        async move {
+            // Distinct prompts: nothing cached, ~6,000 tokens to prefill, ~0.15 s.
+            let body = chat(&text(&format!("prefill {i}"), 24 * 1024));
+            assert_eq!(
+                post(gateway, "/v1/chat/completions", body).await.status,
+                StatusCode::OK
+            );
+        }
+    };
+    ask(0).await;
+    eventually("the first sample", || async {
+        scraped_gauge(&gateway, series).await.is_some()
+    })
+    .await;
+    let first = scraped_gauge(&gateway, series).await.unwrap();
+    // One answer moves the estimate a fifth of the way from the prior.
+    assert!((10_000.0..17_000.0).contains(&first), "{first}");
+    for i in 1..30 {
+        ask(i).await;
+    }
+    eventually("the estimate converges", || async {
+        scraped_gauge(&gateway, series).await.unwrap() > 30_000.0
+    })
+    .await;
+    let learned = scraped_gauge(&gateway, series).await.unwrap();
+    // Time to the answer includes the gateway and the network, never less: the estimate
+    // stays at or under the engine's speed.
+    assert!(learned <= 40_500.0, "{learned}");
+    let view = gateway.grid().view();
+    let id = view.clusters()[0].id().clone();
+    assert!((gateway.affinity().prefill_rate(&id) - learned).abs() < 1.0);
+}
+
 #[tokio::test]
 async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
     let (_east, _west, gateway) = two_sites().await;

@@ -23,6 +23,10 @@ impl FeedbackLayer {
     /// the keys past what it delivered — while `affinity`'s
     /// [`engine_feedback`](crate::affinity::AffinitySettings::engine_feedback) is on.
     ///
+    /// With [`learns_prefill`](crate::affinity::AffinitySettings::learns_prefill) on, each
+    /// answer also teaches `affinity` its cluster's prefill speed
+    /// ([`Affinity::learn_prefill`]), exported as `grid_route_prefill_tokens_per_second`.
+    ///
     /// The layer must sit inside [`ConfirmLayer`](crate::confirm::ConfirmLayer), as it
     /// does in the documented stack: confirmation then records the prompt at the response
     /// head, and the forget follows when the body ends.
