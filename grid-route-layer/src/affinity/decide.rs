@@ -268,6 +268,7 @@ impl fmt::Debug for Affinity {
         f.debug_struct("Affinity")
             .field("index", &self.index)
             .field("settings", &self.settings())
+            .field("prefill", &self.prefill)
             .finish()
     }
 }

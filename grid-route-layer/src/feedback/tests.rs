@@ -347,17 +347,18 @@ mod teaching {
         }
     }
 
-    impl Fixture {
-        fn id(&self, name: &str) -> ClusterId {
-            ClusterId::new(
-                SiteName::new(name.split('-').next().unwrap()).unwrap(),
-                name,
-            )
-        }
+    /// The cluster `name` of the site its name starts with.
+    fn id(name: &str) -> ClusterId {
+        ClusterId::new(
+            SiteName::new(name.split('-').next().unwrap()).unwrap(),
+            name,
+        )
+    }
 
+    impl Fixture {
         fn depth(&self, name: &str) -> usize {
             let keys = self.prompt.keys().unwrap().as_slice();
-            self.index.depth(&self.id(name), keys, Instant::now())
+            self.index.depth(&id(name), keys, Instant::now())
         }
 
         /// Sends the prompt through Confirm → Affinity → Feedback (teaching) to the first
@@ -387,7 +388,7 @@ mod teaching {
             };
             assert_eq!(
                 response.extensions().get::<Served>().unwrap().cluster(),
-                &self.id("east-a")
+                &id("east-a")
             );
             let at_head = self.depth("east-a");
             let mut body = response.into_body();
@@ -403,8 +404,8 @@ mod teaching {
         let f = fixture(true);
         let keys = f.prompt.keys().unwrap().as_slice();
         let now = Instant::now();
-        f.index.confirm(&f.id("east-a"), keys, now);
-        f.index.confirm(&f.id("west-a"), &keys[..10], now);
+        f.index.confirm(&id("east-a"), keys, now);
+        f.index.confirm(&id("west-a"), &keys[..10], now);
         let full = keys.len();
         let recorder = CountingRecorder::default();
         let (at_head, after) = metrics::with_local_recorder(&recorder, || f.send(0));
@@ -425,7 +426,7 @@ mod teaching {
     fn an_engine_holding_part_of_the_prompt_keeps_that_part_in_the_index() {
         let f = fixture(true);
         let keys = f.prompt.keys().unwrap().as_slice();
-        f.index.confirm(&f.id("east-a"), keys, Instant::now());
+        f.index.confirm(&id("east-a"), keys, Instant::now());
         // 1 KiB still cached: 4 blocks of 64 tokens.
         assert_eq!(f.send(256).1, 4);
     }
@@ -434,7 +435,7 @@ mod teaching {
     fn an_engine_delivering_what_was_predicted_changes_nothing() {
         let f = fixture(true);
         let keys = f.prompt.keys().unwrap().as_slice();
-        f.index.confirm(&f.id("east-a"), keys, Instant::now());
+        f.index.confirm(&id("east-a"), keys, Instant::now());
         let recorder = CountingRecorder::default();
         let predicted = predicted_tokens(f.prompt.keys().unwrap().total_covered_bytes());
         let (_, after) = metrics::with_local_recorder(&recorder, || f.send(predicted));
@@ -450,7 +451,7 @@ mod teaching {
     fn with_engine_feedback_off_the_index_is_not_taught_but_still_counted() {
         let f = fixture(false);
         let keys = f.prompt.keys().unwrap().as_slice();
-        f.index.confirm(&f.id("east-a"), keys, Instant::now());
+        f.index.confirm(&id("east-a"), keys, Instant::now());
         let recorder = CountingRecorder::default();
         let (_, after) = metrics::with_local_recorder(&recorder, || f.send(0));
         assert_eq!(after, keys.len());
