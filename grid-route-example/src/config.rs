@@ -40,8 +40,10 @@
 //!     enabled: true
 //!     threshold: 0.8
 //!     exploration: 0.02
-//!     prefill_tokens_per_second: 10000
+//!     prefill_tokens_per_second: 10000   # or auto: learned per cluster (recommended)
+//!     prefill_prior_tokens_per_second: 10000   # with auto, where every cluster starts
 //!     queued_request_seconds: 2
+//!     engine_feedback: true   # forget what an engine reports it no longer caches
 //!     capacity: 16384
 //!     ttl_secs: 600
 //!     tag_key_path: /etc/grid/tag.key   # optional; at least 32 bytes
@@ -313,10 +315,15 @@ pub struct PrefixAffinityYaml {
     pub threshold: f64,
     /// Share of decisions that skip affinity.
     pub exploration: f64,
-    /// Prefill speed that prices a match.
-    pub prefill_tokens_per_second: f64,
+    /// Prefill speed that prices a match: a fixed figure, or `auto` to learn each
+    /// cluster's from its answers.
+    pub prefill_tokens_per_second: PrefillPrice,
+    /// With `prefill_tokens_per_second: auto`, the speed every cluster starts from.
+    pub prefill_prior_tokens_per_second: f64,
     /// What one queued request costs, in seconds.
     pub queued_request_seconds: f64,
+    /// Forget what an engine reports it no longer holds (far less cached than predicted).
+    pub engine_feedback: bool,
     /// Index entries per cluster.
     pub capacity: usize,
     /// How long a confirmation counts.
@@ -344,6 +351,44 @@ pub struct SharedIndexYaml {
     pub key_prefix: String,
 }
 
+/// `prefix_affinity.prefill_tokens_per_second`: a number of tokens a second, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PrefillPrice {
+    /// This many prefill tokens a second, for every cluster.
+    Fixed(f64),
+    /// Learned per cluster from its answers, from `prefill_prior_tokens_per_second`.
+    Auto,
+}
+
+impl<'de> Deserialize<'de> for PrefillPrice {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = PrefillPrice;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number of tokens a second, or `auto`")
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<PrefillPrice, E> {
+                Ok(PrefillPrice::Fixed(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<PrefillPrice, E> {
+                Ok(PrefillPrice::Fixed(v as f64))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<PrefillPrice, E> {
+                Ok(PrefillPrice::Fixed(v as f64))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PrefillPrice, E> {
+                if v == "auto" {
+                    Ok(PrefillPrice::Auto)
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(v), &self))
+                }
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
 impl Default for PrefixAffinityYaml {
     fn default() -> Self {
         let d = PrefixAffinityConfig::default();
@@ -351,8 +396,10 @@ impl Default for PrefixAffinityYaml {
             enabled: d.enabled,
             threshold: d.threshold,
             exploration: d.exploration,
-            prefill_tokens_per_second: d.prefill_tokens_per_second,
+            prefill_tokens_per_second: PrefillPrice::Fixed(d.prefill_tokens_per_second),
+            prefill_prior_tokens_per_second: d.prefill_tokens_per_second,
             queued_request_seconds: d.queued_request_seconds,
+            engine_feedback: d.engine_feedback,
             capacity: d.capacity,
             ttl_secs: d.ttl_secs,
             tag_key_path: d.tag_key_path,
@@ -738,8 +785,13 @@ impl GatewayConfig {
             enabled: p.enabled,
             threshold: p.threshold,
             exploration: p.exploration,
-            prefill_tokens_per_second: p.prefill_tokens_per_second,
+            prefill_tokens_per_second: match p.prefill_tokens_per_second {
+                PrefillPrice::Fixed(tokens_per_second) => tokens_per_second,
+                PrefillPrice::Auto => p.prefill_prior_tokens_per_second,
+            },
+            learn_prefill: p.prefill_tokens_per_second == PrefillPrice::Auto,
             queued_request_seconds: p.queued_request_seconds,
+            engine_feedback: p.engine_feedback,
             capacity: p.capacity,
             ttl_secs: p.ttl_secs,
             tag_key_path: p.tag_key_path.clone(),
@@ -935,7 +987,8 @@ sites:
         assert!(p.enabled);
         assert_eq!(p.threshold, 0.8);
         assert_eq!(p.exploration, 0.02);
-        assert_eq!(p.prefill_tokens_per_second, 10_000.0);
+        assert_eq!(p.prefill_tokens_per_second, PrefillPrice::Fixed(10_000.0));
+        assert!(!checked_affinity(&config).learns_prefill());
         assert_eq!(p.queued_request_seconds, 2.0);
         assert_eq!(p.capacity, 16_384);
         assert_eq!(p.ttl_secs, 600);
@@ -945,6 +998,29 @@ sites:
         assert_eq!(checked.poll_interval, Duration::from_millis(500));
         assert!(checked.tag_key.is_none());
         assert!(!checked.grid_settings.count_in_flight);
+    }
+
+    #[test]
+    fn prefill_auto_learns_from_the_prior_and_a_bad_price_is_refused() {
+        let auto = GatewayConfig::from_yaml(&format!(
+            "{MINIMAL}grid_site_route: {{ prefix_affinity: \
+             {{ prefill_tokens_per_second: auto, prefill_prior_tokens_per_second: 150 }} }}\n"
+        ))
+        .unwrap();
+        let settings = checked_affinity(&auto);
+        assert!(settings.learns_prefill());
+        assert_eq!(settings.prefill_tokens_per_second(), 150.0);
+        let bad = GatewayConfig::from_yaml(&format!(
+            "{MINIMAL}grid_site_route: {{ prefix_affinity: {{ prefill_tokens_per_second: fast }} }}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(bad.contains("prefill_tokens_per_second"), "{bad}");
+        assert!(bad.contains("or `auto`"), "{bad}");
+    }
+
+    fn checked_affinity(config: &GatewayConfig) -> grid_route_layer::affinity::AffinitySettings {
+        config.validate().unwrap().prefix_affinity.affinity
     }
 
     #[test]
@@ -980,6 +1056,7 @@ grid_site_route:
     exploration: 0.02
     prefill_tokens_per_second: 10000
     queued_request_seconds: 2
+    engine_feedback: true
     capacity: 16384
     ttl_secs: 600
 "#;

@@ -42,8 +42,14 @@ pub struct PrefixAffinityConfig {
     pub exploration: f64,
     /// `prefill_tokens_per_second`: the prefill speed that prices a match; finite, > 0.
     pub prefill_tokens_per_second: f64,
+    /// `prefill_tokens_per_second: auto`: learn each cluster's prefill speed from its
+    /// answers, starting from `prefill_tokens_per_second` (then the prior).
+    pub learn_prefill: bool,
     /// `queued_request_seconds`: what one queued request costs; finite, > 0.
     pub queued_request_seconds: f64,
+    /// `engine_feedback`: when an engine reports far less of a sticky prompt cached than
+    /// the index predicted, the index forgets what that engine no longer holds.
+    pub engine_feedback: bool,
     /// `capacity`: index entries per cluster, at least 1.
     pub capacity: usize,
     /// `ttl_secs`: how long a confirmation counts, at least 1.
@@ -60,7 +66,9 @@ impl Default for PrefixAffinityConfig {
             threshold: AffinitySettings::DEFAULT_THRESHOLD,
             exploration: AffinitySettings::DEFAULT_EXPLORATION,
             prefill_tokens_per_second: AffinitySettings::DEFAULT_PREFILL_TOKENS_PER_SECOND,
+            learn_prefill: false,
             queued_request_seconds: AffinitySettings::DEFAULT_QUEUED_REQUEST_SECONDS,
+            engine_feedback: true,
             capacity: IndexSettings::DEFAULT_CAPACITY,
             ttl_secs: IndexSettings::DEFAULT_TTL.as_secs(),
             tag_key_path: None,
@@ -107,6 +115,8 @@ impl PrefixAffinityConfig {
                 self.exploration,
                 self.prefill_tokens_per_second,
                 self.queued_request_seconds,
+                self.engine_feedback,
+                self.learn_prefill,
             ),
             index,
             tag_key_path: self.tag_key_path.clone(),

@@ -11,6 +11,9 @@
 //! | `grid_route_decisions_total` | counter | `site`, `cluster` | `Select` |
 //! | `grid_route_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_cached_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
+//! | `grid_route_predicted_cached_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
+//! | `grid_route_delivered_cached_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
+//! | `grid_route_prefill_tokens_per_second` | gauge | `site`, `cluster` | `FeedbackLayer` (with `auto`) |
 //! | `grid_route_keying_seconds` | histogram | | `KeyingLayer` |
 //! | `grid_route_keys_per_request` | histogram | | `KeyingLayer` |
 //! | `grid_route_index_entries` | gauge | `cluster` | [`record_grid_gauges`] |
@@ -47,6 +50,12 @@ pub const DECISIONS_TOTAL: &str = "grid_route_decisions_total";
 pub const PROMPT_TOKENS_TOTAL: &str = "grid_route_prompt_tokens_total";
 /// The part of [`PROMPT_TOKENS_TOTAL`] the engines served from their cache.
 pub const CACHED_PROMPT_TOKENS_TOTAL: &str = "grid_route_cached_prompt_tokens_total";
+/// Cached prompt tokens the index predicted for sticky requests (matched bytes / 4).
+pub const PREDICTED_CACHED_TOKENS_TOTAL: &str = "grid_route_predicted_cached_tokens_total";
+/// Cached prompt tokens the engines reported for the same sticky requests.
+pub const DELIVERED_CACHED_TOKENS_TOTAL: &str = "grid_route_delivered_cached_tokens_total";
+/// Each cluster's learned prefill speed, tokens a second (`prefill_tokens_per_second: auto`).
+pub const PREFILL_TOKENS_PER_SECOND: &str = "grid_route_prefill_tokens_per_second";
 /// Time spent keying a request body, in seconds.
 pub const KEYING_SECONDS: &str = "grid_route_keying_seconds";
 /// Prefix keys per keyed request.
@@ -115,6 +124,24 @@ pub fn describe_metrics() {
         Unit::Count,
         "Prompt tokens of the 2xx answers of each backend cluster that its engines reported \
          serving from their prefix cache."
+    );
+    metrics::describe_counter!(
+        PREDICTED_CACHED_TOKENS_TOTAL,
+        Unit::Count,
+        "Cached prompt tokens the prefix index predicted for the sticky requests each backend \
+         cluster answered (matched bytes / 4 bytes a token)."
+    );
+    metrics::describe_counter!(
+        DELIVERED_CACHED_TOKENS_TOTAL,
+        Unit::Count,
+        "Cached prompt tokens the engines of each backend cluster reported for the sticky \
+         requests counted in grid_route_predicted_cached_tokens_total."
+    );
+    metrics::describe_gauge!(
+        PREFILL_TOKENS_PER_SECOND,
+        "Prefill speed learned for each backend cluster with prefill_tokens_per_second: auto, \
+         tokens a second: a moving average of uncached prompt tokens / seconds from dispatch \
+         to the answer's start."
     );
     metrics::describe_histogram!(
         KEYING_SECONDS,

@@ -12,6 +12,7 @@
 //! | [`Pinned`] | request extension | [`PinLayer`] | [`AffinityLayer`], [`Select`] |
 //! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
 //! | [`Outcome`] | request extension | [`AffinityLayer`], when it counted a decision | the gateway (its request log) |
+//! | [`PredictedMatch`] | request extension | [`AffinityLayer`], for a sticky request | [`FeedbackLayer`] |
 //! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], [`PinLayer`], [`FeedbackLayer`] |
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
 //! | [`NoCandidate`] | error | [`Select`] | the gateway (404 when no cluster serves the model, else 503) |
@@ -222,6 +223,40 @@ impl Candidates {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.clusters.is_empty()
+    }
+}
+
+/// How much of a sticky request's prompt the index predicts the serving cluster holds.
+///
+/// Set by [`AffinityLayer`](crate::affinity::AffinityLayer) when the outcome is
+/// [`Sticky`](crate::affinity::Outcome::Sticky): every candidate left then holds the prompt
+/// to the same depth, so whichever one the balancer picks, this is its matched depth.
+/// [`FeedbackLayer`](crate::feedback::FeedbackLayer) weighs it against the cached tokens
+/// the engine reports. Absent: affinity predicted no match worth sticking to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PredictedMatch {
+    depth: usize,
+    covered_bytes: u64,
+}
+
+impl PredictedMatch {
+    /// The serving cluster holds the prompt's first `depth` keys, covering
+    /// `covered_bytes` of canonical prompt.
+    pub fn new(depth: usize, covered_bytes: u64) -> Self {
+        Self {
+            depth,
+            covered_bytes,
+        }
+    }
+
+    /// Matched keys at the serving cluster.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Bytes of canonical prompt those keys cover.
+    pub fn covered_bytes(&self) -> u64 {
+        self.covered_bytes
     }
 }
 

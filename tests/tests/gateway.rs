@@ -1103,6 +1103,138 @@ async fn the_engines_prompt_and_cached_tokens_are_counted_per_cluster() {
 }
 
 #[tokio::test]
+async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_it() {
+    // Sites of their own: no other test of this binary counts under their labels.
+    let east = engine("evict-east-a").await;
+    let west = engine("evict-west-a").await;
+    let yaml = config_yaml(
+        &[
+            ("evict-east", vec![cluster("evict-east-a", &[&east])]),
+            ("evict-west", vec![cluster("evict-west-a", &[&west])]),
+        ],
+        "",
+    );
+    let gateway = gateway(&yaml).await;
+    let counters = |home: String| {
+        let gateway = &gateway;
+        async move {
+            let labels = format!(r#"{{site="{}",cluster="{home}"}}"#, &home[..home.len() - 2]);
+            let predicted = format!("grid_route_predicted_cached_tokens_total{labels}");
+            let delivered = format!("grid_route_delivered_cached_tokens_total{labels}");
+            (
+                scraped(gateway, &predicted).await,
+                scraped(gateway, &delivered).await,
+            )
+        }
+    };
+    let mut conversation = Conversation::new("evicted", 12 * 1024);
+    let home = conversation.turn(&gateway, "hello").await.engine();
+    assert_eq!(
+        conversation.turn(&gateway, "and then?").await.engine(),
+        home
+    );
+    // A sticky turn the engine served from cache: predicted and delivered agree.
+    eventually("the sticky turn counted", || async {
+        counters(home.clone()).await.0 > 0
+    })
+    .await;
+    let seen = counters(home.clone()).await;
+    assert!(seen.1 * 2 >= seen.0, "delivered {} of {}", seen.1, seen.0);
+
+    // The engine loses its cache; the index still predicts the conversation there.
+    let engine = if home == east.name() { &east } else { &west };
+    let reset = send(
+        Method::POST,
+        &format!("{}/mock/reset", engine.url()),
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(reset.status, StatusCode::OK);
+    let entries_before = entries(&gateway, &home);
+    let answer = conversation.turn(&gateway, "still there?").await;
+    assert_eq!(answer.engine(), home, "the index still predicted it");
+    assert_eq!(
+        answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
+    // It reported nothing cached: the index forgot what it had confirmed there.
+    eventually("the index forgot the evicted conversation", || async {
+        entries(&gateway, &home) < entries_before / 4
+    })
+    .await;
+    let after_eviction = counters(home.clone()).await;
+    assert!(after_eviction.0 > seen.0, "the evicted turn was predicted");
+    assert_eq!(after_eviction.1, seen.1, "and nothing of it delivered");
+
+    // The next turn is no longer sticky: nothing predicted, wherever it goes.
+    assert_eq!(
+        conversation.turn(&gateway, "once more").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(counters(home.clone()).await.0, after_eviction.0);
+}
+
+/// The value of the gauge `series` on the admin port, when present.
+async fn scraped_gauge(gateway: &Gateway, series: &str) -> Option<f64> {
+    let text = get(format!("{}/metrics", gateway.admin_url())).await.text();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn with_an_auto_price_the_gateway_learns_the_engines_prefill_speed() {
+    // An engine that prefills 40,000 tokens a second, four times the prior.
+    let config = MockEngineConfig {
+        prefill_tokens_per_second: 40_000,
+        decode_delay_per_token: Duration::ZERO,
+        ..MockEngineConfig::named("prefill-a")
+    };
+    let engine = MockEngine::start("127.0.0.1:0", config).await.unwrap();
+    let yaml = config_yaml(
+        &[("prefill", vec![cluster("prefill-a", &[&engine])])],
+        "grid_site_route: { prefix_affinity: { exploration: 0.0, \
+         prefill_tokens_per_second: auto, prefill_prior_tokens_per_second: 10000 } }\n",
+    );
+    let gateway = gateway(&yaml).await;
+    let series = r#"grid_route_prefill_tokens_per_second{site="prefill",cluster="prefill-a"}"#;
+    let ask = |i: usize| {
+        let gateway = &gateway;
+        async move {
+            // Distinct prompts: nothing cached, ~6,000 tokens to prefill, ~0.15 s.
+            let body = chat(&text(&format!("prefill {i}"), 24 * 1024));
+            assert_eq!(
+                post(gateway, "/v1/chat/completions", body).await.status,
+                StatusCode::OK
+            );
+        }
+    };
+    ask(0).await;
+    eventually("the first sample", || async {
+        scraped_gauge(&gateway, series).await.is_some()
+    })
+    .await;
+    let first = scraped_gauge(&gateway, series).await.unwrap();
+    // One answer moves the estimate a fifth of the way from the prior.
+    assert!((10_000.0..17_000.0).contains(&first), "{first}");
+    for i in 1..30 {
+        ask(i).await;
+    }
+    eventually("the estimate converges", || async {
+        scraped_gauge(&gateway, series).await.unwrap() > 30_000.0
+    })
+    .await;
+    let learned = scraped_gauge(&gateway, series).await.unwrap();
+    // Time to the answer includes the gateway and the network, never less: the estimate
+    // stays at or under the engine's speed.
+    assert!(learned <= 40_500.0, "{learned}");
+    let view = gateway.grid().view();
+    let id = view.clusters()[0].id().clone();
+    assert!((gateway.affinity().prefill_rate(&id) - learned).abs() < 1.0);
+}
+
+#[tokio::test]
 async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
     let (_east, _west, gateway) = two_sites().await;
     let mut conversation = Conversation::new("metrics", 9 * 1024);
@@ -1123,6 +1255,8 @@ async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
         "grid_route_decisions_total",
         "grid_route_prompt_tokens_total",
         "grid_route_cached_prompt_tokens_total",
+        "grid_route_predicted_cached_tokens_total",
+        "grid_route_delivered_cached_tokens_total",
         "grid_route_keying_seconds",
         "grid_route_keys_per_request",
         "grid_route_index_entries",

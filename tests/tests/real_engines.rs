@@ -199,7 +199,8 @@ impl TwoSites {
             "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n\
              queue: { metric: \"llamacpp:requests_deferred\", poll_interval_ms: 100, \
              window_secs: 2 }\n\
-             grid_site_route: { prefix_affinity: { exploration: 0.0 } }\nsites:\n",
+             grid_site_route: { prefix_affinity: { exploration: 0.0, \
+             prefill_tokens_per_second: auto } }\nsites:\n",
         );
         for (site, engine) in sites.iter().zip(&engines) {
             let _ = writeln!(
@@ -511,6 +512,26 @@ async fn a_follow_up_turn_stays_on_its_site_and_the_engine_serves_it_from_cache(
     assert_eq!(counted("grid_route_prompt_tokens_total"), prompt_tokens);
     // The first turn found nothing cached: the engines were fresh.
     assert_eq!(counted("grid_route_cached_prompt_tokens_total"), cached);
+    // The follow-up was sticky: the index's prediction (4 bytes a token) against what the
+    // engine's own tokenizer reported. A faithful engine delivers at least half of it, so
+    // engine feedback forgets nothing.
+    let predicted = counted("grid_route_predicted_cached_tokens_total");
+    assert_eq!(counted("grid_route_delivered_cached_tokens_total"), cached);
+    assert!(
+        predicted > 0 && cached * 2 >= predicted,
+        "{cached} of {predicted}"
+    );
+    // One CPU thread prefills far below the 10,000 tokens a second prior: the learned
+    // price fell from it.
+    let gauge = format!("grid_route_prefill_tokens_per_second{labels} ");
+    let learned: f64 = scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(&gauge))
+        .unwrap_or_else(|| panic!("no {gauge} in {scrape}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(learned < 10_000.0, "{learned}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -406,6 +406,11 @@ impl Gateway {
         &self.live.index
     }
 
+    /// Affinity: its settings in force and the prefill speeds it learned.
+    pub fn affinity(&self) -> &Affinity {
+        &self.live.affinity
+    }
+
     /// The tag keys the pin layer signs and checks ids with, rotated on reload.
     pub fn tag_keys(&self) -> &PinKeys {
         &self.live.tag_keys

@@ -12,7 +12,8 @@
 //! ConfirmLayer    2xx confirms, 429/5xx/failed connection drops
 //! AffinityLayer   the sticky set, or every admitted candidate -> Candidates, Outcome
 //! RouteNoteLayer  Outcome / Pinned onto the response, for the request log
-//! FeedbackLayer   the engines' usage of 2xx answers -> prompt / cached token counters
+//! FeedbackLayer   the engines' usage of 2xx answers -> token counters; far less cached
+//!                 than a sticky request's predicted match -> the index forgets the rest
 //! RetryLayer      connect failures -> the next candidate, up to retries.max_attempts
 //! Select          least loaded among Candidates (queue [+ in flight]) -> Served
 //!   per cluster:  Buffer(p2c Balance over one Endpoint each)  (see upstream)
@@ -98,7 +99,7 @@ pub(crate) fn routing_stack(parts: &StackParts<'_>) -> Routing {
             parts.affinity.clone(),
         ))
         .layer(RouteNoteLayer)
-        .layer(FeedbackLayer::new())
+        .layer(FeedbackLayer::new().teach(parts.affinity.clone()))
         .map_request(to_engine_body)
         .layer(RetryLayer::new(
             parts.grid.clone(),

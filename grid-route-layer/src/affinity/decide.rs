@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
+use super::prefill::PrefillRates;
 use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
-use crate::grid::Cluster;
+use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
 use crate::keying::PrefixKeys;
 
@@ -134,6 +135,7 @@ pub fn narrow(
 pub struct Affinity {
     index: Arc<PrefixIndex>,
     settings: Arc<ArcSwap<AffinitySettings>>,
+    prefill: Arc<PrefillRates>,
 }
 
 impl Affinity {
@@ -142,7 +144,44 @@ impl Affinity {
         Self {
             index,
             settings: Arc::new(ArcSwap::from_pointee(settings)),
+            prefill: Arc::default(),
         }
+    }
+
+    /// The prefill speed that prices a match held by `cluster`, tokens a second: the
+    /// cluster's learned estimate with
+    /// [`learns_prefill`](AffinitySettings::learns_prefill) (the configured prior until it
+    /// has learned), else the configured figure.
+    pub fn prefill_rate(&self, cluster: &ClusterId) -> f64 {
+        let settings = self.settings();
+        if settings.learns_prefill() {
+            self.prefill
+                .rate(cluster, settings.prefill_tokens_per_second())
+        } else {
+            settings.prefill_tokens_per_second()
+        }
+    }
+
+    /// Learns `cluster`'s prefill speed from an answer that prefilled `uncached_tokens`
+    /// and started `elapsed` after dispatch, while
+    /// [`learns_prefill`](AffinitySettings::learns_prefill) is on. Returns the new
+    /// estimate when the answer was a sample ([`PrefillEstimate`](super::PrefillEstimate)).
+    pub fn learn_prefill(
+        &self,
+        cluster: &ClusterId,
+        uncached_tokens: u64,
+        elapsed: std::time::Duration,
+    ) -> Option<f64> {
+        let settings = self.settings();
+        if !settings.learns_prefill() {
+            return None;
+        }
+        self.prefill.observe(
+            cluster,
+            settings.prefill_tokens_per_second(),
+            uncached_tokens,
+            elapsed,
+        )
     }
 
     /// The prefix index it reads (and confirmation writes).
@@ -196,6 +235,20 @@ impl Affinity {
         let depths = self
             .index
             .depths(candidates.iter().map(|c| c.id()), keys.as_slice(), now);
+        let settings = if settings.learns_prefill() {
+            // The match saves the deepest holders' prefill: priced at the slowest of
+            // them, the one it saves most on.
+            let deepest = depths.iter().copied().max().unwrap_or(0);
+            let rate = candidates
+                .iter()
+                .zip(&depths)
+                .filter(|&(_, &depth)| depth == deepest)
+                .map(|(c, _)| self.prefill_rate(c.id()))
+                .fold(f64::INFINITY, f64::min);
+            settings.priced_at(rate)
+        } else {
+            settings
+        };
         let narrowing = narrow(&settings, keys, &depths, |i| {
             candidates[i].load().routing_load(now)
         });
@@ -215,6 +268,7 @@ impl fmt::Debug for Affinity {
         f.debug_struct("Affinity")
             .field("index", &self.index)
             .field("settings", &self.settings())
+            .field("prefill", &self.prefill)
             .finish()
     }
 }

@@ -33,7 +33,9 @@
 //!
 //! [`AffinityLayer`] reads the request's [`Prompt`] (model and keys) and writes the
 //! [`Candidates`] extension for the balancer inside (and the [`Outcome`] itself, for the
-//! gateway's request log, when it counted one), counting
+//! gateway's request log, when it counted one, and for a sticky request the
+//! [`PredictedMatch`] that [`FeedbackLayer`](crate::feedback::FeedbackLayer) weighs
+//! against the engine's report), counting
 //! `grid_route_prefix_affinity_total{outcome}` and emitting a `debug` event with the
 //! outcome, candidate count and depth (never keys or text). Decisions the design leaves
 //! open, made here:
@@ -138,10 +140,12 @@
 //! [`Prompt`]: crate::route::Prompt
 //! [`Pinned`]: crate::route::Pinned
 //! [`Candidates`]: crate::route::Candidates
+//! [`PredictedMatch`]: crate::route::PredictedMatch
 
 mod decide;
 mod draw;
 mod layer;
+mod prefill;
 mod service;
 mod settings;
 
@@ -149,6 +153,10 @@ pub use decide::{Affinity, Decision, Narrowing, Outcome, narrow};
 #[cfg(test)]
 pub(crate) use draw::random_draw;
 pub use layer::AffinityLayer;
+pub use prefill::{
+    MAX_PREFILL_TOKENS_PER_SECOND, MIN_PREFILL_TOKENS_PER_SECOND, MIN_SAMPLE_TOKENS,
+    PREFILL_SMOOTHING, PrefillEstimate, PrefillRates,
+};
 pub use service::AffinityService;
 pub use settings::{AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 

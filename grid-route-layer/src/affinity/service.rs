@@ -11,7 +11,7 @@ use super::decide::{Affinity, Decision, Outcome};
 use super::draw::random_draw;
 use crate::grid::{Cluster, Grid};
 use crate::metrics::{OUTCOME_LABEL, PREFIX_AFFINITY_TOTAL};
-use crate::route::{Candidates, Pinned, Prompt, RequestModel, record_on_span};
+use crate::route::{Candidates, Pinned, PredictedMatch, Prompt, RequestModel, record_on_span};
 
 /// The service [`AffinityLayer`](super::AffinityLayer) builds: sets
 /// [`Candidates`] on each request (and the [`Outcome`] when it counted a decision), then
@@ -35,12 +35,16 @@ impl<S> AffinityService<S> {
 
     crate::define_inner_service_accessors!();
 
-    /// The candidates, and the outcome when the request was a counted decision.
-    fn candidates<B>(&self, req: &Request<B>) -> (Candidates, Option<Outcome>) {
+    /// The candidates, the outcome when the request was a counted decision, and the
+    /// predicted match when it is sticky.
+    fn candidates<B>(
+        &self,
+        req: &Request<B>,
+    ) -> (Candidates, Option<Outcome>, Option<PredictedMatch>) {
         if let Some(pinned) = req.extensions().get::<Pinned>() {
             // Stored state lives on one cluster: no choice to make, nothing to count.
             // Whether it still admits is checked by the balancer.
-            return (Candidates::new(vec![pinned.cluster().clone()]), None);
+            return (Candidates::new(vec![pinned.cluster().clone()]), None, None);
         }
         let view = self.grid.view();
         let prompt = req.extensions().get::<Prompt>();
@@ -54,10 +58,12 @@ impl<S> AffinityService<S> {
             ),
             // Not a request keying could read (another path, not JSON, too large, ...):
             // not a prompt decision, so it routes on load and counts nothing.
-            None => return (ids(&candidates), None),
+            None => return (ids(&candidates), None, None),
         };
         record(&decision);
-        (ids(decision.clusters()), decision.outcome())
+        let predicted = (decision.outcome() == Some(Outcome::Sticky))
+            .then(|| PredictedMatch::new(decision.deepest(), decision.covered_bytes()));
+        (ids(decision.clusters()), decision.outcome(), predicted)
     }
 }
 
@@ -101,10 +107,13 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let (candidates, outcome) = self.candidates(&req);
+        let (candidates, outcome, predicted) = self.candidates(&req);
         req.extensions_mut().insert(candidates);
         if let Some(outcome) = outcome {
             req.extensions_mut().insert(outcome);
+        }
+        if let Some(predicted) = predicted {
+            req.extensions_mut().insert(predicted);
         }
         self.inner.call(req)
     }

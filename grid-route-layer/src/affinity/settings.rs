@@ -24,6 +24,8 @@ pub struct AffinitySettings {
     exploration: f64,
     prefill_tokens_per_second: f64,
     queued_request_seconds: f64,
+    engine_feedback: bool,
+    learn_prefill: bool,
 }
 
 impl AffinitySettings {
@@ -45,6 +47,8 @@ impl AffinitySettings {
         exploration: f64,
         prefill_tokens_per_second: f64,
         queued_request_seconds: f64,
+        engine_feedback: bool,
+        learn_prefill: bool,
     ) -> Self {
         Self {
             enabled,
@@ -52,6 +56,8 @@ impl AffinitySettings {
             exploration,
             prefill_tokens_per_second,
             queued_request_seconds,
+            engine_feedback,
+            learn_prefill,
         }
     }
 
@@ -71,14 +77,35 @@ impl AffinitySettings {
         self.exploration
     }
 
-    /// Prefill speed that prices a match, tokens a second.
+    /// Prefill speed that prices a match, tokens a second; with
+    /// [`learns_prefill`](Self::learns_prefill), the prior of every cluster's estimate.
     pub fn prefill_tokens_per_second(&self) -> f64 {
         self.prefill_tokens_per_second
+    }
+
+    /// Whether each cluster's prefill speed is learned from its answers
+    /// (`prefill_tokens_per_second: auto`) rather than fixed.
+    pub fn learns_prefill(&self) -> bool {
+        self.learn_prefill
+    }
+
+    /// These settings with a match priced at `tokens_per_second` (a learned speed).
+    #[must_use]
+    pub fn priced_at(mut self, tokens_per_second: f64) -> Self {
+        self.prefill_tokens_per_second = tokens_per_second;
+        self
     }
 
     /// Seconds one queued request costs.
     pub fn queued_request_seconds(&self) -> f64 {
         self.queued_request_seconds
+    }
+
+    /// Whether an engine reporting far less cached than the index predicted makes the
+    /// index forget what the engine no longer holds (`prefix_affinity.engine_feedback`,
+    /// read by [`FeedbackLayer`](crate::feedback::FeedbackLayer)).
+    pub fn engine_feedback(&self) -> bool {
+        self.engine_feedback
     }
 
     /// Prefill seconds a match covering `covered_bytes` saves.
@@ -101,6 +128,8 @@ impl Default for AffinitySettings {
             exploration: Self::DEFAULT_EXPLORATION,
             prefill_tokens_per_second: Self::DEFAULT_PREFILL_TOKENS_PER_SECOND,
             queued_request_seconds: Self::DEFAULT_QUEUED_REQUEST_SECONDS,
+            engine_feedback: true,
+            learn_prefill: false,
         }
     }
 }

@@ -766,3 +766,97 @@ fn the_layer_never_prints_keys() {
         assert!(!printed.contains(&format!("{key:x}")));
     }
 }
+
+// ---- the prefill price learned per cluster ----------------------------------------------
+
+#[test]
+fn the_prefill_estimate_starts_at_its_prior_and_converges_to_the_engines_speed() {
+    let mut estimate = PrefillEstimate::new(10_000.0);
+    assert_eq!(estimate.tokens_per_second(), 10_000.0);
+    // Virtual time: each answer prefilled 3,000 tokens in 0.15 s, 20,000 tokens a second.
+    let mut seen = Vec::new();
+    for _ in 0..30 {
+        assert!(estimate.observe(3_000, Duration::from_millis(150)));
+        seen.push(estimate.tokens_per_second());
+    }
+    // It moves a fifth of the way each answer, never past the engine's speed.
+    assert!((seen[0] - 12_000.0).abs() < 1e-6, "{}", seen[0]);
+    assert!(seen.windows(2).all(|w| w[0] < w[1] && w[1] <= 20_000.0));
+    assert!((seen[29] - 20_000.0).abs() < 20.0, "{}", seen[29]);
+}
+
+#[test]
+fn a_short_or_instant_answer_teaches_nothing() {
+    let mut estimate = PrefillEstimate::new(10_000.0);
+    assert!(!estimate.observe(MIN_SAMPLE_TOKENS - 1, Duration::from_secs(1)));
+    assert!(!estimate.observe(5_000, Duration::ZERO));
+    assert_eq!(estimate.tokens_per_second(), 10_000.0);
+}
+
+#[test]
+fn the_prefill_estimate_stays_within_its_bounds() {
+    let mut slow = PrefillEstimate::new(0.0);
+    assert_eq!(slow.tokens_per_second(), MIN_PREFILL_TOKENS_PER_SECOND);
+    for _ in 0..100 {
+        slow.observe(64, Duration::from_secs(3_600));
+    }
+    assert!(slow.tokens_per_second() >= MIN_PREFILL_TOKENS_PER_SECOND);
+    let mut fast = PrefillEstimate::new(f64::INFINITY);
+    assert_eq!(fast.tokens_per_second(), MAX_PREFILL_TOKENS_PER_SECOND);
+    for _ in 0..100 {
+        fast.observe(u64::MAX, Duration::from_nanos(1));
+    }
+    assert!(fast.tokens_per_second() <= MAX_PREFILL_TOKENS_PER_SECOND);
+}
+
+fn learning(f: &Fixture) {
+    f.affinity.set_settings(settings(&PrefixAffinityConfig {
+        learn_prefill: true,
+        ..PrefixAffinityConfig::default()
+    }));
+}
+
+#[test]
+fn a_fixed_price_learns_nothing() {
+    let f = two_sites();
+    assert_eq!(
+        f.affinity
+            .learn_prefill(&f.id("east-a"), 1_000, Duration::from_secs(10)),
+        None
+    );
+    assert_eq!(f.affinity.prefill_rate(&f.id("east-a")), 10_000.0);
+}
+
+#[test]
+fn each_cluster_learns_its_own_prefill_speed_from_its_prior() {
+    let f = two_sites();
+    learning(&f);
+    assert_eq!(f.affinity.prefill_rate(&f.id("east-a")), 10_000.0);
+    for _ in 0..60 {
+        f.affinity
+            .learn_prefill(&f.id("east-a"), 1_000, Duration::from_secs(10));
+    }
+    assert!((f.affinity.prefill_rate(&f.id("east-a")) - 100.0).abs() < 1.0);
+    assert_eq!(f.affinity.prefill_rate(&f.id("west-a")), 10_000.0);
+}
+
+#[test]
+fn a_match_at_a_slow_learned_prefill_keeps_its_site_three_queued_requests_heavier() {
+    let f = two_sites();
+    learning(&f);
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    f.set_queue("east-a", Some(3.0));
+    f.set_queue("west-a", Some(0.0));
+    // At the prior, 40 blocks (~2,600 tokens) save 0.26 s: a tenth of a queued request.
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::LoadOverride));
+    // East turns out to prefill 100 tokens a second: the same match saves 26 s, 13 queued
+    // requests, and holds against three.
+    for _ in 0..40 {
+        f.affinity
+            .learn_prefill(&f.id("east-a"), 1_000, Duration::from_secs(10));
+    }
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a"]);
+}

@@ -3,14 +3,22 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::usage::UsageReader;
+use super::forget::{forget_from, predicted_tokens};
+use super::usage::{PromptUsage, UsageReader};
+use crate::affinity::Affinity;
 use crate::grid::ClusterId;
-use crate::metrics::{CACHED_PROMPT_TOKENS_TOTAL, CLUSTER_LABEL, PROMPT_TOKENS_TOTAL, SITE_LABEL};
+use crate::keying::PrefixKeys;
+use crate::metrics::{
+    CACHED_PROMPT_TOKENS_TOTAL, CLUSTER_LABEL, DELIVERED_CACHED_TOKENS_TOTAL,
+    PREDICTED_CACHED_TOKENS_TOTAL, PREFILL_TOKENS_PER_SECOND, PROMPT_TOKENS_TOTAL, SITE_LABEL,
+};
+use crate::route::PredictedMatch;
 
 pin_project! {
     /// The inner service's body, frame for frame and unchanged, while a copy of its data
@@ -27,6 +35,26 @@ pin_project! {
 struct Tally {
     reader: Option<UsageReader>,
     cluster: ClusterId,
+    prediction: Option<Prediction>,
+    prefill: Option<PrefillTiming>,
+}
+
+/// When an answer started, for learning its cluster's prefill speed.
+pub(super) struct PrefillTiming {
+    pub(super) affinity: Affinity,
+    pub(super) dispatched: Instant,
+    /// From dispatch to the answer's start: its head for a JSON answer (which an engine
+    /// sends once it has generated the whole answer), its first data for an event stream
+    /// (whose head vLLM and llama.cpp send before prefilling). `None` until then.
+    pub(super) started: Option<Duration>,
+}
+
+/// A sticky request's predicted match, weighed against the engine's report.
+pub(super) struct Prediction {
+    pub(super) matched: PredictedMatch,
+    /// The prompt's keys and the affinity whose index forgets what the engine no longer
+    /// holds, when the layer was told to teach it.
+    pub(super) teach: Option<(PrefixKeys, Affinity)>,
 }
 
 impl Drop for Tally {
@@ -42,8 +70,69 @@ impl Drop for Tally {
             CLUSTER_LABEL => Arc::clone(&cluster)
         )
         .increment(usage.prompt_tokens);
-        metrics::counter!(CACHED_PROMPT_TOKENS_TOTAL, SITE_LABEL => site, CLUSTER_LABEL => cluster)
-            .increment(usage.cached_tokens);
+        metrics::counter!(
+            CACHED_PROMPT_TOKENS_TOTAL,
+            SITE_LABEL => Arc::clone(&site),
+            CLUSTER_LABEL => Arc::clone(&cluster)
+        )
+        .increment(usage.cached_tokens);
+        if let Some(timing) = self.prefill.take()
+            && let Some(started) = timing.started
+        {
+            let uncached = usage.prompt_tokens.saturating_sub(usage.cached_tokens);
+            if let Some(rate) = timing
+                .affinity
+                .learn_prefill(&self.cluster, uncached, started)
+            {
+                metrics::gauge!(
+                    PREFILL_TOKENS_PER_SECOND,
+                    SITE_LABEL => Arc::clone(&site),
+                    CLUSTER_LABEL => Arc::clone(&cluster)
+                )
+                .set(rate);
+            }
+        }
+        if let Some(prediction) = self.prediction.take() {
+            metrics::counter!(
+                PREDICTED_CACHED_TOKENS_TOTAL,
+                SITE_LABEL => Arc::clone(&site),
+                CLUSTER_LABEL => Arc::clone(&cluster)
+            )
+            .increment(predicted_tokens(prediction.matched.covered_bytes()));
+            metrics::counter!(DELIVERED_CACHED_TOKENS_TOTAL, SITE_LABEL => site, CLUSTER_LABEL => cluster)
+                .increment(usage.cached_tokens);
+            prediction.weigh(&self.cluster, usage);
+        }
+    }
+}
+
+impl Prediction {
+    /// Makes the index forget, for `cluster` alone, the keys past what the engine
+    /// delivered, when it delivered far less than predicted.
+    ///
+    /// Runs when the answer's body is done, long after confirmation recorded the whole
+    /// prompt at the response head: the forget comes last, so it wins, and the next answer
+    /// from this cluster confirms again what it really served.
+    fn weigh(self, cluster: &ClusterId, usage: PromptUsage) {
+        let Some((keys, affinity)) = self.teach else {
+            return;
+        };
+        if !affinity.settings().engine_feedback() {
+            return;
+        }
+        let Some(from) = forget_from(&keys, self.matched, usage.cached_tokens) else {
+            return;
+        };
+        affinity
+            .index()
+            .drop_keys(cluster, keys.as_slice().get(from..).unwrap_or_default());
+        tracing::debug!(
+            cluster = %cluster,
+            predicted_depth = self.matched.depth(),
+            kept_depth = from,
+            cached_tokens = usage.cached_tokens,
+            "engine feedback: forgot what the engine no longer holds"
+        );
     }
 }
 
@@ -53,13 +142,22 @@ impl<B> FeedbackBody<B> {
         Self { body, tally: None }
     }
 
-    /// `body` read by `reader` for `cluster`.
-    pub(super) fn read(body: B, reader: UsageReader, cluster: ClusterId) -> Self {
+    /// `body` read by `reader` for `cluster`, weighed against `prediction` when affinity
+    /// predicted a match.
+    pub(super) fn read(
+        body: B,
+        reader: UsageReader,
+        cluster: ClusterId,
+        prediction: Option<Prediction>,
+        prefill: Option<PrefillTiming>,
+    ) -> Self {
         Self {
             body,
             tally: Some(Tally {
                 reader: Some(reader),
                 cluster,
+                prediction,
+                prefill,
             }),
         }
     }
@@ -87,6 +185,11 @@ where
             && let (Some(data), Some(reader)) = (frame.data_ref(), tally.reader.as_mut())
         {
             reader.feed(data);
+            if let Some(timing) = tally.prefill.as_mut()
+                && timing.started.is_none()
+            {
+                timing.started = Some(timing.dispatched.elapsed());
+            }
         }
         Poll::Ready(frame)
     }

@@ -13,6 +13,18 @@
 //! `grid_route_cached_prompt_tokens_total{site,cluster}`, whose ratio is the share of the
 //! prompt the engines of a cluster served from cache.
 //!
+//! # Engine feedback into the index
+//!
+//! For a sticky request, affinity leaves a [`PredictedMatch`](crate::route::PredictedMatch):
+//! the depth the serving cluster holds the prompt to. The layer counts what that predicts
+//! ([`predicted_tokens`], the matched bytes at 4 bytes a token) in
+//! `grid_route_predicted_cached_tokens_total{site,cluster}` and what the engine reported in
+//! `grid_route_delivered_cached_tokens_total{site,cluster}`. Built with
+//! [`FeedbackLayer::teach`], it also makes the index follow the engine's truth: when the
+//! engine delivered less than [`FORGET_BELOW_SHARE`] of the prediction (it evicted the
+//! prompt), the index forgets, for that cluster alone, the keys past what the engine still
+//! holds ([`forget_from`]); the next answer confirms again what it really served.
+//!
 //! Answers without a usage (a stream without `stream_options.include_usage`, an
 //! embedding, an error) count nothing; nothing is logged, and no prompt text is kept.
 //!
@@ -27,11 +39,13 @@
 //! ```
 
 mod body;
+mod forget;
 mod layer;
 mod service;
 mod usage;
 
 pub use body::FeedbackBody;
+pub use forget::{FORGET_BELOW_SHARE, forget_from, predicted_tokens};
 pub use layer::FeedbackLayer;
 pub use service::{FeedbackService, ResponseFuture};
 pub use usage::{MAX_EVENT_LINE_BYTES, MAX_JSON_BYTES, PromptUsage, UsageReader};

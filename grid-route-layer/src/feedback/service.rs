@@ -3,27 +3,50 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Instant;
 
 use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use super::body::FeedbackBody;
+use super::body::{FeedbackBody, Prediction, PrefillTiming};
 use super::usage::UsageReader;
-use crate::route::Served;
+use crate::affinity::Affinity;
+use crate::route::{PredictedMatch, Prompt, Served};
 
 /// Reads the engine's usage from every successful answer. See the
 /// [module docs](super).
 #[derive(Debug, Clone)]
 pub struct FeedbackService<S> {
     inner: S,
+    teach: Option<Affinity>,
 }
 
 impl<S> FeedbackService<S> {
     /// Wraps `inner`, whose answers carry [`Served`].
     pub fn new(inner: S) -> Self {
-        Self { inner }
+        Self { inner, teach: None }
+    }
+
+    /// Wraps `inner`; an engine that reports far less cached than `affinity`'s index
+    /// predicted makes the index forget (see [`FeedbackLayer::teach`](super::FeedbackLayer::teach)).
+    pub fn teaching(inner: S, affinity: Affinity) -> Self {
+        Self {
+            inner,
+            teach: Some(affinity),
+        }
+    }
+
+    /// What the request's answer will be weighed against: its predicted match, when
+    /// affinity made it sticky.
+    fn prediction<B>(&self, request: &Request<B>) -> Option<Prediction> {
+        let matched = *request.extensions().get::<PredictedMatch>()?;
+        let teach = self.teach.as_ref().and_then(|affinity| {
+            let keys = request.extensions().get::<Prompt>()?.keys().ok()?;
+            Some((keys.clone(), affinity.clone()))
+        });
+        Some(Prediction { matched, teach })
     }
 }
 
@@ -40,18 +63,34 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
+        let prediction = self.prediction(&request);
         ResponseFuture {
             inner: self.inner.call(request),
+            prediction,
+            learn: self
+                .teach
+                .clone()
+                .map(|affinity| (affinity, Instant::now())),
         }
     }
 }
 
 pin_project! {
     /// The future of [`FeedbackService`]: the inner answer with its body wrapped.
-    #[derive(Debug)]
     pub struct ResponseFuture<F> {
         #[pin]
         inner: F,
+        prediction: Option<Prediction>,
+        // The affinity that learns prefill speeds, and when the request was dispatched.
+        learn: Option<(Affinity, Instant)>,
+    }
+}
+
+impl<F> std::fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("predicted", &self.prediction.as_ref().map(|p| p.matched))
+            .finish_non_exhaustive()
     }
 }
 
@@ -62,7 +101,8 @@ where
     type Output = Result<Response<FeedbackBody<ResB>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let response = ready!(self.project().inner.poll(cx))?;
+        let this = self.project();
+        let response = ready!(this.inner.poll(cx))?;
         // Only a successful engine answer counts: errors carry no usage, and an answer
         // without `Served` did not come from a cluster.
         let cluster = response
@@ -76,7 +116,19 @@ where
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         Poll::Ready(Ok(response.map(|body| match cluster {
-            Some(cluster) => FeedbackBody::read(body, UsageReader::new(event_stream), cluster),
+            Some(cluster) => FeedbackBody::read(
+                body,
+                UsageReader::new(event_stream),
+                cluster,
+                this.prediction.take(),
+                this.learn
+                    .take()
+                    .map(|(affinity, dispatched)| PrefillTiming {
+                        affinity,
+                        dispatched,
+                        started: (!event_stream).then(|| dispatched.elapsed()),
+                    }),
+            ),
             None => FeedbackBody::unread(body),
         })))
     }

@@ -243,3 +243,237 @@ fn the_layer_forwards_every_byte_and_counts_the_usage_per_cluster() {
     assert_eq!(recorder.counter(CACHED_PROMPT_TOKENS_TOTAL, labels), 38);
     assert_eq!(recorder.total(PROMPT_TOKENS_TOTAL), 50);
 }
+
+// ---- engine feedback into the index ---------------------------------------------------
+
+/// Keys of a prompt of `blocks` 256-byte blocks.
+fn keys_of(blocks: u64) -> crate::keying::PrefixKeys {
+    crate::keying::PrefixKeys::from_block_digests(&(0..blocks).collect::<Vec<_>>()).unwrap()
+}
+
+#[test]
+fn an_engine_delivering_at_least_half_the_prediction_keeps_the_index_as_it_is() {
+    let keys = keys_of(40);
+    // 40 blocks, 10 KiB: 2560 predicted tokens.
+    let predicted = crate::route::PredictedMatch::new(40, keys.covered_bytes(40));
+    assert_eq!(predicted_tokens(predicted.covered_bytes()), 2560);
+    for delivered in [1280, 2000, 2560, 9000] {
+        assert_eq!(
+            forget_from(&keys, predicted, delivered),
+            None,
+            "{delivered}"
+        );
+    }
+}
+
+#[test]
+fn an_engine_delivering_less_than_half_keeps_only_the_keys_its_tokens_cover() {
+    let keys = keys_of(40);
+    let predicted = crate::route::PredictedMatch::new(40, keys.covered_bytes(40));
+    assert_eq!(forget_from(&keys, predicted, 1279), Some(19));
+    // One block is 64 tokens: 4 blocks delivered keep 4 keys, a part block keeps none.
+    assert_eq!(forget_from(&keys, predicted, 256), Some(4));
+    assert_eq!(forget_from(&keys, predicted, 63), Some(0));
+    assert_eq!(forget_from(&keys, predicted, 0), Some(0));
+}
+
+#[test]
+fn the_kept_depth_never_exceeds_the_predicted_one() {
+    // The index predicted 10 of 40 keys; the engine reports 3 blocks of it cached.
+    let keys = keys_of(40);
+    let predicted = crate::route::PredictedMatch::new(10, keys.covered_bytes(10));
+    assert_eq!(forget_from(&keys, predicted, 3 * 64), Some(3));
+    // A prediction of nothing forgets nothing.
+    let nothing = crate::route::PredictedMatch::new(0, 0);
+    assert_eq!(forget_from(&keys, nothing, 0), None);
+}
+
+#[test]
+fn strided_keys_are_kept_by_the_bytes_they_cover_not_by_their_count() {
+    // 2 MiB: past the 256 dense head keys, keys are strided.
+    let keys = keys_of(8192);
+    let depth = keys.len();
+    let predicted = crate::route::PredictedMatch::new(depth, keys.covered_bytes(depth));
+    let kept = forget_from(&keys, predicted, 300 * 64).unwrap();
+    assert!(keys.covered_bytes(kept) <= 300 * 256);
+    assert!(keys.covered_bytes(kept + 1) > 300 * 256);
+}
+
+mod teaching {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use super::*;
+    use crate::affinity::{Affinity, AffinityLayer};
+    use crate::config::PrefixAffinityConfig;
+    use crate::confirm::ConfirmLayer;
+    use crate::grid::{Grid, GridSettings};
+    use crate::index::{IndexSettings, PrefixIndex};
+    use crate::keying::KeySeed;
+    use crate::metrics::{DELIVERED_CACHED_TOKENS_TOTAL, PREDICTED_CACHED_TOKENS_TOTAL};
+    use crate::route::{Candidates, Prompt};
+    use crate::test_support::{chat, grid_spec, prompt_of, text};
+
+    struct Fixture {
+        grid: Grid,
+        index: Arc<PrefixIndex>,
+        affinity: Affinity,
+        prompt: Prompt,
+    }
+
+    fn fixture(engine_feedback: bool) -> Fixture {
+        let grid = Grid::new(
+            &grid_spec(&[("east", &["east-a"]), ("west", &["west-a"])]),
+            GridSettings::default(),
+        )
+        .unwrap();
+        let index = Arc::new(PrefixIndex::new(
+            IndexSettings::default(),
+            grid.view().cluster_ids(),
+        ));
+        let settings = PrefixAffinityConfig {
+            exploration: 0.0,
+            engine_feedback,
+            ..PrefixAffinityConfig::default()
+        };
+        let affinity = Affinity::new(Arc::clone(&index), settings.validate().unwrap().affinity);
+        let body = chat(&[("system", &text("feedback", 12 * 1024)), ("user", "hi")]);
+        let prompt = prompt_of(&KeySeed::random(), &body);
+        Fixture {
+            grid,
+            index,
+            affinity,
+            prompt,
+        }
+    }
+
+    /// The cluster `name` of the site its name starts with.
+    fn id(name: &str) -> ClusterId {
+        ClusterId::new(
+            SiteName::new(name.split('-').next().unwrap()).unwrap(),
+            name,
+        )
+    }
+
+    impl Fixture {
+        fn depth(&self, name: &str) -> usize {
+            let keys = self.prompt.keys().unwrap().as_slice();
+            self.index.depth(&id(name), keys, Instant::now())
+        }
+
+        /// Sends the prompt through Confirm → Affinity → Feedback (teaching) to the first
+        /// candidate, whose engine reports `cached_tokens` of it cached. Returns the depth
+        /// at east-a once the head passed, and once the body was read and dropped.
+        fn send(&self, cached_tokens: u64) -> (usize, usize) {
+            let answer = json!({"usage": {"prompt_tokens": 4000,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens}}})
+            .to_string();
+            let engine = tower::service_fn(move |req: Request<()>| {
+                let cluster = req.extensions().get::<Candidates>().unwrap().as_slice()[0].clone();
+                let mut response =
+                    Response::new(Chunks(VecDeque::from([Bytes::from(answer.clone())])));
+                response.extensions_mut().insert(Served::new(cluster));
+                std::future::ready(Ok::<_, Infallible>(response))
+            });
+            let feedback = FeedbackLayer::new().teach(self.affinity.clone());
+            let mut stack = ConfirmLayer::new(self.affinity.clone()).layer(
+                AffinityLayer::new(self.grid.clone(), self.affinity.clone())
+                    .layer(feedback.layer(engine)),
+            );
+            let mut request = Request::new(());
+            request.extensions_mut().insert(self.prompt.clone());
+            let mut future = stack.call(request);
+            let Poll::Ready(Ok(response)) = poll_once(&mut future) else {
+                panic!("answered at once");
+            };
+            assert_eq!(
+                response.extensions().get::<Served>().unwrap().cluster(),
+                &id("east-a")
+            );
+            let at_head = self.depth("east-a");
+            let mut body = response.into_body();
+            let mut cx = Context::from_waker(Waker::noop());
+            while let Poll::Ready(Some(_)) = Pin::new(&mut body).poll_frame(&mut cx) {}
+            drop(body);
+            (at_head, self.depth("east-a"))
+        }
+    }
+
+    #[test]
+    fn an_engine_that_evicted_a_sticky_prompt_makes_its_cluster_alone_forget_it() {
+        let f = fixture(true);
+        let keys = f.prompt.keys().unwrap().as_slice();
+        let now = Instant::now();
+        f.index.confirm(&id("east-a"), keys, now);
+        f.index.confirm(&id("west-a"), &keys[..10], now);
+        let full = keys.len();
+        let recorder = CountingRecorder::default();
+        let (at_head, after) = metrics::with_local_recorder(&recorder, || f.send(0));
+        // Confirmation re-learnt the prompt at the head; the engine's report at the end
+        // of the body came after, and won.
+        assert_eq!((at_head, after), (full, 0));
+        assert_eq!(f.depth("west-a"), 10, "another cluster's entries stay");
+        let labels = "cluster=east-a,site=east";
+        let predicted = predicted_tokens(f.prompt.keys().unwrap().total_covered_bytes());
+        assert_eq!(
+            recorder.counter(PREDICTED_CACHED_TOKENS_TOTAL, labels),
+            predicted
+        );
+        assert_eq!(recorder.counter(DELIVERED_CACHED_TOKENS_TOTAL, labels), 0);
+    }
+
+    #[test]
+    fn an_engine_holding_part_of_the_prompt_keeps_that_part_in_the_index() {
+        let f = fixture(true);
+        let keys = f.prompt.keys().unwrap().as_slice();
+        f.index.confirm(&id("east-a"), keys, Instant::now());
+        // 1 KiB still cached: 4 blocks of 64 tokens.
+        assert_eq!(f.send(256).1, 4);
+    }
+
+    #[test]
+    fn an_engine_delivering_what_was_predicted_changes_nothing() {
+        let f = fixture(true);
+        let keys = f.prompt.keys().unwrap().as_slice();
+        f.index.confirm(&id("east-a"), keys, Instant::now());
+        let recorder = CountingRecorder::default();
+        let predicted = predicted_tokens(f.prompt.keys().unwrap().total_covered_bytes());
+        let (_, after) = metrics::with_local_recorder(&recorder, || f.send(predicted));
+        assert_eq!(after, keys.len());
+        let labels = "cluster=east-a,site=east";
+        assert_eq!(
+            recorder.counter(DELIVERED_CACHED_TOKENS_TOTAL, labels),
+            predicted
+        );
+    }
+
+    #[test]
+    fn with_engine_feedback_off_the_index_is_not_taught_but_still_counted() {
+        let f = fixture(false);
+        let keys = f.prompt.keys().unwrap().as_slice();
+        f.index.confirm(&id("east-a"), keys, Instant::now());
+        let recorder = CountingRecorder::default();
+        let (_, after) = metrics::with_local_recorder(&recorder, || f.send(0));
+        assert_eq!(after, keys.len());
+        let labels = "cluster=east-a,site=east";
+        assert!(recorder.counter(PREDICTED_CACHED_TOKENS_TOTAL, labels) > 0);
+    }
+
+    #[test]
+    fn a_request_affinity_did_not_make_sticky_predicts_nothing() {
+        // Nothing confirmed anywhere: no match, so no prediction to weigh or count.
+        let f = fixture(true);
+        let recorder = CountingRecorder::default();
+        let (at_head, after) = metrics::with_local_recorder(&recorder, || f.send(0));
+        // The confirmation at the head stands: the engine was never expected to hold it.
+        assert_eq!(
+            (at_head, after),
+            (
+                f.prompt.keys().unwrap().len(),
+                f.prompt.keys().unwrap().len()
+            )
+        );
+        assert_eq!(recorder.total(PREDICTED_CACHED_TOKENS_TOTAL), 0);
+        assert_eq!(recorder.total(DELIVERED_CACHED_TOKENS_TOTAL), 0);
+    }
+}
