@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use grid_route_example::config::GatewayConfig;
 use grid_route_example::gateway::Gateway;
-use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 
 const MODEL: &str = "demo-model";
 /// The sites, each served by one cluster `<site>-a` of one engine of the same name.

@@ -3,7 +3,7 @@
 //!
 //! # What it does
 //!
-//! 1. Starts three [mock engines](crate::mock_engine), one cluster at each of three sites
+//! 1. Starts three [mock engines](grid_route_mock_engine), one cluster at each of three sites
 //!    (`us-east`, `eu-west`, `ap-south`). They behave like small vLLM servers: a block
 //!    prefix cache, a prefill of 4,000 uncached tokens a second (a 3,000-token prompt
 //!    prefilled from scratch costs ¾ s, from cache almost nothing), two requests running
