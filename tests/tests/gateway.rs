@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use grid_route_example::config::GatewayConfig;
-use grid_route_example::gateway::Gateway;
+use grid_route_example::gateway::{Gateway, queue_sample};
 use grid_route_layer::grid::ClusterId;
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use http_body_util::{BodyExt, Full};
@@ -1048,6 +1048,11 @@ async fn models_are_the_union_over_the_admitted_clusters() {
 /// The value of the sample `series` (name and labels) on the admin port; 0 when absent.
 async fn scraped(gateway: &Gateway, series: &str) -> u64 {
     let text = get(format!("{}/metrics", gateway.admin_url())).await.text();
+    scraped_from(&text, series)
+}
+
+/// The value of the sample `series` (name and labels, exactly) in a scrape; 0 when absent.
+fn scraped_from(text: &str, series: &str) -> u64 {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .map_or(0, |value| value.trim().parse().unwrap())
@@ -1105,9 +1110,17 @@ async fn the_engines_prompt_and_cached_tokens_are_counted_per_cluster() {
 #[tokio::test]
 async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
     let (_east, _west, gateway) = two_sites().await;
+    // The recorder is process-wide and registers some series at zero up front, so a series
+    // being there proves nothing: this test's traffic must move the counters between two
+    // scrapes (other tests only ever add to them).
+    let before = get(format!("{}/metrics", gateway.admin_url())).await.text();
     let mut conversation = Conversation::new("metrics", 9 * 1024);
     conversation.turn(&gateway, "hello").await;
     conversation.turn(&gateway, "again").await;
+    let first = post(&gateway, "/v1/responses", responses_body("hello", None)).await;
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let chained = post(&gateway, "/v1/responses", responses_body("more", Some(&id))).await;
+    assert_eq!(chained.status, StatusCode::OK);
     let scrape = get(format!("{}/metrics", gateway.admin_url())).await;
     assert_eq!(scrape.status, StatusCode::OK);
     assert!(
@@ -1138,7 +1151,35 @@ async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
             "{name} sample:\n{text}"
         );
     }
-    assert!(text.contains(r#"grid_route_prefix_affinity_total{outcome="sticky"}"#));
+    // Counted by this test's requests (two chat turns, two responses): at least the
+    // difference they make.
+    let grew = |series: &str, by: f64| {
+        let was = queue_sample(&before, series).unwrap_or(0.0);
+        let is = queue_sample(&text, series).unwrap_or(0.0);
+        assert!(is >= was + by, "{series}: {was} then {is}, not {by} more");
+    };
+    grew("grid_route_prefix_affinity_total", 2.0);
+    grew("grid_route_decisions_total", 2.0);
+    grew("grid_route_pin_total", 1.0);
+    grew("grid_route_prompt_tokens_total", 4.0);
+    grew("grid_route_cached_prompt_tokens_total", 1.0);
+    grew("grid_route_keying_seconds_count", 2.0);
+    grew("grid_route_keys_per_request_count", 2.0);
+    assert!(
+        scraped_from(
+            &text,
+            r#"grid_route_prefix_affinity_total{outcome="sticky"}"#
+        ) > scraped_from(
+            &before,
+            r#"grid_route_prefix_affinity_total{outcome="sticky"}"#
+        ),
+        "the second turn stuck"
+    );
+    assert!(
+        scraped_from(&text, r#"grid_route_pin_total{outcome="pinned"}"#)
+            > scraped_from(&before, r#"grid_route_pin_total{outcome="pinned"}"#),
+        "the chained response was pinned"
+    );
     assert!(text.contains(r#"grid_route_queue_depth{site="east",cluster="east-a"}"#));
     for histogram in ["grid_route_keying_seconds", "grid_route_keys_per_request"] {
         assert!(
