@@ -9,6 +9,8 @@
 //!   with prefix affinity on and off, and a table comparing the two
 //!   (`grid-route-example demo`, the binary's default).
 //! - [`keys`]: the `keys` command, which prints a request body's prefix keys.
+//! - [`prometheus`]: the one reader of Prometheus text, for the queue poll, the demo's
+//!   report and the tests.
 //! - [`simulate`]: the `simulate` command, which replays a production trace through the
 //!   library's routing code and other routers' policies in virtual time.
 //!
@@ -23,4 +25,5 @@ pub mod demo;
 pub mod forward_paths;
 pub mod gateway;
 pub mod keys;
+pub mod prometheus;
 pub mod simulate;

@@ -154,8 +154,7 @@ fn rss_kib(pid: u32) -> u64 {
 async fn metric(admin: &str, series: &str) -> Option<f64> {
     let (_, body) = get(&client(), &format!("{admin}/metrics")).await?;
     let text = String::from_utf8(body.to_vec()).unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    grid_route_example::prometheus::series(&text, series)
 }
 
 async fn generation(admin: &str) -> Option<u64> {

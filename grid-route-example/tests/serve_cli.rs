@@ -67,8 +67,7 @@ async fn wait_generation(admin: &str, generation: u64) {
 async fn metric(admin: &str, series: &str) -> Option<f64> {
     let (_, body) = send(Method::GET, &format!("{admin}/metrics"), "").await?;
     let text = String::from_utf8(body.to_vec()).unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    grid_route_example::prometheus::series(&text, series)
 }
 
 fn signal(child: &Child, name: &str) {

@@ -195,9 +195,7 @@ impl Replica {
         )
         .await
         .text();
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0)
+        grid_route_example::prometheus::series(&text, series).unwrap_or(0.0)
     }
 
     async fn entries(&self, cluster: &str) -> f64 {

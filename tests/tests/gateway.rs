@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use grid_route_example::config::GatewayConfig;
-use grid_route_example::gateway::{Gateway, queue_sample};
+use grid_route_example::gateway::Gateway;
+use grid_route_example::prometheus;
 use grid_route_layer::grid::ClusterId;
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use http_body_util::{BodyExt, Full};
@@ -1045,17 +1046,16 @@ async fn models_are_the_union_over_the_admitted_clusters() {
     assert_eq!(ids, ["alpha", "beta", "gamma"]);
 }
 
-/// The value of the sample `series` (name and labels) on the admin port; 0 when absent.
+/// The sum of the samples of `series` on the admin port; 0 when absent.
 async fn scraped(gateway: &Gateway, series: &str) -> u64 {
     let text = get(format!("{}/metrics", gateway.admin_url())).await.text();
     scraped_from(&text, series)
 }
 
-/// The value of the sample `series` (name and labels, exactly) in a scrape; 0 when absent.
+/// The sum of the samples of `series` (a name, and the labels they carry) in a scrape; 0
+/// when absent.
 fn scraped_from(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0, |value| value.trim().parse().unwrap())
+    prometheus::series(text, series).map_or(0, |value| value as u64)
 }
 
 #[tokio::test]
@@ -1154,8 +1154,8 @@ async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
     // Counted by this test's requests (two chat turns, two responses): at least the
     // difference they make.
     let grew = |series: &str, by: f64| {
-        let was = queue_sample(&before, series).unwrap_or(0.0);
-        let is = queue_sample(&text, series).unwrap_or(0.0);
+        let was = prometheus::series(&before, series).unwrap_or(0.0);
+        let is = prometheus::series(&text, series).unwrap_or(0.0);
         assert!(is >= was + by, "{series}: {was} then {is}, not {by} more");
     };
     grew("grid_route_prefix_affinity_total", 2.0);
