@@ -45,14 +45,11 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "grid-route-shared-index-{name}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("grid-route-shared-index-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// A `redis-server` of the test's own, without persistence, killed on drop.
@@ -228,6 +225,8 @@ struct Testbed {
     west: MockEngine,
     /// The config every replica shares, without its listen addresses.
     shared_yaml: String,
+    /// Owns `dir` (removed on drop); declared last, so it goes after the servers.
+    _scratch: tempfile::TempDir,
 }
 
 async fn engine(name: &str) -> MockEngine {
@@ -242,7 +241,8 @@ async fn engine(name: &str) -> MockEngine {
 
 impl Testbed {
     async fn start(name: &str) -> Self {
-        let dir = scratch_dir(name);
+        let scratch = scratch_dir(name);
+        let dir = scratch.path().to_owned();
         let redis = Redis::start(&dir).await;
         let (east, west) = (engine("east-a").await, engine("west-a").await);
         let tag_key = dir.join("tag.key");
@@ -270,6 +270,7 @@ impl Testbed {
             east,
             west,
             shared_yaml,
+            _scratch: scratch,
         }
     }
 

@@ -720,8 +720,8 @@ async fn a_bad_reload_keeps_the_running_config_and_says_why() {
         error.to_string().starts_with(r#"sites[0].name "East""#),
         "{error}"
     );
-    let dir = std::env::temp_dir().join(format!("grid-route-reload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let file = dir.join("gateway.yaml");
     std::fs::write(&file, format!("{yaml}surprise: 1\n")).unwrap();
     let error = gateway.reload_file(&file).unwrap_err();
@@ -731,7 +731,6 @@ async fn a_bad_reload_keeps_the_running_config_and_says_why() {
     );
     std::fs::write(&file, &yaml).unwrap();
     gateway.reload_file(&file).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(gateway.grid().view().generation(), 1);
     let answer = post(&gateway, "/v1/chat/completions", chat("still here")).await;
     assert_eq!(answer.engine(), "east-a");
@@ -1243,11 +1242,12 @@ async fn shutdown_lets_a_stream_in_flight_finish() {
 
 // ---- pinning ------------------------------------------------------------------------
 
-/// A fresh directory for this test's files.
-fn scratch_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("grid-route-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory for this test's files, removed when dropped.
+fn scratch_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("grid-route-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// `resp_<site>.<digest>.<mac>.<id>`: the site and whether the mac is 16 hex digits.
@@ -1352,7 +1352,8 @@ async fn a_new_conversation_lives_on_the_local_site() {
 async fn stored_ids_that_cannot_be_served_are_404_or_503() {
     let east = engine("east-a").await;
     let west = engine("west-a").await;
-    let dir = scratch_dir("pin-answers");
+    let scratch = scratch_dir("pin-answers");
+    let dir = scratch.path();
     let key = dir.join("tag.key");
     std::fs::write(&key, [42u8; 32]).unwrap();
     let affinity = format!(
@@ -1434,7 +1435,6 @@ async fn stored_ids_that_cannot_be_served_are_404_or_503() {
     assert_eq!(revoked.json()["error"]["code"], "invalid_id");
     assert!(revoked.headers.get("x-mock-engine").is_none());
     assert_eq!(fetch(fresh_id).await.status, StatusCode::OK);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
