@@ -17,7 +17,7 @@ use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec
 use grid_route_layer::index::PrefixIndex;
 use grid_route_layer::keying::{KeySeed, KeyedBody, KeyingLayer};
 use grid_route_layer::pin::{PinKeys, PinLayer};
-use grid_route_layer::route::{BoxError, Candidates, Served};
+use grid_route_layer::route::{BoxError, Candidates, DispatchError, Served};
 use http::{Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -48,7 +48,10 @@ async fn main() -> Result<(), BoxError> {
                 .map_or("/", |p| p.as_str())
                 .to_owned();
             *request.uri_mut() = format!("{endpoint}{path}").parse()?;
-            let mut response = client.request(request).await?.map(Body::new);
+            // A failed connection names its cluster: confirmation then drops the keys there.
+            let response = client.request(request).await;
+            let response = response.map_err(|error| DispatchError::new(cluster.clone(), error))?;
+            let mut response = response.map(Body::new);
             response.extensions_mut().insert(Served::new(cluster));
             Ok::<_, BoxError>(response)
         }

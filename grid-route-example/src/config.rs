@@ -1178,8 +1178,8 @@ grid_site_route:
 
     #[test]
     fn a_tag_key_file_that_is_missing_or_short_is_refused() {
-        let dir = std::env::temp_dir().join(format!("grid-route-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path();
         let short = dir.join("short.key");
         std::fs::write(&short, b"too short").unwrap();
         let yaml = format!(
@@ -1199,13 +1199,12 @@ grid_site_route:
         );
         let checked = GatewayConfig::from_yaml(&yaml).unwrap().validate().unwrap();
         assert!(checked.tag_key.is_some());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_previous_tag_key_needs_a_current_one_and_a_readable_file() {
-        let dir = std::env::temp_dir().join(format!("grid-route-prev-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path();
         let good = dir.join("good.key");
         std::fs::write(&good, [7u8; 32]).unwrap();
         let short = dir.join("short.key");
@@ -1239,7 +1238,6 @@ grid_site_route:
         );
         let checked = GatewayConfig::from_yaml(&both).unwrap().validate().unwrap();
         assert!(checked.previous_tag_key.is_some());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -1257,8 +1255,8 @@ grid_site_route:
 
     #[test]
     fn a_shared_index_defaults_its_key_prefix_and_checks_its_url() {
-        let dir = std::env::temp_dir().join(format!("grid-route-shared-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path();
         let key = dir.join("tag.key");
         std::fs::write(&key, [9u8; 32]).unwrap();
         let with = |shared: &str| {
@@ -1287,7 +1285,6 @@ grid_site_route:
         );
         let message = refused(&with("{ redis_uri: \"redis://h\" }"));
         assert!(message.contains("unknown field `redis_uri`"), "{message}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

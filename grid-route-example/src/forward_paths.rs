@@ -123,7 +123,8 @@ pub enum PathCheck {
 }
 
 /// Why a `forward_paths` entry was refused: the index of the entry and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {expected}, got {value:?}")]
 pub struct ForwardPathError {
     /// The field, as a path in the file (`forward_paths[2].methods[0]`).
     pub field: String,
@@ -261,14 +262,6 @@ impl fmt::Debug for ForwardPaths {
             .finish()
     }
 }
-
-impl fmt::Display for ForwardPathError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}, got {:?}", self.field, self.expected, self.value)
-    }
-}
-
-impl std::error::Error for ForwardPathError {}
 
 #[cfg(test)]
 mod tests {

@@ -9,12 +9,14 @@
 //!   with prefix affinity on and off, and a table comparing the two
 //!   (`grid-route-example demo`, the binary's default).
 //! - [`keys`]: the `keys` command, which prints a request body's prefix keys.
-//! - [`mock_engine`]: an OpenAI-compatible mock inference engine (vLLM-like: block prefix
-//!   cache, prefill-time model, queue metric, Responses and Conversations store), started
-//!   in process with [`mock_engine::MockEngine::start`] or from the command line with
-//!   `grid-route-example mock-engine`.
+//! - [`prometheus`]: the one reader of Prometheus text, for the queue poll, the demo's
+//!   report and the tests.
 //! - [`simulate`]: the `simulate` command, which replays a production trace through the
 //!   library's routing code and other routers' policies in virtual time.
+//!
+//! The demo's engines, and the `mock-engine` subcommand, come from the
+//! `grid-route-mock-engine` crate (`tests/mock-engine/`): an OpenAI-compatible mock
+//! inference engine the tests share.
 
 #![forbid(unsafe_code)]
 
@@ -23,5 +25,5 @@ pub mod demo;
 pub mod forward_paths;
 pub mod gateway;
 pub mod keys;
-pub mod mock_engine;
+pub mod prometheus;
 pub mod simulate;

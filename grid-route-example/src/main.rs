@@ -7,7 +7,8 @@
 
 use std::process::ExitCode;
 
-use grid_route_example::{demo, gateway, keys, mock_engine, simulate};
+use grid_route_example::{demo, gateway, keys, simulate};
+use grid_route_mock_engine as mock_engine;
 
 const USAGE: &str = "usage: grid-route-example [command] [args]
 

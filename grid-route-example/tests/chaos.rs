@@ -154,8 +154,7 @@ fn rss_kib(pid: u32) -> u64 {
 async fn metric(admin: &str, series: &str) -> Option<f64> {
     let (_, body) = get(&client(), &format!("{admin}/metrics")).await?;
     let text = String::from_utf8(body.to_vec()).unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    grid_route_example::prometheus::series(&text, series)
 }
 
 async fn generation(admin: &str) -> Option<u64> {
@@ -375,8 +374,8 @@ async fn the_gateway_holds_up_through_engine_deaths_500s_stalls_and_reloads() {
     let mut east = EngineProcess::start("east-a", east_port).await;
     let west = EngineProcess::start("west-a", west_port).await;
     let north = EngineProcess::start("north-a", north_port).await;
-    let dir = std::env::temp_dir().join(format!("grid-route-chaos-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let file = dir.join("gateway.yaml");
     let (listen, admin_port) = (free_port(), free_port());
     let admin = format!("http://127.0.0.1:{admin_port}");
@@ -467,5 +466,4 @@ async fn the_gateway_holds_up_through_engine_deaths_500s_stalls_and_reloads() {
         "RSS grew from {rss_warm} KiB to {rss_end} KiB"
     );
     drop(east);
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -34,23 +34,23 @@ fn write(dir: &std::path::Path, name: &str, body: &str) -> String {
 
 #[test]
 fn prints_one_line_per_file_with_comparable_keys() {
-    let dir = std::env::temp_dir().join(format!("grid-route-keys-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let text = "The same long system prompt for both turns. ".repeat(30);
-    let turn1 = write(&dir, "turn1.json", &serde_json::json!({"model":"m","messages":[{"role":"system","content":text},{"role":"user","content":"hi"}]}).to_string());
-    let turn2 = write(&dir, "turn2.json", &serde_json::json!({"model":"m","messages":[{"role":"system","content":text},{"role":"user","content":"hi"},{"role":"assistant","content":text}]}).to_string());
+    let turn1 = write(dir, "turn1.json", &serde_json::json!({"model":"m","messages":[{"role":"system","content":text},{"role":"user","content":"hi"}]}).to_string());
+    let turn2 = write(dir, "turn2.json", &serde_json::json!({"model":"m","messages":[{"role":"system","content":text},{"role":"user","content":"hi"},{"role":"assistant","content":text}]}).to_string());
     let short = write(
-        &dir,
+        dir,
         "short.json",
         r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
     );
     let tokens = write(
-        &dir,
+        dir,
         "tokens.json",
         r#"{"model":"m","messages":[{"role":"user","content":[{"type":"hologram"}]}]}"#,
     );
     let duplicate = write(
-        &dir,
+        dir,
         "dup.json",
         r#"{"model":"a","model":"b","messages":[]}"#,
     );
@@ -85,7 +85,6 @@ fn prints_one_line_per_file_with_comparable_keys() {
         assert!(!line["reason"].as_str().unwrap().is_empty());
     }
     assert!(lines[4]["reason"].as_str().unwrap().contains("400"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -98,15 +97,15 @@ fn an_unreadable_file_gets_a_reason_and_a_failing_status() {
 
 #[test]
 fn fields_print_in_the_documented_order() {
-    let dir = std::env::temp_dir().join(format!("grid-route-keys-order-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let text = "A prompt long enough for a block or two. ".repeat(20);
     let keyed = write(
-        &dir,
+        dir,
         "keyed.json",
         &serde_json::json!({"model":"m","prompt":text}).to_string(),
     );
-    let short = write(&dir, "short.json", r#"{"model":"m","prompt":"hi"}"#);
+    let short = write(dir, "short.json", r#"{"model":"m","prompt":"hi"}"#);
     let (status, stdout) = run_raw(&["--api", "completions", &keyed, &short]);
     assert_eq!(status, 0);
     let lines: Vec<&str> = stdout.lines().collect();
@@ -121,27 +120,25 @@ fn fields_print_in_the_documented_order() {
         "{}",
         lines[1]
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_file_that_is_not_json_fails_after_printing_its_line() {
-    let dir = std::env::temp_dir().join(format!("grid-route-keys-notjson-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let text = "A prompt long enough for a block or two. ".repeat(20);
     let good = write(
-        &dir,
+        dir,
         "good.json",
         &serde_json::json!({"model":"m","prompt":text}).to_string(),
     );
-    let bad = write(&dir, "notes.txt", "these are notes, not a request body");
+    let bad = write(dir, "notes.txt", "these are notes, not a request body");
     let (status, lines) = run(&["--api", "completions", &bad, &good]);
     assert_eq!(status, 1);
     assert_eq!(lines.len(), 2, "every file still gets its line");
     assert!(lines[0]["keys"].is_null());
     assert!(lines[0]["reason"].as_str().unwrap().contains("unreadable"));
     assert!(lines[1]["keys"].is_array());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
@@ -67,8 +67,7 @@ async fn wait_generation(admin: &str, generation: u64) {
 async fn metric(admin: &str, series: &str) -> Option<f64> {
     let (_, body) = send(Method::GET, &format!("{admin}/metrics"), "").await?;
     let text = String::from_utf8(body.to_vec()).unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    grid_route_example::prometheus::series(&text, series)
 }
 
 fn signal(child: &Child, name: &str) {
@@ -113,8 +112,8 @@ async fn serve_reloads_on_sighup_and_drains_on_sigterm() {
     let engine = MockEngine::start("127.0.0.1:0", MockEngineConfig::named("east-a"))
         .await
         .unwrap();
-    let dir = std::env::temp_dir().join(format!("grid-route-serve-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let file = dir.join("gateway.yaml");
     let log = dir.join("gateway.log");
     let (listen, admin_port) = (free_port(), free_port());
@@ -197,7 +196,6 @@ async fn serve_reloads_on_sighup_and_drains_on_sigterm() {
     }
     assert!(!log.contains(secret), "the prompt reached the log");
     assert!(!log.contains("hidden"), "the query reached the log");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Waits for `child` to exit, failing after `within`.
@@ -225,8 +223,8 @@ async fn sigterm_drains_streams_in_flight_and_closes_idle_and_half_open_connecti
     let engine = MockEngine::start("127.0.0.1:0", engine_config)
         .await
         .unwrap();
-    let dir = std::env::temp_dir().join(format!("grid-route-drain-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let file = dir.join("gateway.yaml");
     let (listen, admin_port) = (free_port(), free_port());
     // Heads may take a minute: only the shutdown can close the half-open connections soon.
@@ -309,7 +307,6 @@ async fn sigterm_drains_streams_in_flight_and_closes_idle_and_half_open_connecti
         "draining took {:?}",
         signalled.elapsed()
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A `mock-engine` process on a free port, answering `/health`.
@@ -342,8 +339,8 @@ async fn engine_process(name: &str, decode_ms: u64) -> (Child, String) {
 #[tokio::test]
 async fn json_logs_name_the_site_and_cluster_of_an_engine_that_died_mid_stream() {
     let (mut engine, engine_url) = engine_process("east-a", 200).await;
-    let dir = std::env::temp_dir().join(format!("grid-route-json-log-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let file = dir.join("gateway.yaml");
     let log = dir.join("gateway.log");
     let (listen, admin_port) = (free_port(), free_port());
@@ -418,5 +415,4 @@ async fn json_logs_name_the_site_and_cluster_of_an_engine_that_died_mid_stream()
     assert_eq!(failure["fields"]["site"], "east");
     assert_eq!(failure["fields"]["cluster"], "east-a");
     assert_eq!(failure["fields"]["endpoint"], engine_url.as_str());
-    std::fs::remove_dir_all(&dir).unwrap();
 }

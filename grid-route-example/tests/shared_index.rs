@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use grid_route_example::gateway::shared_index::{EVENT_FIELD, SharedEvent, stream_key};
-use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
@@ -45,14 +45,11 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "grid-route-shared-index-{name}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("grid-route-shared-index-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// A `redis-server` of the test's own, without persistence, killed on drop.
@@ -195,9 +192,7 @@ impl Replica {
         )
         .await
         .text();
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0)
+        grid_route_example::prometheus::series(&text, series).unwrap_or(0.0)
     }
 
     async fn entries(&self, cluster: &str) -> f64 {
@@ -230,6 +225,8 @@ struct Testbed {
     west: MockEngine,
     /// The config every replica shares, without its listen addresses.
     shared_yaml: String,
+    /// Owns `dir` (removed on drop); declared last, so it goes after the servers.
+    _scratch: tempfile::TempDir,
 }
 
 async fn engine(name: &str) -> MockEngine {
@@ -244,7 +241,8 @@ async fn engine(name: &str) -> MockEngine {
 
 impl Testbed {
     async fn start(name: &str) -> Self {
-        let dir = scratch_dir(name);
+        let scratch = scratch_dir(name);
+        let dir = scratch.path().to_owned();
         let redis = Redis::start(&dir).await;
         let (east, west) = (engine("east-a").await, engine("west-a").await);
         let tag_key = dir.join("tag.key");
@@ -272,6 +270,7 @@ impl Testbed {
             east,
             west,
             shared_yaml,
+            _scratch: scratch,
         }
     }
 

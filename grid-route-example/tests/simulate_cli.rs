@@ -11,19 +11,20 @@ fn bundled_trace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/traces/mooncake_conversation_trace.jsonl")
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("grid-route-simulate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// `name` in a fresh directory, removed when the returned guard drops.
+fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    (dir, path)
 }
 
 /// The first `n` requests of the bundled trace, as a file.
-fn head_of_trace(n: usize) -> PathBuf {
+fn head_of_trace(n: usize) -> (tempfile::TempDir, PathBuf) {
     let text = std::fs::read_to_string(bundled_trace()).unwrap();
     let head: String = text.lines().take(n).flat_map(|l| [l, "\n"]).collect();
-    let path = scratch(&format!("head-{n}.jsonl"));
+    let (dir, path) = scratch(&format!("head-{n}.jsonl"));
     std::fs::write(&path, head).unwrap();
-    path
+    (dir, path)
 }
 
 fn simulate(args: &[&str]) -> Output {
@@ -48,7 +49,7 @@ fn sorted(keys: &[&str]) -> Vec<String> {
 
 #[test]
 fn json_output_has_the_documented_fields_for_every_policy() {
-    let trace = head_of_trace(600);
+    let (_dir, trace) = head_of_trace(600);
     let output = simulate(&["--trace", trace.to_str().unwrap(), "--sites", "3", "--json"]);
     assert!(
         output.status.success(),
@@ -125,7 +126,7 @@ fn json_output_has_the_documented_fields_for_every_policy() {
 
 #[test]
 fn the_same_seed_gives_byte_identical_json_and_another_seed_differs() {
-    let trace = head_of_trace(800);
+    let (_dir, trace) = head_of_trace(800);
     let trace = trace.to_str().unwrap();
     let args = [
         "--trace",
@@ -146,7 +147,7 @@ fn the_same_seed_gives_byte_identical_json_and_another_seed_differs() {
 
 #[test]
 fn a_malformed_line_is_refused_with_its_line_number() {
-    let path = scratch("bad.jsonl");
+    let (_dir, path) = scratch("bad.jsonl");
     let good = r#"{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}"#;
     std::fs::write(&path, format!("{good}\n{good}\n{{\"timestamp\": 3}}\n")).unwrap();
     let output = simulate(&["--trace", path.to_str().unwrap()]);
@@ -161,8 +162,8 @@ fn a_malformed_line_is_refused_with_its_line_number() {
 
 #[test]
 fn the_table_and_the_chart_name_every_policy() {
-    let trace = head_of_trace(300);
-    let svg = scratch("cdf.svg");
+    let (_trace_dir, trace) = head_of_trace(300);
+    let (_svg_dir, svg) = scratch("cdf.svg");
     let output = simulate(&[
         "--trace",
         trace.to_str().unwrap(),

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use grid_route_example::config::GatewayConfig;
 use grid_route_example::gateway::Gateway;
-use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_example::prometheus;
 use grid_route_layer::grid::ClusterId;
+use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use http_body_util::{BodyExt, Full};
 use hyper::header::HeaderMap;
 use hyper::{Method, Request, StatusCode};
@@ -719,8 +720,8 @@ async fn a_bad_reload_keeps_the_running_config_and_says_why() {
         error.to_string().starts_with(r#"sites[0].name "East""#),
         "{error}"
     );
-    let dir = std::env::temp_dir().join(format!("grid-route-reload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let file = dir.join("gateway.yaml");
     std::fs::write(&file, format!("{yaml}surprise: 1\n")).unwrap();
     let error = gateway.reload_file(&file).unwrap_err();
@@ -730,7 +731,6 @@ async fn a_bad_reload_keeps_the_running_config_and_says_why() {
     );
     std::fs::write(&file, &yaml).unwrap();
     gateway.reload_file(&file).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(gateway.grid().view().generation(), 1);
     let answer = post(&gateway, "/v1/chat/completions", chat("still here")).await;
     assert_eq!(answer.engine(), "east-a");
@@ -1045,12 +1045,16 @@ async fn models_are_the_union_over_the_admitted_clusters() {
     assert_eq!(ids, ["alpha", "beta", "gamma"]);
 }
 
-/// The value of the sample `series` (name and labels) on the admin port; 0 when absent.
+/// The sum of the samples of `series` on the admin port; 0 when absent.
 async fn scraped(gateway: &Gateway, series: &str) -> u64 {
     let text = get(format!("{}/metrics", gateway.admin_url())).await.text();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0, |value| value.trim().parse().unwrap())
+    scraped_from(&text, series)
+}
+
+/// The sum of the samples of `series` (a name, and the labels they carry) in a scrape; 0
+/// when absent.
+fn scraped_from(text: &str, series: &str) -> u64 {
+    prometheus::series(text, series).map_or(0, |value| value as u64)
 }
 
 #[tokio::test]
@@ -1237,9 +1241,17 @@ async fn with_an_auto_price_the_gateway_learns_the_engines_prefill_speed() {
 #[tokio::test]
 async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
     let (_east, _west, gateway) = two_sites().await;
+    // The recorder is process-wide and registers some series at zero up front, so a series
+    // being there proves nothing: this test's traffic must move the counters between two
+    // scrapes (other tests only ever add to them).
+    let before = get(format!("{}/metrics", gateway.admin_url())).await.text();
     let mut conversation = Conversation::new("metrics", 9 * 1024);
     conversation.turn(&gateway, "hello").await;
     conversation.turn(&gateway, "again").await;
+    let first = post(&gateway, "/v1/responses", responses_body("hello", None)).await;
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let chained = post(&gateway, "/v1/responses", responses_body("more", Some(&id))).await;
+    assert_eq!(chained.status, StatusCode::OK);
     let scrape = get(format!("{}/metrics", gateway.admin_url())).await;
     assert_eq!(scrape.status, StatusCode::OK);
     assert!(
@@ -1272,7 +1284,35 @@ async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
             "{name} sample:\n{text}"
         );
     }
-    assert!(text.contains(r#"grid_route_prefix_affinity_total{outcome="sticky"}"#));
+    // Counted by this test's requests (two chat turns, two responses): at least the
+    // difference they make.
+    let grew = |series: &str, by: f64| {
+        let was = prometheus::series(&before, series).unwrap_or(0.0);
+        let is = prometheus::series(&text, series).unwrap_or(0.0);
+        assert!(is >= was + by, "{series}: {was} then {is}, not {by} more");
+    };
+    grew("grid_route_prefix_affinity_total", 2.0);
+    grew("grid_route_decisions_total", 2.0);
+    grew("grid_route_pin_total", 1.0);
+    grew("grid_route_prompt_tokens_total", 4.0);
+    grew("grid_route_cached_prompt_tokens_total", 1.0);
+    grew("grid_route_keying_seconds_count", 2.0);
+    grew("grid_route_keys_per_request_count", 2.0);
+    assert!(
+        scraped_from(
+            &text,
+            r#"grid_route_prefix_affinity_total{outcome="sticky"}"#
+        ) > scraped_from(
+            &before,
+            r#"grid_route_prefix_affinity_total{outcome="sticky"}"#
+        ),
+        "the second turn stuck"
+    );
+    assert!(
+        scraped_from(&text, r#"grid_route_pin_total{outcome="pinned"}"#)
+            > scraped_from(&before, r#"grid_route_pin_total{outcome="pinned"}"#),
+        "the chained response was pinned"
+    );
     assert!(text.contains(r#"grid_route_queue_depth{site="east",cluster="east-a"}"#));
     for histogram in ["grid_route_keying_seconds", "grid_route_keys_per_request"] {
         assert!(
@@ -1336,11 +1376,12 @@ async fn shutdown_lets_a_stream_in_flight_finish() {
 
 // ---- pinning ------------------------------------------------------------------------
 
-/// A fresh directory for this test's files.
-fn scratch_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("grid-route-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory for this test's files, removed when dropped.
+fn scratch_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("grid-route-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// `resp_<site>.<digest>.<mac>.<id>`: the site and whether the mac is 16 hex digits.
@@ -1445,7 +1486,8 @@ async fn a_new_conversation_lives_on_the_local_site() {
 async fn stored_ids_that_cannot_be_served_are_404_or_503() {
     let east = engine("east-a").await;
     let west = engine("west-a").await;
-    let dir = scratch_dir("pin-answers");
+    let scratch = scratch_dir("pin-answers");
+    let dir = scratch.path();
     let key = dir.join("tag.key");
     std::fs::write(&key, [42u8; 32]).unwrap();
     let affinity = format!(
@@ -1527,7 +1569,6 @@ async fn stored_ids_that_cannot_be_served_are_404_or_503() {
     assert_eq!(revoked.json()["error"]["code"], "invalid_id");
     assert!(revoked.headers.get("x-mock-engine").is_none());
     assert_eq!(fetch(fresh_id).await.status, StatusCode::OK);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {

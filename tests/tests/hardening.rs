@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use grid_route_example::config::GatewayConfig;
 use grid_route_example::gateway::Gateway;
-use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use http_body_util::{BodyExt, Full};
 use hyper::header::HeaderMap;
 use hyper::{Method, Request, StatusCode};
@@ -547,8 +547,7 @@ fn cluster_id(gateway: &Gateway, name: &str) -> grid_route_layer::grid::ClusterI
 async fn metric(gateway: &Gateway, series: &str) -> Option<f64> {
     let answer = send(Method::GET, &format!("{}/metrics", gateway.admin_url()), "").await;
     let text = String::from_utf8(answer.body.to_vec()).unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    grid_route_example::prometheus::series(&text, series)
 }
 
 #[tokio::test]

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use grid_route_example::config::GatewayConfig;
 use grid_route_example::gateway::Gateway;
-use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 
 const MODEL: &str = "demo-model";
 /// The sites, each served by one cluster `<site>-a` of one engine of the same name.
@@ -107,9 +107,8 @@ async fn gateway(engines: &[MockEngine], tag_key: &Path) -> Gateway {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_sdks_work_through_the_gateway() {
     let python = sdk_python();
-    let scratch = std::env::temp_dir().join(format!("grid-route-sdk-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).unwrap();
-    let tag_key = scratch.join("tag.key");
+    let scratch = tempfile::tempdir().unwrap();
+    let tag_key = scratch.path().join("tag.key");
     std::fs::write(&tag_key, [7_u8; 32]).unwrap();
 
     let mut engines = Vec::new();
@@ -180,5 +179,4 @@ async fn the_official_python_sdks_work_through_the_gateway() {
     }
     println!("{report}");
     gateway.shutdown().await.unwrap();
-    let _ = std::fs::remove_dir_all(&scratch);
 }

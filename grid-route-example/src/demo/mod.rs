@@ -3,7 +3,7 @@
 //!
 //! # What it does
 //!
-//! 1. Starts three [mock engines](crate::mock_engine), one cluster at each of three sites
+//! 1. Starts three [mock engines](grid_route_mock_engine), one cluster at each of three sites
 //!    (`us-east`, `eu-west`, `ap-south`). They behave like small vLLM servers: a block
 //!    prefix cache, a prefill of 4,000 uncached tokens a second (a 3,000-token prompt
 //!    prefilled from scratch costs ¾ s, from cache almost nothing), two requests running
@@ -87,7 +87,6 @@ mod report;
 mod testbed;
 mod workload;
 
-use std::fmt;
 use std::io;
 use std::time::Duration;
 
@@ -254,37 +253,15 @@ async fn run_once(
 }
 
 /// Why the demo could not run.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DemoError {
     /// A mock engine could not start.
-    Engine(io::Error),
+    #[error("cannot start a mock engine: {0}")]
+    Engine(#[source] io::Error),
     /// The gateway could not start.
-    Gateway(GatewayError),
-}
-
-impl fmt::Display for DemoError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Engine(error) => write!(f, "cannot start a mock engine: {error}"),
-            Self::Gateway(error) => write!(f, "cannot start the gateway: {error}"),
-        }
-    }
-}
-
-impl std::error::Error for DemoError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Engine(error) => Some(error),
-            Self::Gateway(error) => Some(error),
-        }
-    }
-}
-
-impl From<GatewayError> for DemoError {
-    fn from(error: GatewayError) -> Self {
-        Self::Gateway(error)
-    }
+    #[error("cannot start the gateway: {0}")]
+    Gateway(#[from] GatewayError),
 }
 
 impl From<ConfigError> for DemoError {

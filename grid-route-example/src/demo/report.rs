@@ -188,25 +188,11 @@ fn millis(duration: Option<Duration>) -> String {
 /// `grid_route_prefix_affinity_total` per outcome, read from Prometheus text.
 pub(crate) fn affinity_counts(metrics_text: &str) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
-    for line in metrics_text.lines() {
-        let Some(rest) = line.strip_prefix(PREFIX_AFFINITY_TOTAL) else {
-            continue;
-        };
-        let Some((labels, value)) = rest.strip_prefix('{').and_then(|r| r.split_once('}')) else {
-            continue;
-        };
-        let outcome = labels.split(',').find_map(|label| {
-            label
-                .trim()
-                .strip_prefix("outcome=\"")
-                .and_then(|v| v.strip_suffix('"'))
-        });
-        let value = value
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok());
-        if let (Some(outcome), Some(value)) = (outcome, value) {
-            *counts.entry(outcome.to_owned()).or_default() += value as u64;
+    for sample in crate::prometheus::samples(metrics_text).flatten() {
+        if sample.name == PREFIX_AFFINITY_TOTAL
+            && let Some(outcome) = sample.label("outcome")
+        {
+            *counts.entry(outcome.to_owned()).or_default() += sample.value as u64;
         }
     }
     counts

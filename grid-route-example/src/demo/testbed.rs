@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::GatewayConfig;
 use crate::gateway::Gateway;
-use crate::mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 
 use super::DemoError;
 

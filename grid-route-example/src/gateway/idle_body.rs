@@ -8,8 +8,6 @@
 //! says, through a shared flag, that it timed out, so the layer that answers the client
 //! can tell a stalled client from a failed engine.
 
-use std::error::Error;
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -91,18 +89,11 @@ where
 }
 
 /// A body sent nothing for longer than its idle timeout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no data for {idle:?}")]
 pub(crate) struct BodyStalled {
     idle: Duration,
 }
-
-impl fmt::Display for BodyStalled {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "no data for {:?}", self.idle)
-    }
-}
-
-impl Error for BodyStalled {}
 
 #[cfg(test)]
 mod tests {

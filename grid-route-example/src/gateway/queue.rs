@@ -141,44 +141,7 @@ async fn read_queue(client: &HttpClient, base: &str, metric: &str) -> Option<f64
 /// assert_eq!(queue_sample(text, "sglang:num_queue_reqs"), None);
 /// ```
 pub fn queue_sample(text: &str, metric: &str) -> Option<f64> {
-    let mut sum: Option<f64> = None;
-    for line in text.lines() {
-        let line = line.trim_start();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let name_end = line
-            .find(|c: char| c == '{' || c.is_ascii_whitespace())
-            .unwrap_or(line.len());
-        if &line[..name_end] != metric {
-            continue;
-        }
-        let rest = &line[name_end..];
-        let rest = match rest.strip_prefix('{') {
-            Some(labels) => after_labels(labels)?,
-            None => rest,
-        };
-        let value: f64 = rest.split_ascii_whitespace().next()?.parse().ok()?;
-        sum = Some(sum.unwrap_or(0.0) + value);
-    }
-    sum
-}
-
-/// What follows the `}` closing a label set whose `{` was just before `labels`; `None`
-/// when it is not closed.
-fn after_labels(labels: &str) -> Option<&str> {
-    let mut quoted = false;
-    let mut escaped = false;
-    for (i, c) in labels.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if quoted => escaped = true,
-            '"' => quoted = !quoted,
-            '}' if !quoted => return Some(&labels[i + 1..]),
-            _ => {}
-        }
-    }
-    None
+    crate::prometheus::sum(text, metric, &[])
 }
 
 #[cfg(test)]

@@ -285,13 +285,6 @@ impl HttpBody for SlotBody {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("the request body was read by an earlier attempt")]
 struct BodyGone;
-
-impl fmt::Display for BodyGone {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the request body was read by an earlier attempt")
-    }
-}
-
-impl std::error::Error for BodyGone {}

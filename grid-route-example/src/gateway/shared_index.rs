@@ -151,34 +151,25 @@ impl std::fmt::Debug for SharedEvent {
 }
 
 /// Why a stream entry could not be read as an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DecodeError {
     /// It ends before its fields do, or has bytes after them.
+    #[error("truncated or overlong event")]
     Length,
     /// Another format version.
+    #[error("event format version {0}, expected {EVENT_VERSION}")]
     Version(u8),
     /// An unknown kind byte.
+    #[error("unknown event kind {0}")]
     Kind(u8),
     /// The site is not a valid site name.
+    #[error("the event's site is not a valid site name")]
     Site,
     /// More keys than a request can have.
+    #[error("{0} keys, more than {MAX_KEYS}")]
     TooManyKeys(usize),
 }
-
-impl std::fmt::Display for DecodeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Length => f.write_str("truncated or overlong event"),
-            Self::Version(v) => write!(f, "event format version {v}, expected {EVENT_VERSION}"),
-            Self::Kind(k) => write!(f, "unknown event kind {k}"),
-            Self::Site => f.write_str("the event's site is not a valid site name"),
-            Self::TooManyKeys(n) => write!(f, "{n} keys, more than {MAX_KEYS}"),
-        }
-    }
-}
-
-impl std::error::Error for DecodeError {}
 
 const HEADER_BYTES: usize = 1 + 1 + 8 + 8 + 8 + 4;
 

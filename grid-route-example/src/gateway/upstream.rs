@@ -412,34 +412,16 @@ where
 /// Connecting to the endpoint failed (refused, unreachable, or over
 /// `timeouts.upstream_connect_ms`): nothing of the request reached an engine, so it may
 /// be retried elsewhere.
-#[derive(Debug)]
-pub(crate) struct ConnectFailed(hyper_util::client::legacy::Error);
-
-impl fmt::Display for ConnectFailed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "cannot connect: {}", self.0)
-    }
-}
-
-impl std::error::Error for ConnectFailed {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
-    }
-}
+#[derive(Debug, thiserror::Error)]
+#[error("cannot connect: {0}")]
+pub(crate) struct ConnectFailed(#[source] hyper_util::client::legacy::Error);
 
 /// The engine sent no response head within `timeouts.upstream_first_byte_secs`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("no response head within {} s", after.as_secs())]
 pub(crate) struct UpstreamTimeout {
     after: Duration,
 }
-
-impl fmt::Display for UpstreamTimeout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "no response head within {} s", self.after.as_secs())
-    }
-}
-
-impl std::error::Error for UpstreamTimeout {}
 
 /// The request as the engine gets it: its URI, HTTP/1.1, hop-by-hop headers dropped and
 /// `host` set to the endpoint; body untouched.

@@ -257,11 +257,15 @@ pub fn parse_args(args: &[String]) -> Result<SimulateArgs, String> {
 }
 
 /// Why a simulation could not run.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum SimulateError {
     /// The trace could not be read or is malformed.
+    #[error("{0}")]
     Trace(TraceError),
     /// A request can never fit in an engine's KV cache.
+    #[error(
+        "request {request} of the trace needs {tokens} KV tokens, more than --kv-tokens {kv_tokens}"
+    )]
     TooLarge {
         /// The request's position in the trace, from 1.
         request: usize,
@@ -271,27 +275,9 @@ pub enum SimulateError {
         kv_tokens: u64,
     },
     /// The settings were refused.
+    #[error("{0}")]
     Settings(String),
 }
-
-impl std::fmt::Display for SimulateError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SimulateError::Trace(error) => error.fmt(f),
-            SimulateError::TooLarge {
-                request,
-                tokens,
-                kv_tokens,
-            } => write!(
-                f,
-                "request {request} of the trace needs {tokens} KV tokens, more than --kv-tokens {kv_tokens}"
-            ),
-            SimulateError::Settings(message) => f.write_str(message),
-        }
-    }
-}
-
-impl std::error::Error for SimulateError {}
 
 /// Reads the trace and runs every policy; `progress` (when set) gets a line per 1% on
 /// stderr.

@@ -6,7 +6,6 @@
 //! prefix. Any file in this format is accepted; a line that is not is refused with its
 //! number, and nothing is simulated.
 
-use std::fmt;
 use std::io::BufRead;
 
 use grid_route_layer::keying::{BLOCK_BYTES, PrefixKeys};
@@ -48,9 +47,10 @@ struct Line {
 
 /// A trace that cannot be read: the line (from 1) and what is wrong with it, or an I/O
 /// error.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// Line `line` is not a request in the trace format.
+    #[error("line {line}: {reason}")]
     Malformed {
         /// 1-based line number.
         line: usize,
@@ -58,22 +58,12 @@ pub enum TraceError {
         reason: String,
     },
     /// The file could not be read.
+    #[error("cannot read the trace: {0}")]
     Io(std::io::Error),
     /// The file holds no request.
+    #[error("the trace holds no request")]
     Empty,
 }
-
-impl fmt::Display for TraceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TraceError::Malformed { line, reason } => write!(f, "line {line}: {reason}"),
-            TraceError::Io(error) => write!(f, "cannot read the trace: {error}"),
-            TraceError::Empty => f.write_str("the trace holds no request"),
-        }
-    }
-}
-
-impl std::error::Error for TraceError {}
 
 /// Reads a whole trace. Blank lines are skipped; requests must come in arrival order.
 pub fn read_trace(input: impl BufRead) -> Result<Vec<TraceRequest>, TraceError> {

@@ -7,8 +7,10 @@
 //! head of a prompt is the most recent and eviction takes tails before heads.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
+use std::num::NonZeroUsize;
+
+use lru::LruCache;
 
 /// Chained hashes of a prompt's full blocks, seeded by its namespace (model and cache salt).
 pub(crate) fn block_hashes(namespace: u64, prompt: &[u8], block_bytes: usize) -> Vec<u64> {
@@ -34,72 +36,56 @@ pub(crate) fn namespace(model: &str, cache_salt: Option<&str>) -> u64 {
     hasher.finish()
 }
 
-/// An LRU set of block hashes.
+/// An LRU set of block hashes (`lru`'s map with unit values); no map at all when the
+/// capacity is 0.
 #[derive(Debug)]
 pub(crate) struct PrefixCache {
-    capacity_blocks: usize,
-    /// Block hash -> its last use.
-    last_use: HashMap<u64, u64>,
-    /// Last use -> block hash; the first entry is the least recently used.
-    by_age: BTreeMap<u64, u64>,
-    clock: u64,
+    blocks: Option<LruCache<u64, ()>>,
 }
 
 impl PrefixCache {
     pub(crate) fn new(capacity_blocks: usize) -> Self {
         Self {
-            capacity_blocks,
-            last_use: HashMap::new(),
-            by_age: BTreeMap::new(),
-            clock: 0,
+            blocks: NonZeroUsize::new(capacity_blocks).map(LruCache::new),
         }
     }
 
     /// How many leading blocks of `hashes` are cached; touches those blocks.
     pub(crate) fn cached_prefix_blocks(&mut self, hashes: &[u64]) -> usize {
+        let Some(blocks) = &mut self.blocks else {
+            return 0;
+        };
         let hits = hashes
             .iter()
-            .take_while(|hash| self.last_use.contains_key(hash))
+            .take_while(|hash| blocks.contains(hash))
             .count();
-        self.touch_tail_first(&hashes[..hits]);
+        for hash in hashes[..hits].iter().rev() {
+            blocks.promote(hash);
+        }
         hits
     }
 
     /// Caches all of `hashes`, evicting the least recently used blocks beyond capacity.
     pub(crate) fn insert(&mut self, hashes: &[u64]) {
-        if self.capacity_blocks == 0 {
-            return;
-        }
-        self.touch_tail_first(hashes);
-        while self.last_use.len() > self.capacity_blocks {
-            let Some((_, oldest)) = self.by_age.pop_first() else {
-                break;
-            };
-            self.last_use.remove(&oldest);
+        if let Some(blocks) = &mut self.blocks {
+            for &hash in hashes.iter().rev() {
+                blocks.put(hash, ());
+            }
         }
     }
 
     /// Number of cached blocks.
     pub(crate) fn len(&self) -> usize {
-        self.last_use.len()
+        self.blocks.as_ref().map_or(0, LruCache::len)
     }
 
     pub(crate) fn capacity_blocks(&self) -> usize {
-        self.capacity_blocks
+        self.blocks.as_ref().map_or(0, |blocks| blocks.cap().get())
     }
 
     pub(crate) fn clear(&mut self) {
-        self.last_use.clear();
-        self.by_age.clear();
-    }
-
-    fn touch_tail_first(&mut self, hashes: &[u64]) {
-        for &hash in hashes.iter().rev() {
-            self.clock += 1;
-            if let Some(old) = self.last_use.insert(hash, self.clock) {
-                self.by_age.remove(&old);
-            }
-            self.by_age.insert(self.clock, hash);
+        if let Some(blocks) = &mut self.blocks {
+            blocks.clear();
         }
     }
 }

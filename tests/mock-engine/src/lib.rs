@@ -1,5 +1,9 @@
 //! A mock OpenAI-compatible inference engine, in the spirit of vLLM, for tests and demos.
 //!
+//! It stands in for the engines a gateway routes to where real ones cannot run (no GPU):
+//! the example's `demo` starts three in process, its `mock-engine` subcommand runs one from
+//! the command line, and the integration tests start them around a gateway.
+//!
 //! The engine answers the four generation APIs a gateway routes (`/v1/chat/completions`,
 //! `/v1/completions`, Anthropic `/v1/messages`, `/v1/responses`), the stored-state APIs
 //! (Responses and Conversations) and the load signal a gateway polls (`/metrics`), with the
@@ -59,7 +63,7 @@
 //! # Example
 //!
 //! ```
-//! use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+//! use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -85,6 +89,8 @@
 //! engine.shutdown().await
 //! # }
 //! ```
+
+#![forbid(unsafe_code)]
 
 mod admin;
 mod anthropic;

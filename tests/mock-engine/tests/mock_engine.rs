@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use grid_route_example::mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use http_body_util::{BodyExt, Full};
 use hyper::header::HeaderMap;
 use hyper::{Method, Request, StatusCode};
@@ -202,7 +202,16 @@ async fn a_chat_stream_carries_usage_only_when_asked() {
     let mut body = chat("one two");
     body["stream"] = true.into();
     let answer = post(&engine, "/v1/chat/completions", &body).await;
-    assert!(answer.event_data().iter().all(|c| c.get("usage").is_none()));
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.events().last().unwrap().1, "[DONE]");
+    let chunks = answer.event_data();
+    // An empty stream would carry no usage either: the reply must be there, usage not.
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "[east-a] one two");
+    assert!(chunks.iter().all(|c| c.get("usage").is_none()));
 }
 
 #[tokio::test]
