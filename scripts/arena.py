@@ -579,20 +579,24 @@ def table(results: list[RunResult], configs: dict[str, RouterConfig], order: lis
 
 def main() -> None:
     sys.addaudithook(_audit)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+        pass
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
     parser.add_argument("--routers", default="vllm-cache_aware,grid-recommended,grid-defaults,"
-                        "sglang-cache_aware,sglang-round_robin,grid-t0.5,grid-t0.6")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--conversations", type=int, default=20)
+                        "sglang-cache_aware,sglang-round_robin,grid-t0.5,grid-t0.6",
+                        help="comma-separated, run in this order")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each router, interleaved")
+    parser.add_argument("--conversations", type=int, default=20, help="conversations replayed")
     parser.add_argument("--shared", type=int, default=10, help="conversations behind the shared system prompts")
-    parser.add_argument("--max-turns", type=int, default=5)
-    parser.add_argument("--concurrency", type=int, default=6)
-    parser.add_argument("--message-chars", type=int, default=800)
-    parser.add_argument("--system-chars", type=int, default=4000)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--slots", type=int, default=2)
-    parser.add_argument("--ctx-size", type=int, default=8192)
-    parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--max-turns", type=int, default=5, help="turns kept of each conversation")
+    parser.add_argument("--concurrency", type=int, default=6, help="conversations at a time")
+    parser.add_argument("--message-chars", type=int, default=800, help="each message cut to this")
+    parser.add_argument("--system-chars", type=int, default=4000, help="length of each shared system prompt")
+    parser.add_argument("--max-tokens", type=int, default=32, help="max_tokens of every turn")
+    parser.add_argument("--slots", type=int, default=2, help="llama-server --parallel")
+    parser.add_argument("--ctx-size", type=int, default=8192, help="llama-server --ctx-size")
+    parser.add_argument("--seed", type=int, default=14, help="shuffles the conversations' order")
     parser.add_argument("--prefill-rate", type=float, default=None,
                         help="tok/s for the priced grid-route runs; default: measured on a fresh engine")
     parser.add_argument("--dataset", required=True)
@@ -605,6 +609,7 @@ def main() -> None:
 
     configs = router_configs(None)
     order = [name.strip() for name in args.routers.split(",") if name.strip()]
+    requested = set(order)
     unknown = [name for name in order if name not in configs]
     if unknown:
         sys.exit(f"arena: unknown routers {unknown}; known: {', '.join(configs)}")
@@ -617,14 +622,35 @@ def main() -> None:
     log(f"workload: {len(conversations)} conversations, {turns} turns, {args.shared} behind 3 shared "
         f"system prompts of {args.system_chars} chars, {args.concurrency} at a time")
 
-    if any(configs[n].priced for n in order) and args.prefill_rate is None:
+    if any(configs[n].priced for n in requested) and args.prefill_rate is None:
         args.prefill_rate = calibrate_prefill(conversations, systems, args)
         log(f"prefill rate of one engine on this CPU: {args.prefill_rate:.0f} tok/s")
     configs = router_configs(args.prefill_rate)
 
+    # Runs already in OUT (an earlier invocation with the same workload) join the table, so
+    # that a session can be run in parts; a different workload in OUT is refused.
+    shape = {k: getattr(args, k) for k in (
+        "conversations", "shared", "max_turns", "concurrency", "message_chars", "system_chars",
+        "max_tokens", "slots", "ctx_size", "seed")}
+    shape_file = args.out / "workload.json"
+    if shape_file.exists() and json.loads(shape_file.read_text()) != shape:
+        sys.exit(f"arena: {args.out} holds runs of another workload ({shape_file}); use another OUT")
+    shape_file.write_text(json.dumps(shape) + "\n")
     results: list[RunResult] = []
-    for repeat in range(1, args.repeats + 1):
-        for name in order:
+    results_file = args.out / "results.jsonl"
+    if results_file.exists():
+        for line in results_file.read_text().splitlines():
+            d = json.loads(line)
+            earlier = RunResult(d["router"], d["repeat"], d["wall"], [Turn(**t) for t in d["turns"]],
+                                d["errors"], d["decisions"], d["sockets"])
+            results.append(earlier)
+            if earlier.router not in order:
+                order.append(earlier.router)
+    for _ in range(args.repeats):
+        for name in list(order):
+            if name not in requested:
+                continue
+            repeat = 1 + sum(r.router == name for r in results)
             result = run_once(configs[name], repeat, conversations, args)
             results.append(result)
             ttfts = [t.ttft for t in result.turns]
