@@ -1,0 +1,675 @@
+"""The arena: the same multi-turn ShareGPT workload through several routers in front of the
+same kind of fresh real engines, compared on cached share and time to first token.
+
+Run it through `scripts/arena`, which builds the pinned venv and the release gateway first;
+BENCHMARKS.md ("Arena") documents the options, the method and the results.
+
+Each run starts three fresh `llama-server` processes (SmolLM2-135M, one thread, two slots,
+`--metrics`, no host prompt cache), one router in front of them, and replays the workload
+from the official `openai` SDK, N conversations at a time, streaming every turn. The
+history of a conversation is the recorded one (the dataset's answers, not the model's), so
+every router sees byte-identical requests. Cached share is the sum of the engines' reported
+`cached_tokens` over the sum of their `prompt_tokens`.
+
+Network: the script only ever talks to 127.0.0.1, and checks it twice — an audit hook
+refuses any connection or name lookup of its own that is not loopback, and a watcher reads
+the sockets of every process it started (engines, routers, gateway) from /proc during each
+run and fails the run if one of them is connected to anything but loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MODEL = "smollm2"
+ENGINES = 3
+
+
+def log(message: str) -> None:
+    print(f"arena: {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Loopback only.
+
+
+def _is_loopback_host(host) -> bool:
+    if isinstance(host, bytes):
+        host = host.decode("ascii", "replace")
+    if host is None:
+        return True
+    try:
+        return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _audit(event: str, args) -> None:
+    # Our own sockets: every connect and every name lookup must be loopback. A host name
+    # (even "localhost") is refused too, so nothing here ever asks a resolver.
+    if event == "socket.connect":
+        sock, address = args[0], args[1]
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback_host(address[0]):
+            raise PermissionError(f"arena: refused a connection to {address[0]}: loopback only")
+    elif event == "socket.getaddrinfo":
+        if not _is_loopback_host(args[0]):
+            raise PermissionError(f"arena: refused a name lookup of {args[0]!r}: loopback only")
+
+
+def _proc_address(text: str):
+    ip_hex, port_hex = text.split(":")
+    raw = bytes.fromhex(ip_hex)
+    if len(raw) == 4:
+        return ipaddress.IPv4Address(raw[::-1]), int(port_hex, 16)
+    # /proc/net/*6 prints the address as four host-order (little-endian) 32-bit words.
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+    return ipaddress.IPv6Address(words), int(port_hex, 16)
+
+
+def _loopback_or_unset(address) -> bool:
+    if address.is_loopback or address.is_unspecified:
+        return True
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped is not None and (mapped.is_loopback or mapped.is_unspecified)
+
+
+class NetworkWatch:
+    """Samples the sockets of a set of process trees and remembers any that reach past
+    loopback (a remote address that is not loopback, or a listener on a non-loopback
+    address)."""
+
+    def __init__(self, roots: list[int]):
+        self.roots = roots
+        self.violations: list[str] = []
+        self.sockets_seen: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def _tree(self) -> set[int]:
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+        pids, todo = set(), list(self.roots)
+        while todo:
+            pid = todo.pop()
+            if pid not in pids:
+                pids.add(pid)
+                todo.extend(children.get(pid, []))
+        return pids
+
+    def sample(self) -> None:
+        inodes: set[int] = set()
+        for pid in self._tree():
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    inodes.add(int(target[8:-1]))
+        if not inodes:
+            return
+        for table in ("tcp", "tcp6", "udp", "udp6"):
+            try:
+                with open(f"/proc/net/{table}") as f:
+                    lines = f.readlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                cols = line.split()
+                inode = int(cols[9])
+                if inode not in inodes:
+                    continue
+                self.sockets_seen.add(inode)
+                local, _ = _proc_address(cols[1])
+                remote, port = _proc_address(cols[2])
+                listening = table.startswith("tcp") and cols[3] == "0A"
+                if not _loopback_or_unset(remote) or (listening and not local.is_loopback):
+                    self.violations.append(f"{table} {local} -> {remote}:{port}")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.25):
+            self.sample()
+
+
+# ---------------------------------------------------------------------------------------
+# The workload.
+
+
+def recover_records(path: Path) -> tuple[list[dict], bool]:
+    """The complete records of a JSON array that may be cut off: parses record after
+    record and stops at the first one that does not parse whole."""
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    decoder = json.JSONDecoder()
+    i, n = text.index("[") + 1, len(text)
+    records: list[dict] = []
+    while True:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n:
+            return records, True
+        if text[i] == "]":
+            return records, False
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return records, True
+        records.append(record)
+
+
+def _mostly_ascii(text: str) -> bool:
+    return sum(c.isascii() for c in text) >= 0.95 * len(text)
+
+
+@dataclass
+class Conversation:
+    id: str
+    system: str | None
+    turns: list[tuple[str, str]]
+
+
+def build_workload(records, args) -> tuple[list[Conversation], list[str]]:
+    usable = []
+    for record in records:
+        msgs = record.get("conversations") or []
+        turns = []
+        for k in range(0, len(msgs) - 1, 2):
+            human, gpt = msgs[k], msgs[k + 1]
+            if human.get("from") != "human" or gpt.get("from") != "gpt":
+                break
+            question, answer = (human.get("value") or "").strip(), (gpt.get("value") or "").strip()
+            if not question or not answer or not _mostly_ascii(question + answer):
+                break
+            turns.append((question[: args.message_chars], answer[: args.message_chars]))
+        usable.append((record.get("id", "?"), turns))
+    multi = [(rid, t) for rid, t in usable if len(t) >= 2]
+    if len(multi) < args.conversations:
+        sys.exit(f"arena: only {len(multi)} usable multi-turn conversations")
+    chosen = multi[: args.conversations]
+    # Three shared system prompts of about SYSTEM_CHARS characters (~1k tokens), written
+    # from answers of single-turn records the conversations do not use.
+    donors = [t[0][1] for rid, t in usable if len(t) == 1]
+    systems, donor = [], iter(donors)
+    for k in range(3):
+        text = (
+            f"You are assistant #{k + 1} of a support team. Answer briefly. "
+            f"Reference notes for this team follow.\n\n"
+        )
+        while len(text) < args.system_chars:
+            text += next(donor) + "\n\n"
+        systems.append(text[: args.system_chars])
+    conversations = [
+        Conversation(rid, systems[i % 3] if i < args.shared else None, turns[: args.max_turns])
+        for i, (rid, turns) in enumerate(chosen)
+    ]
+    random.Random(args.seed).shuffle(conversations)
+    return conversations, systems
+
+
+# ---------------------------------------------------------------------------------------
+# Processes.
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except (OSError, urllib.error.URLError):
+        return 0, ""
+
+
+class Procs:
+    """Processes this run started; stops each one (its process group) by id."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        logf = open(self.out / f"{name}.log", "wb")
+        proc = subprocess.Popen(
+            argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=env or child_env(),
+        )
+        self.procs.append((name, proc))
+        return proc
+
+    def pids(self) -> list[int]:
+        return [p.pid for _, p in self.procs]
+
+    def check_alive(self) -> None:
+        for name, p in self.procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited with {p.returncode}; see {self.out}/{name}.log")
+
+    def stop(self) -> None:
+        for _, p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for _, p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+        self.procs.clear()
+
+
+def child_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env["NO_PROXY"] = env["no_proxy"] = "*"
+    env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+def wait_ready(procs: Procs, urls: list[str], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        procs.check_alive()
+        if any(http_get(u)[0] == 200 for u in urls):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} not ready after {timeout:.0f} s ({urls})")
+
+
+def start_engines(procs: Procs, args, n: int = ENGINES) -> list[str]:
+    urls = []
+    for k in range(n):
+        port = free_port()
+        procs.start(f"engine{k}", [
+            args.llama_server, "--host", "127.0.0.1", "--port", str(port),
+            "--model", args.llama_model, "--alias", MODEL, "--metrics",
+            "--threads", "1", "--threads-batch", "1", "--parallel", str(args.slots),
+            "--ctx-size", str(args.ctx_size), "--cache-ram", "0", "--seed", "7",
+        ])
+        urls.append(f"http://127.0.0.1:{port}")
+    for k, url in enumerate(urls):
+        wait_ready(procs, [f"{url}/health"], f"engine{k}")
+    return urls
+
+
+# ---------------------------------------------------------------------------------------
+# Routers.
+
+
+@dataclass
+class RouterConfig:
+    name: str
+    label: str
+    kind: str  # grid | sglang | vllm | direct
+    policy: str = ""
+    count_in_flight: bool = False
+    threshold: float | None = None
+    priced: bool = False
+
+
+def router_configs(prefill_rate: float | None) -> dict[str, RouterConfig]:
+    rate = f"{prefill_rate:.0f} tok/s" if prefill_rate else "this CPU's rate"
+    recommended = f"count_in_flight, prefill priced at {rate}"
+    return {
+        "grid-defaults": RouterConfig("grid-defaults", "grid-route, defaults", "grid"),
+        "grid-recommended": RouterConfig(
+            "grid-recommended", f"grid-route, {recommended}", "grid", count_in_flight=True, priced=True),
+        "grid-t0.5": RouterConfig(
+            "grid-t0.5", f"grid-route, {recommended}, threshold 0.5", "grid",
+            count_in_flight=True, priced=True, threshold=0.5),
+        "grid-t0.6": RouterConfig(
+            "grid-t0.6", f"grid-route, {recommended}, threshold 0.6", "grid",
+            count_in_flight=True, priced=True, threshold=0.6),
+        "vllm-cache_aware": RouterConfig("vllm-cache_aware", "vllm-router (cache_aware)", "vllm", "cache_aware"),
+        "sglang-cache_aware": RouterConfig(
+            "sglang-cache_aware", "sglang-router (cache_aware)", "sglang", "cache_aware"),
+        "sglang-round_robin": RouterConfig(
+            "sglang-round_robin", "sglang-router (round_robin)", "sglang", "round_robin"),
+    }
+
+
+def start_router(procs: Procs, cfg: RouterConfig, engines: list[str], args, out: Path):
+    """Starts the router; returns (its base URL, its admin URL or None)."""
+    port = free_port()
+    if cfg.kind == "grid":
+        admin = free_port()
+        queue = '{ metric: "llamacpp:requests_deferred"' + (
+            ", count_in_flight: true }" if cfg.count_in_flight else " }")
+        affinity = []
+        if cfg.priced:
+            affinity.append(f"prefill_tokens_per_second: {args.prefill_rate:.0f}")
+        if cfg.threshold is not None:
+            affinity.append(f"threshold: {cfg.threshold}")
+        yaml = f"listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\nqueue: {queue}\n"
+        if affinity:
+            yaml += "grid_site_route: { prefix_affinity: { " + ", ".join(affinity) + " } }\n"
+        yaml += "sites:\n"
+        for k, url in enumerate(engines):
+            yaml += (f"  - {{ name: s{k}, clusters: [{{ name: s{k}-a, models: [{MODEL}], "
+                     f"endpoints: [{url}] }}] }}\n")
+        (out / "gateway.yaml").write_text(yaml)
+        procs.start("gateway", [args.gateway, "serve", "--config", str(out / "gateway.yaml")])
+        wait_ready(procs, [f"http://127.0.0.1:{admin}/healthz"], "gateway")
+        # Let the gateway read every engine's queue once before the first request.
+        time.sleep(1.5)
+        return f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
+    if cfg.kind in ("sglang", "vllm"):
+        binary = str(Path(sys.executable).parent / f"{cfg.kind}-router")
+        # sglang-router takes a `launch` subcommand for a router alone; vllm-router has none.
+        launch = ["launch"] if cfg.kind == "sglang" else []
+        procs.start(cfg.kind, [
+            binary, *launch, "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *engines, "--policy", cfg.policy,
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+        ])
+        base = f"http://127.0.0.1:{port}"
+        wait_ready(procs, [f"{base}/health", f"{base}/v1/models"], cfg.kind)
+        return base, None
+    return engines[0], None
+
+
+# ---------------------------------------------------------------------------------------
+# Replay.
+
+
+@dataclass
+class Turn:
+    ttft: float
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class RunResult:
+    router: str
+    repeat: int
+    wall: float
+    turns: list[Turn] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    decisions: dict[str, float] = field(default_factory=dict)
+    sockets: int = 0
+
+    @property
+    def cached_share(self) -> float:
+        prompt = sum(t.prompt_tokens for t in self.turns)
+        return sum(t.cached_tokens for t in self.turns) / prompt if prompt else 0.0
+
+
+def replay(base: str, conv: Conversation, args, result: RunResult, lock: threading.Lock) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="arena", max_retries=0, timeout=900)
+    messages = [{"role": "system", "content": conv.system}] if conv.system else []
+    for question, answer in conv.turns:
+        messages.append({"role": "user", "content": question})
+        t0 = time.perf_counter()
+        first_chunk = first_token = None
+        usage = timings = None
+        try:
+            stream = client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=args.max_tokens, temperature=0,
+                stream=True, stream_options={"include_usage": True},
+            )
+            for chunk in stream:
+                now = time.perf_counter()
+                first_chunk = first_chunk or now
+                if first_token is None and chunk.choices and chunk.choices[0].delta.content:
+                    first_token = now
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                extra = chunk.model_extra or {}
+                timings = extra.get("timings", timings)
+        except openai.OpenAIError as e:
+            with lock:
+                result.errors.append(f"{conv.id}: {type(e).__name__}: {str(e)[:200]}")
+            return
+        cached = None
+        if usage is not None and usage.prompt_tokens_details is not None:
+            cached = usage.prompt_tokens_details.cached_tokens
+        if cached is None and timings:
+            cached = timings.get("cache_n")
+        if usage is None or cached is None:
+            with lock:
+                result.errors.append(f"{conv.id}: no usage with cached tokens in the answer")
+            return
+        with lock:
+            result.turns.append(Turn((first_token or first_chunk or t0) - t0, usage.prompt_tokens, cached))
+        messages.append({"role": "assistant", "content": answer})
+
+
+def scrape_decisions(admin: str) -> dict[str, float]:
+    status, body = http_get(f"{admin}/metrics")
+    counts: dict[str, float] = {}
+    if status != 200:
+        return counts
+    for line in body.splitlines():
+        if line.startswith("grid_route_prefix_affinity_total{"):
+            labels, value = line.rsplit(" ", 1)
+            outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
+            counts[outcome] = counts.get(outcome, 0) + float(value)
+    return counts
+
+
+def run_once(cfg: RouterConfig, repeat: int, conversations, args) -> RunResult:
+    out = args.out / f"{cfg.name}-{repeat}"
+    out.mkdir(parents=True, exist_ok=True)
+    procs = Procs(out)
+    try:
+        engines = start_engines(procs, args)
+        base, admin = start_router(procs, cfg, engines, args, out)
+        result = RunResult(cfg.name, repeat, 0.0)
+        lock = threading.Lock()
+        with NetworkWatch([os.getpid(), *procs.pids()]) as watch:
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
+                for future in [pool.submit(replay, base, c, args, result, lock) for c in conversations]:
+                    future.result()
+            result.wall = time.perf_counter() - t0
+        if admin:
+            result.decisions = scrape_decisions(admin)
+        procs.check_alive()
+    finally:
+        procs.stop()
+    result.sockets = len(watch.sockets_seen)
+    if watch.violations:
+        raise RuntimeError(f"non-loopback network use in {cfg.name}: {sorted(set(watch.violations))}")
+    return result
+
+
+def calibrate_prefill(conversations, systems, args) -> float:
+    """This CPU's prefill rate: one fresh engine, one ~1k-token uncached prompt, the
+    engine's own `timings.prompt_per_second`."""
+    out = args.out / "calibrate"
+    out.mkdir(parents=True, exist_ok=True)
+    procs = Procs(out)
+    try:
+        (url,) = start_engines(procs, args, n=1)
+        body = json.dumps({
+            "model": MODEL, "max_tokens": 1, "temperature": 0,
+            "messages": [{"role": "system", "content": systems[0]}, {"role": "user", "content": "Hello"}],
+        }).encode()
+        req = urllib.request.Request(f"{url}/v1/chat/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            answer = json.load(r)
+        return float(answer["timings"]["prompt_per_second"])
+    finally:
+        procs.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# Report.
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] if ordered else float("nan")
+
+
+def table(results: list[RunResult], configs: dict[str, RouterConfig], order: list[str]) -> str:
+    rows = [
+        "| router (policy) | cached share | TTFT p50 / p90 / p99 | TTFT p99 per run | wall | affinity decisions |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in order:
+        runs = [r for r in results if r.router == name]
+        if not runs:
+            continue
+        ttfts = [t.ttft for r in runs for t in r.turns]
+        shares = ", ".join(f"{100 * r.cached_share:.1f}%" for r in runs)
+        p99s = ", ".join(f"{pct([t.ttft for t in r.turns], 99):.1f}" for r in runs)
+        walls = [r.wall for r in runs]
+        wall = f"{min(walls):.0f}–{max(walls):.0f} s" if len(walls) > 1 else f"{walls[0]:.0f} s"
+        decisions = "; ".join(
+            ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.decisions.items()) if v) for r in runs if r.decisions)
+        errors = sum(len(r.errors) for r in runs)
+        label = configs[name].label + (f" **{errors} failed**" if errors else "")
+        rows.append(
+            f"| {label} | {shares} | {pct(ttfts, 50):.1f} / {pct(ttfts, 90):.1f} / {pct(ttfts, 99):.1f} s "
+            f"| {p99s} s | {wall} | {decisions or '—'} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    sys.addaudithook(_audit)
+    class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+        pass
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
+    parser.add_argument("--routers", default="vllm-cache_aware,grid-recommended,grid-defaults,"
+                        "sglang-cache_aware,sglang-round_robin,grid-t0.5,grid-t0.6",
+                        help="comma-separated, run in this order")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each router, interleaved")
+    parser.add_argument("--conversations", type=int, default=20, help="conversations replayed")
+    parser.add_argument("--shared", type=int, default=10, help="conversations behind the shared system prompts")
+    parser.add_argument("--max-turns", type=int, default=5, help="turns kept of each conversation")
+    parser.add_argument("--concurrency", type=int, default=6, help="conversations at a time")
+    parser.add_argument("--message-chars", type=int, default=800, help="each message cut to this")
+    parser.add_argument("--system-chars", type=int, default=4000, help="length of each shared system prompt")
+    parser.add_argument("--max-tokens", type=int, default=32, help="max_tokens of every turn")
+    parser.add_argument("--slots", type=int, default=2, help="llama-server --parallel")
+    parser.add_argument("--ctx-size", type=int, default=8192, help="llama-server --ctx-size")
+    parser.add_argument("--seed", type=int, default=14, help="shuffles the conversations' order")
+    parser.add_argument("--prefill-rate", type=float, default=None,
+                        help="tok/s for the priced grid-route runs; default: measured on a fresh engine")
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--llama-server", required=True)
+    parser.add_argument("--llama-model", required=True)
+    parser.add_argument("--gateway", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    configs = router_configs(None)
+    order = [name.strip() for name in args.routers.split(",") if name.strip()]
+    requested = set(order)
+    unknown = [name for name in order if name not in configs]
+    if unknown:
+        sys.exit(f"arena: unknown routers {unknown}; known: {', '.join(configs)}")
+
+    records, cut = recover_records(Path(args.dataset))
+    log(f"dataset: recovered {len(records)} complete records"
+        + (" (the file is cut off after them)" if cut else " (the file is whole)"))
+    conversations, systems = build_workload(records, args)
+    turns = sum(len(c.turns) for c in conversations)
+    log(f"workload: {len(conversations)} conversations, {turns} turns, {args.shared} behind 3 shared "
+        f"system prompts of {args.system_chars} chars, {args.concurrency} at a time")
+
+    if any(configs[n].priced for n in requested) and args.prefill_rate is None:
+        args.prefill_rate = calibrate_prefill(conversations, systems, args)
+        log(f"prefill rate of one engine on this CPU: {args.prefill_rate:.0f} tok/s")
+    configs = router_configs(args.prefill_rate)
+
+    # Runs already in OUT (an earlier invocation with the same workload) join the table, so
+    # that a session can be run in parts; a different workload in OUT is refused.
+    shape = {k: getattr(args, k) for k in (
+        "conversations", "shared", "max_turns", "concurrency", "message_chars", "system_chars",
+        "max_tokens", "slots", "ctx_size", "seed")}
+    shape_file = args.out / "workload.json"
+    if shape_file.exists() and json.loads(shape_file.read_text()) != shape:
+        sys.exit(f"arena: {args.out} holds runs of another workload ({shape_file}); use another OUT")
+    shape_file.write_text(json.dumps(shape) + "\n")
+    results: list[RunResult] = []
+    results_file = args.out / "results.jsonl"
+    if results_file.exists():
+        for line in results_file.read_text().splitlines():
+            d = json.loads(line)
+            earlier = RunResult(d["router"], d["repeat"], d["wall"], [Turn(**t) for t in d["turns"]],
+                                d["errors"], d["decisions"], d["sockets"])
+            results.append(earlier)
+            if earlier.router not in order:
+                order.append(earlier.router)
+    for _ in range(args.repeats):
+        for name in list(order):
+            if name not in requested:
+                continue
+            repeat = 1 + sum(r.router == name for r in results)
+            result = run_once(configs[name], repeat, conversations, args)
+            results.append(result)
+            ttfts = [t.ttft for t in result.turns]
+            log(f"{name} #{repeat}: cached {100 * result.cached_share:.1f}%, TTFT p50/p90/p99 "
+                f"{pct(ttfts, 50):.1f}/{pct(ttfts, 90):.1f}/{pct(ttfts, 99):.1f} s, wall {result.wall:.0f} s, "
+                f"{len(result.turns)} turns, {len(result.errors)} errors, {result.sockets} sockets all loopback"
+                + (f", decisions {result.decisions}" if result.decisions else ""))
+            for error in result.errors[:3]:
+                log(f"  error: {error}")
+            with open(args.out / "results.jsonl", "a") as f:
+                f.write(json.dumps({
+                    "router": name, "repeat": repeat, "wall": result.wall,
+                    "cached_share": result.cached_share, "errors": result.errors,
+                    "decisions": result.decisions, "sockets": result.sockets,
+                    "turns": [t.__dict__ for t in result.turns],
+                }) + "\n")
+            (args.out / "table.md").write_text(table(results, configs, order) + "\n")
+    print(table(results, configs, order))
+
+
+if __name__ == "__main__":
+    main()
