@@ -353,11 +353,18 @@ class RouterConfig:
     count_in_flight: bool = False
     threshold: float | None = None
     priced: bool = False
+    # prefill_tokens_per_second: auto from the measured rate, and engine_feedback: true
+    learned: bool = False
+
+
+# The prior of grid-learned when no prefill rate was measured or given.
+LEARNED_PRIOR_FALLBACK = 100.0
 
 
 def router_configs(prefill_rate: float | None) -> dict[str, RouterConfig]:
     rate = f"{prefill_rate:.0f} tok/s" if prefill_rate else "this CPU's rate"
     recommended = f"count_in_flight, prefill priced at {rate}"
+    prior = f"{prefill_rate:.0f} tok/s" if prefill_rate else f"{LEARNED_PRIOR_FALLBACK:.0f} tok/s"
     return {
         "grid-defaults": RouterConfig("grid-defaults", "grid-route, defaults", "grid"),
         "grid-recommended": RouterConfig(
@@ -368,6 +375,9 @@ def router_configs(prefill_rate: float | None) -> dict[str, RouterConfig]:
         "grid-t0.6": RouterConfig(
             "grid-t0.6", f"grid-route, {recommended}, threshold 0.6", "grid",
             count_in_flight=True, priced=True, threshold=0.6),
+        "grid-learned": RouterConfig(
+            "grid-learned", f"grid-route, count_in_flight, prefill learned (auto) from {prior}, "
+            "engine_feedback", "grid", count_in_flight=True, learned=True),
         "vllm-cache_aware": RouterConfig("vllm-cache_aware", "vllm-router (cache_aware)", "vllm", "cache_aware"),
         "sglang-cache_aware": RouterConfig(
             "sglang-cache_aware", "sglang-router (cache_aware)", "sglang", "cache_aware"),
@@ -386,6 +396,10 @@ def start_router(procs: Procs, cfg: RouterConfig, engines: list[str], args, out:
         affinity = []
         if cfg.priced:
             affinity.append(f"prefill_tokens_per_second: {args.prefill_rate:.0f}")
+        if cfg.learned:
+            prior = args.prefill_rate if args.prefill_rate else LEARNED_PRIOR_FALLBACK
+            affinity += ["prefill_tokens_per_second: auto",
+                         f"prefill_prior_tokens_per_second: {prior:.0f}", "engine_feedback: true"]
         if cfg.threshold is not None:
             affinity.append(f"threshold: {cfg.threshold}")
         yaml = f"listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\nqueue: {queue}\n"
@@ -622,7 +636,7 @@ def main() -> None:
     log(f"workload: {len(conversations)} conversations, {turns} turns, {args.shared} behind 3 shared "
         f"system prompts of {args.system_chars} chars, {args.concurrency} at a time")
 
-    if any(configs[n].priced for n in requested) and args.prefill_rate is None:
+    if any(configs[n].priced or configs[n].learned for n in requested) and args.prefill_rate is None:
         args.prefill_rate = calibrate_prefill(conversations, systems, args)
         log(f"prefill rate of one engine on this CPU: {args.prefill_rate:.0f} tok/s")
     configs = router_configs(args.prefill_rate)
