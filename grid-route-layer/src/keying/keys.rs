@@ -389,34 +389,7 @@ pub fn key_body(seed: &KeySeed, api: Api, body: &[u8]) -> Result<Prompt, Duplica
 /// Reads only a request's `model` (and refuses duplicated routing fields), for when prefix
 /// affinity is switched off: routing still needs the model, but no prompt is read.
 pub fn read_model(body: &[u8]) -> Result<Prompt, DuplicateField> {
-    let mut s = Scanner::new(body);
-    let mut given = [false; ROUTING_FIELDS.len()];
-    let mut model = None;
-    let read = (|| -> Result<(), Stop> {
-        let mut fields = s.begin_object()?;
-        while let Some(key) = s.next_key(&mut fields)? {
-            // The name is checked before its value is read, as `key_body` does, so a
-            // duplicate followed by an unreadable value is refused either way.
-            if let Some(i) = ROUTING_FIELDS.iter().position(|f| f.as_bytes() == &*key) {
-                if given[i] {
-                    return Err(Stop::Duplicate(ROUTING_FIELDS[i]));
-                }
-                given[i] = true;
-            }
-            let span = s.skip_value()?;
-            if &*key == b"model" {
-                model = Some(span);
-            }
-        }
-        Ok(())
-    })();
-    if let Err(Stop::Duplicate(field)) = read {
-        return Err(DuplicateField { field });
-    }
-    let model = model
-        .and_then(|span| decode(body, span))
-        .and_then(|m| String::from_utf8(m).ok())
-        .map(Arc::from);
+    let model = top_level_model(body, &ROUTING_FIELDS)?;
     Ok(Prompt::new(model, Err(NoKeys::Disabled)))
 }
 
@@ -438,16 +411,31 @@ pub fn read_model(body: &[u8]) -> Result<Prompt, DuplicateField> {
 /// assert!(scan_model(br#"{"model":"a","model":"b"}"#).is_err());
 /// ```
 pub fn scan_model(body: &[u8]) -> Result<Option<Arc<str>>, DuplicateField> {
+    top_level_model(body, &["model"])
+}
+
+/// The top-level `model` as a string, read until the first value that is cut off or not
+/// JSON; any field of `checked` given twice is a [`DuplicateField`]. A field's name is
+/// checked before its value is read, as `key_body` does, so a duplicate followed by an
+/// unreadable value is refused too.
+fn top_level_model(
+    body: &[u8],
+    checked: &[&'static str],
+) -> Result<Option<Arc<str>>, DuplicateField> {
     let mut s = Scanner::new(body);
+    let mut given = vec![false; checked.len()];
     let mut model = None;
     let read = (|| -> Result<(), Stop> {
         let mut fields = s.begin_object()?;
         while let Some(key) = s.next_key(&mut fields)? {
+            if let Some(i) = checked.iter().position(|f| f.as_bytes() == &*key) {
+                if given[i] {
+                    return Err(Stop::Duplicate(checked[i]));
+                }
+                given[i] = true;
+            }
             let span = s.skip_value()?;
             if &*key == b"model" {
-                if model.is_some() {
-                    return Err(Stop::Duplicate("model"));
-                }
                 model = Some(span);
             }
         }
