@@ -300,12 +300,18 @@ fn chat(content: &str) -> Vec<u8> {
 }
 
 async fn two_sites() -> (MockEngine, MockEngine, Gateway) {
-    let east = engine("east-a").await;
-    let west = engine("west-a").await;
+    two_sites_named("east", "west").await
+}
+
+/// Two sites, each with one cluster `<site>-a` of one engine named after it.
+async fn two_sites_named(east_site: &str, west_site: &str) -> (MockEngine, MockEngine, Gateway) {
+    let (east_name, west_name) = (format!("{east_site}-a"), format!("{west_site}-a"));
+    let east = engine(&east_name).await;
+    let west = engine(&west_name).await;
     let yaml = config_yaml(
         &[
-            ("east", vec![cluster("east-a", &[&east])]),
-            ("west", vec![cluster("west-a", &[&west])]),
+            (east_site, vec![cluster(&east_name, &[&east])]),
+            (west_site, vec![cluster(&west_name, &[&west])]),
         ],
         "",
     );
@@ -1109,16 +1115,7 @@ async fn the_engines_prompt_and_cached_tokens_are_counted_per_cluster() {
 #[tokio::test]
 async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_it() {
     // Sites of their own: no other test of this binary counts under their labels.
-    let east = engine("evict-east-a").await;
-    let west = engine("evict-west-a").await;
-    let yaml = config_yaml(
-        &[
-            ("evict-east", vec![cluster("evict-east-a", &[&east])]),
-            ("evict-west", vec![cluster("evict-west-a", &[&west])]),
-        ],
-        "",
-    );
-    let gateway = gateway(&yaml).await;
+    let (east, west, gateway) = two_sites_named("evict-east", "evict-west").await;
     let counters = |home: String| {
         let gateway = &gateway;
         async move {
