@@ -394,8 +394,11 @@ async fn the_gateway_holds_up_through_engine_deaths_500s_stalls_and_reloads() {
     let rss_warm = rss_kib(pid);
     // 4 s: east dies; 10 s: it comes back on its port.
     pause(1).await;
-    east.kill();
+    // Each fault's start is read before it is made and its end after it is undone: on a
+    // loaded machine this task can be scheduled late, after clients have already seen the
+    // fault, and a window read the other way round would blame the gateway for it.
     let east_down = started.elapsed();
+    east.kill();
     // 7 s: a valid reload (a longer queue window).
     pause(3).await;
     std::fs::write(&file, reloaded).unwrap();
@@ -414,8 +417,8 @@ async fn the_gateway_holds_up_through_engine_deaths_500s_stalls_and_reloads() {
     west.knob("/mock/fail", r#"{"status":500,"count":0}"#).await;
     // 20 s - 26 s: north takes 5 s to answer (the gateway waits 2 s).
     pause(2).await;
-    north.knob("/mock/stall", r#"{"head_ms":5000}"#).await;
     let north_stalled = started.elapsed();
+    north.knob("/mock/stall", r#"{"head_ms":5000}"#).await;
     pause(6).await;
     north.knob("/mock/stall", "{}").await;
     let north_back = started.elapsed();

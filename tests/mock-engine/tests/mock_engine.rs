@@ -300,7 +300,9 @@ async fn zero_prefill_and_decode_rates_answer_at_once() {
         answer.json()["usage"]["prompt_tokens"].as_u64().unwrap() >= 1 << 20,
         "the whole prompt was counted"
     );
-    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
+    // Far below the 52 s the default rate would take, and far above what an unoptimised
+    // build on a loaded 2-core machine needs to read and count 4 MiB.
+    assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
 }
 
 #[tokio::test]
