@@ -90,6 +90,7 @@ gateway (grid-route and least-queue; library defaults):
   --threshold X                 prefix_affinity.threshold [0.8]
   --exploration X               prefix_affinity.exploration [0.02]
   --prefill-price X             prefix_affinity.prefill_tokens_per_second [10000]
+  --engine-feedback true|false  prefix_affinity.engine_feedback [true]
 ";
 
 /// The parsed command line of `simulate`.
@@ -235,6 +236,7 @@ pub fn parse_args(args: &[String]) -> Result<SimulateArgs, String> {
             "--threshold" => parsed.affinity.threshold = number(flag, v)?,
             "--exploration" => parsed.affinity.exploration = number(flag, v)?,
             "--prefill-price" => parsed.affinity.prefill_tokens_per_second = number(flag, v)?,
+            "--engine-feedback" => parsed.affinity.engine_feedback = number(flag, v)?,
             "--fail-share" => {
                 let share: f64 = number(flag, v)?;
                 if !(0.0..1.0).contains(&share) {

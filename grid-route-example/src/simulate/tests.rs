@@ -142,6 +142,37 @@ fn grid_route_forgets_a_prefix_where_an_engine_refused_it() {
 }
 
 #[test]
+fn grid_route_forgets_what_an_engine_evicted_before_a_prompt_it_reported_missing() {
+    // Engines with room for 4 blocks. Idle sites take no-match requests in turn, so the
+    // conversations O, A, C and D land on site 0 and fillers on site 1. Site 0's engine
+    // then holds C and D only; its index still believes O and A.
+    let trace = [
+        request(0, &[7, 8]),
+        request(2_000, &[20, 21]),
+        request(4_000, &[1, 2]),
+        request(6_000, &[22, 23]),
+        request(8_000, &[9, 10]),
+        request(10_000, &[24, 25]),
+        request(12_000, &[11, 12]),
+        // A's next turn sticks to site 0, which reports none of it cached; then O's.
+        request(20_000, &[1, 2]),
+        request(22_000, &[7, 8]),
+    ];
+    let mut small = args(2, Policy::GridRoute);
+    small.engine.kv_tokens = 512 * 4;
+    let taught = run(&small, &trace);
+    // The miss on A made the index forget what it recorded at site 0 before A: O's next
+    // turn finds no match and goes by load.
+    assert_eq!(outcomes(&taught), [("no_match", 8), ("sticky", 1)]);
+    small.affinity.engine_feedback = false;
+    let untaught = run(&small, &trace);
+    // Without engine feedback O's turn sticks to a cache that no longer holds it.
+    assert_eq!(outcomes(&untaught), [("no_match", 7), ("sticky", 2)]);
+    assert_eq!(taught.hit_share, 0.0);
+    assert_eq!(untaught.hit_share, 0.0);
+}
+
+#[test]
 fn cache_aware_follows_its_tree_then_fills_the_smallest_tenant() {
     let mut trace = three_turns();
     trace.push(request(30_000, &[7, 8]));

@@ -355,7 +355,9 @@ mod teaching {
 
         /// Confirms `prompt` at `name`, `ago` seconds before now.
         fn confirm_ago(&self, prompt: &Prompt, name: &str, ago: u64) {
-            let at = Instant::now().checked_sub(Duration::from_secs(ago)).unwrap();
+            let at = Instant::now()
+                .checked_sub(Duration::from_secs(ago))
+                .unwrap();
             let keys = prompt.keys().unwrap().as_slice();
             self.index.confirm(&id(name), keys, at);
         }
