@@ -618,12 +618,14 @@ async fn bind(field: &'static str, addr: SocketAddr) -> Result<TcpListener, Gate
 }
 
 /// Why a gateway could not start, serve or stop cleanly.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GatewayError {
     /// The configuration was refused.
-    Config(ConfigError),
+    #[error("{0}")]
+    Config(#[from] ConfigError),
     /// A listener could not be bound.
+    #[error("cannot bind {field} {addr}: {source}")]
     Bind {
         /// `listen` or `admin_listen`.
         field: &'static str,
@@ -633,55 +635,17 @@ pub enum GatewayError {
         source: io::Error,
     },
     /// Requests were still in flight when the drain timed out.
+    #[error("requests still in flight after draining for {0:?}")]
     DrainTimedOut(Duration),
     /// Serving or installing signal handlers failed.
-    Io(io::Error),
+    #[error("{0}")]
+    Io(#[from] io::Error),
     /// The config file named on the command line could not be used.
+    #[error("{}: {source}", path.display())]
     ConfigFile {
         /// The file.
         path: PathBuf,
         /// Why.
         source: ConfigError,
     },
-}
-
-impl fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Config(error) => error.fmt(f),
-            Self::Bind {
-                field,
-                addr,
-                source,
-            } => write!(f, "cannot bind {field} {addr}: {source}"),
-            Self::DrainTimedOut(drain) => {
-                write!(f, "requests still in flight after draining for {drain:?}")
-            }
-            Self::Io(error) => error.fmt(f),
-            Self::ConfigFile { path, source } => write!(f, "{}: {source}", path.display()),
-        }
-    }
-}
-
-impl std::error::Error for GatewayError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Config(error) | Self::ConfigFile { source: error, .. } => Some(error),
-            Self::Bind { source, .. } => Some(source),
-            Self::Io(error) => Some(error),
-            Self::DrainTimedOut(_) => None,
-        }
-    }
-}
-
-impl From<ConfigError> for GatewayError {
-    fn from(error: ConfigError) -> Self {
-        Self::Config(error)
-    }
-}
-
-impl From<io::Error> for GatewayError {
-    fn from(error: io::Error) -> Self {
-        Self::Io(error)
-    }
 }
