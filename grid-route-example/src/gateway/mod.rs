@@ -114,6 +114,7 @@
 //! `timeouts.client_body_idle_secs` gets 408. Dropping a
 //! [`Gateway`] starts the same drain without waiting for it.
 
+mod access;
 mod admin;
 mod front;
 mod idle_body;
@@ -144,6 +145,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use access::{ACCESS_TARGET, SENSITIVE_REQUEST_HEADERS};
 pub use admin::METRICS_UPKEEP_INTERVAL;
 pub use outlier::MAX_EJECTION_FACTOR;
 pub use queue::{MAX_METRICS_BYTES, POLL_TIMEOUT, queue_sample};
