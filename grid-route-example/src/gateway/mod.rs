@@ -31,11 +31,11 @@
 //! # What runs
 //!
 //! - **Front listener** (`listen`; `gateway/front.rs`, connections in
-//!   `gateway/server.rs`): the request log, the role's path gate (`forward_paths` for a
-//!   consumer, `provider_allowed_paths` for a provider), `GET /v1/models` aggregated over
-//!   admitted clusters, and every other forwarded request through the routing stack
-//!   (`gateway/stack.rs`): keying → pinning → confirmation → affinity → retries →
-//!   `Select` → the chosen cluster's p2c balancer over its endpoints
+//!   `gateway/server.rs`): the request log (`gateway/access.rs`), the role's path gate
+//!   (`forward_paths` for a consumer, `provider_allowed_paths` for a provider),
+//!   `GET /v1/models` aggregated over admitted clusters, and every other forwarded request
+//!   through the routing stack (`gateway/stack.rs`): keying → pinning → confirmation →
+//!   affinity → retries → `Select` → the chosen cluster's p2c balancer over its endpoints
 //!   (`gateway/upstream.rs`). Forwarded paths the layers do not key still go through it,
 //!   routed by the model their body names. No cluster serves the model: 404
 //!   `model_not_found`; every cluster that serves it drained: 503 with `Retry-After: 5`;
