@@ -219,3 +219,49 @@ pub(crate) struct StreamFailed {
     line: RequestLine,
     error: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use axum::body::Body;
+    use http::HeaderValue;
+    use tower::{ServiceBuilder, ServiceExt, service_fn};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn credentials_are_marked_on_the_request_and_set_cookie_on_the_answer() {
+        let service = ServiceBuilder::new()
+            .layer(sensitive_request_headers())
+            .layer(sensitive_response_headers())
+            .service(service_fn(|request: Request| async move {
+                for name in SENSITIVE_REQUEST_HEADERS {
+                    assert!(request.headers()[&name].is_sensitive(), "{name}");
+                }
+                assert!(!request.headers()["content-type"].is_sensitive());
+                let shown = format!("{:?}", request.headers());
+                assert!(!shown.contains("secret"), "{shown}");
+                let mut response = Response::new(Body::empty());
+                response
+                    .headers_mut()
+                    .insert(SET_COOKIE, HeaderValue::from_static("session=secret"));
+                Ok::<_, Infallible>(response)
+            }));
+        let mut request = Request::new(Body::empty());
+        for name in SENSITIVE_REQUEST_HEADERS {
+            request
+                .headers_mut()
+                .insert(name, HeaderValue::from_static("secret"));
+        }
+        request
+            .headers_mut()
+            .insert("content-type", HeaderValue::from_static("application/json"));
+        let response = service.oneshot(request).await.unwrap();
+        assert!(response.headers()[SET_COOKIE].is_sensitive());
+        assert_eq!(
+            format!("{:?}", response.headers()),
+            r#"{"set-cookie": Sensitive}"#
+        );
+    }
+}
