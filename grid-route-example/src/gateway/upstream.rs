@@ -134,7 +134,7 @@ pub(crate) fn balancers(parts: EngineParts) -> Balancers {
 }
 
 /// Builds `cluster`'s service: p2c (by requests pending) over one [`Endpoint`] each.
-pub(crate) fn cluster_service(parts: &EngineParts, cluster: &Cluster) -> ClusterService {
+fn cluster_service(parts: &EngineParts, cluster: &Cluster) -> ClusterService {
     let endpoints: Vec<Balanced> = cluster
         .endpoints()
         .iter()
