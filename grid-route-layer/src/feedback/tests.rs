@@ -331,11 +331,9 @@ mod teaching {
             IndexSettings::default(),
             grid.view().cluster_ids(),
         ));
-        let settings = PrefixAffinityConfig {
-            exploration: 0.0,
-            engine_feedback,
-            ..PrefixAffinityConfig::default()
-        };
+        let settings = PrefixAffinityConfig::default()
+            .with_exploration(0.0)
+            .with_engine_feedback(engine_feedback);
         let affinity = Affinity::new(Arc::clone(&index), settings.validate().unwrap().affinity);
         let body = chat(&[("system", &text("feedback", 12 * 1024)), ("user", "hi")]);
         let prompt = prompt_of(&KeySeed::random(), &body);
