@@ -500,4 +500,30 @@ mod tests {
             Some(std::path::Path::new("/etc/grid/old.key"))
         );
     }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn a_deserialized_section_defaults_what_it_leaves_out_and_refuses_unknown_fields() {
+        let read = |json: &str| serde_json::from_str::<PrefixAffinityConfig>(json);
+        assert_eq!(read("{}").unwrap(), PrefixAffinityConfig::default());
+        assert_eq!(
+            read(r#"{"prefill_tokens_per_second": "auto", "capacity": 8}"#).unwrap(),
+            PrefixAffinityConfig::default()
+                .with_prefill_tokens_per_second(PrefillPrice::Auto)
+                .with_capacity(8)
+        );
+        assert_eq!(
+            read(r#"{"prefill_tokens_per_second": 2500}"#)
+                .unwrap()
+                .prefill_tokens_per_second,
+            PrefillPrice::Fixed(2500.0)
+        );
+        let fast = read(r#"{"prefill_tokens_per_second": "fast"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(fast.contains("prefill_tokens_per_second"), "{fast}");
+        assert!(fast.contains("or `auto`"), "{fast}");
+        let typo = read(r#"{"treshold": 0.5}"#).unwrap_err().to_string();
+        assert!(typo.contains("unknown field `treshold`"), "{typo}");
+    }
 }

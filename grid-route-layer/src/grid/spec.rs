@@ -482,3 +482,44 @@ fn validate_clusters(s: usize, site: &SiteSpec) -> Result<(), GridError> {
     }
     Ok(())
 }
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deserialized_cluster_is_admitted_unless_it_says_otherwise() {
+        let spec: GridSpec = serde_json::from_str(
+            r#"{"sites": [{"name": "east", "clusters": [
+                {"name": "east-a", "models": ["m"], "endpoints": ["http://a"]},
+                {"name": "east-b", "models": ["m"], "endpoints": ["http://b"], "admit": false}
+            ]}]}"#,
+        )
+        .unwrap();
+        let cluster = |name: &str, url: &str| {
+            ClusterSpec::new(name)
+                .with_models(["m"])
+                .with_endpoints([url])
+        };
+        assert_eq!(
+            spec,
+            GridSpec::new([SiteSpec::new("east").with_clusters([
+                cluster("east-a", "http://a"),
+                cluster("east-b", "http://b").with_admit(false),
+            ])])
+        );
+    }
+
+    #[test]
+    fn a_deserialized_spec_refuses_unknown_and_missing_fields() {
+        let unknown =
+            serde_json::from_str::<SiteSpec>(r#"{"name": "east", "clusters": [], "zone": 1}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(unknown.contains("unknown field `zone`"), "{unknown}");
+        let missing = serde_json::from_str::<ClusterSpec>(r#"{"name": "east-a", "models": ["m"]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(missing.contains("missing field `endpoints`"), "{missing}");
+    }
+}
