@@ -30,21 +30,14 @@ fn synthetic_prompt(seed: u64) -> Vec<u64> {
 
 /// Four sites of two clusters, every endpoint measured.
 fn grid() -> Grid {
-    let sites = ["east", "west", "north", "south"]
-        .iter()
-        .map(|site| SiteSpec {
-            name: (*site).into(),
-            clusters: (0..2)
-                .map(|i| ClusterSpec {
-                    name: format!("{site}-{i}"),
-                    models: vec!["demo-model".into()],
-                    admit: true,
-                    endpoints: vec![format!("http://{site}-{i}")],
-                })
-                .collect(),
-        })
-        .collect();
-    let grid = Grid::new(&GridSpec { sites }, GridSettings::default()).expect("a valid grid");
+    let sites = ["east", "west", "north", "south"].map(|site| {
+        SiteSpec::new(site).with_clusters((0..2).map(|i| {
+            ClusterSpec::new(format!("{site}-{i}"))
+                .with_models(["demo-model"])
+                .with_endpoints([format!("http://{site}-{i}")])
+        }))
+    });
+    let grid = Grid::new(&GridSpec::new(sites), GridSettings::default()).expect("a valid grid");
     let now = Instant::now();
     for (i, cluster) in grid.view().clusters().iter().enumerate() {
         let url = &cluster.endpoints()[0];

@@ -73,15 +73,9 @@ async fn main() -> Result<(), BoxError> {
 
 /// One site with one cluster serving `demo-model` at `engine`.
 fn one_site(engine: &str) -> GridSpec {
-    GridSpec {
-        sites: vec![SiteSpec {
-            name: "east".into(),
-            clusters: vec![ClusterSpec {
-                name: "east-a".into(),
-                models: vec!["demo-model".into()],
-                admit: true,
-                endpoints: vec![engine.into()],
-            }],
-        }],
-    }
+    GridSpec::new([
+        SiteSpec::new("east").with_clusters([ClusterSpec::new("east-a")
+            .with_models(["demo-model"])
+            .with_endpoints([engine])]),
+    ])
 }

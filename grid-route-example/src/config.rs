@@ -1,12 +1,14 @@
 //! The gateway's YAML configuration: parsing, defaults and validation.
 //!
-//! The file is read into [`GatewayConfig`], plain data that mirrors the YAML one to one.
-//! Unknown fields are refused, naming the field; every field but `sites` has a default
-//! (the values of the config reference in the README). [`GatewayConfig::validate`] then checks everything the
-//! gateway will rely on — with the library's own validations for the grid and the
-//! `prefix_affinity` settings — and reads the tag key file, so that a reload which would
-//! break routing is refused before anything changes. Every [`ConfigError`] names the field
-//! and the bad value.
+//! The file is read into [`GatewayConfig`], plain data that mirrors the YAML one to one:
+//! `sites` and `grid_site_route.prefix_affinity` deserialize straight into the library's
+//! own [`SiteSpec`] and [`PrefixAffinityConfig`] (its `serde` feature), so their defaults
+//! live in the library alone. Unknown fields are refused, naming the field; every field
+//! but `sites` has a default (the values of the config reference in the README).
+//! [`GatewayConfig::validate`] then checks everything the gateway will rely on — with the
+//! library's own validations for the grid and the `prefix_affinity` settings — and reads
+//! the tag key file, so that a reload which would break routing is refused before
+//! anything changes. Every [`ConfigError`] names the field and the bad value.
 //!
 //! ```yaml
 //! listen: 127.0.0.1:8080
@@ -98,7 +100,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use grid_route_layer::config::{PrefixAffinity, PrefixAffinityConfig};
-use grid_route_layer::grid::{ClusterSpec, Grid, GridError, GridSettings, GridSpec, SiteSpec};
+use grid_route_layer::grid::{Grid, GridError, GridSettings, GridSpec, SiteSpec};
+use grid_route_layer::keying::DEFAULT_BODY_LIMIT_BYTES;
 use grid_route_layer::pin::{TagKey, TagKeyError, TagKeys};
 use serde::Deserialize;
 
@@ -135,7 +138,7 @@ pub struct GatewayConfig {
     #[serde(default = "defaults::provider_allowed_paths")]
     pub provider_allowed_paths: Vec<String>,
     /// The largest request body buffered and keyed; larger bodies stream through unkeyed.
-    /// Default 10 MiB.
+    /// Default 10 MiB, the library's [`DEFAULT_BODY_LIMIT_BYTES`].
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: usize,
     /// The paths (with their methods) the consumer role forwards; replaces the default
@@ -154,8 +157,8 @@ pub struct GatewayConfig {
     /// The queue signal polled from each endpoint.
     #[serde(default)]
     pub queue: QueueConfig,
-    /// The sites and their clusters. Required.
-    pub sites: Vec<SiteConfig>,
+    /// The sites and their clusters, in the library's own spec type. Required.
+    pub sites: Vec<SiteSpec>,
     /// Routing settings.
     #[serde(default)]
     pub grid_site_route: GridSiteRouteConfig,
@@ -267,75 +270,32 @@ impl Default for OutlierConfig {
     }
 }
 
-/// One entry of `sites`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct SiteConfig {
-    /// A DNS-1123 label.
-    pub name: String,
-    /// The site's backend clusters.
-    pub clusters: Vec<ClusterConfig>,
-}
-
-/// One entry of a site's `clusters`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct ClusterConfig {
-    /// Unique within its site.
-    pub name: String,
-    /// The models its engines serve.
-    pub models: Vec<String>,
-    /// `false` drains the cluster. Default `true`.
-    #[serde(default = "defaults::admit")]
-    pub admit: bool,
-    /// The engines' base URLs, `http://HOST:PORT[/prefix]`.
-    pub endpoints: Vec<String>,
-}
-
 /// `grid_site_route`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct GridSiteRouteConfig {
     /// `prefix_affinity`.
-    pub prefix_affinity: PrefixAffinityYaml,
+    pub prefix_affinity: PrefixAffinitySection,
 }
 
-/// `grid_site_route.prefix_affinity`, as the YAML spells it; the library's
-/// [`PrefixAffinityConfig`] validates it.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// `grid_site_route.prefix_affinity`: the library's settings, and where replicas share
+/// their index.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 #[non_exhaustive]
-pub struct PrefixAffinityYaml {
-    /// `false` routes on queue depth alone and reads no prompt.
-    pub enabled: bool,
-    /// Share of the prompt a match shorter than 8 KiB must cover to stick.
-    pub threshold: f64,
-    /// Share of decisions that skip affinity.
-    pub exploration: f64,
-    /// Prefill speed that prices a match: a fixed figure, or `auto` to learn each
-    /// cluster's from its answers.
-    pub prefill_tokens_per_second: PrefillPrice,
-    /// With `prefill_tokens_per_second: auto`, the speed every cluster starts from.
-    pub prefill_prior_tokens_per_second: f64,
-    /// What one queued request costs, in seconds.
-    pub queued_request_seconds: f64,
-    /// Forget what an engine reports it no longer holds (far less cached than predicted).
-    pub engine_feedback: bool,
-    /// Index entries per cluster.
-    pub capacity: usize,
-    /// How long a confirmation counts.
-    pub ttl_secs: u64,
-    /// The key that signs tagged ids (at least 32 bytes); none leaves macs empty.
-    pub tag_key_path: Option<PathBuf>,
-    /// The key before `tag_key_path`, still verifying ids it signed (never signing new
-    /// ones) for as long as it is named here; drop it to revoke those ids. Needs
-    /// `tag_key_path`.
-    pub previous_tag_key_path: Option<PathBuf>,
+pub struct PrefixAffinitySection {
+    /// Every other field of the section, read by the library, which validates it and holds
+    /// its defaults.
+    ///
+    /// Flattened, so a value of the wrong type in one of these fields is reported at the
+    /// section (`grid_site_route.prefix_affinity: invalid type: ...`), not at the field:
+    /// serde buffers a flattened struct's fields before reading them.
+    #[serde(flatten)]
+    pub settings: PrefixAffinityConfig,
     /// Share confirmations and drops with the other replicas through Redis; none keeps the
-    /// index per replica.
+    /// index per replica. Not the library's: it carries no index events itself.
+    #[serde(default)]
     pub shared_index: Option<SharedIndexYaml>,
 }
 
@@ -349,64 +309,6 @@ pub struct SharedIndexYaml {
     /// The prefix of the Redis keys used. Default `grid-route`.
     #[serde(default = "defaults::key_prefix")]
     pub key_prefix: String,
-}
-
-/// `prefix_affinity.prefill_tokens_per_second`: a number of tokens a second, or `auto`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum PrefillPrice {
-    /// This many prefill tokens a second, for every cluster.
-    Fixed(f64),
-    /// Learned per cluster from its answers, from `prefill_prior_tokens_per_second`.
-    Auto,
-}
-
-impl<'de> Deserialize<'de> for PrefillPrice {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = PrefillPrice;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a number of tokens a second, or `auto`")
-            }
-            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<PrefillPrice, E> {
-                Ok(PrefillPrice::Fixed(v))
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<PrefillPrice, E> {
-                Ok(PrefillPrice::Fixed(v as f64))
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<PrefillPrice, E> {
-                Ok(PrefillPrice::Fixed(v as f64))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PrefillPrice, E> {
-                if v == "auto" {
-                    Ok(PrefillPrice::Auto)
-                } else {
-                    Err(E::invalid_value(serde::de::Unexpected::Str(v), &self))
-                }
-            }
-        }
-        deserializer.deserialize_any(Visitor)
-    }
-}
-
-impl Default for PrefixAffinityYaml {
-    fn default() -> Self {
-        let d = PrefixAffinityConfig::default();
-        Self {
-            enabled: d.enabled,
-            threshold: d.threshold,
-            exploration: d.exploration,
-            prefill_tokens_per_second: PrefillPrice::Fixed(d.prefill_tokens_per_second),
-            prefill_prior_tokens_per_second: d.prefill_tokens_per_second,
-            queued_request_seconds: d.queued_request_seconds,
-            engine_feedback: d.engine_feedback,
-            capacity: d.capacity,
-            ttl_secs: d.ttl_secs,
-            tag_key_path: d.tag_key_path,
-            previous_tag_key_path: None,
-            shared_index: None,
-        }
-    }
 }
 
 mod defaults {
@@ -427,10 +329,7 @@ mod defaults {
         .to_vec()
     }
     pub(super) fn max_body_bytes() -> usize {
-        10 * 1024 * 1024
-    }
-    pub(super) fn admit() -> bool {
-        true
+        super::DEFAULT_BODY_LIMIT_BYTES
     }
     pub(super) fn key_prefix() -> String {
         "grid-route".to_owned()
@@ -605,34 +504,29 @@ impl GatewayConfig {
                 "must be at least 10",
             ));
         }
-        let grid_spec = self.grid_spec();
-        let grid_settings = GridSettings {
-            local_site: self
-                .local_site
-                .clone()
-                .or_else(|| self.sites.first().map(|site| site.name.clone())),
-            queue_window: Duration::from_secs(self.queue.window_secs),
-            count_in_flight: self.queue.count_in_flight,
-        };
+        let grid_spec = GridSpec::new(self.sites.iter().cloned());
+        let mut grid_settings = GridSettings::default()
+            .with_queue_window(Duration::from_secs(self.queue.window_secs))
+            .with_count_in_flight(self.queue.count_in_flight);
+        grid_settings.local_site = self
+            .local_site
+            .clone()
+            .or_else(|| self.sites.first().map(|site| site.name.clone()));
         // The grid validates itself; building a throwaway one checks without applying.
         Grid::new(&grid_spec, grid_settings.clone()).map_err(ConfigError::Grid)?;
         self.check_endpoint_urls()?;
         let prefix_affinity = self
-            .prefix_affinity()
+            .grid_site_route
+            .prefix_affinity
+            .settings
             .validate()
             .map_err(ConfigError::PrefixAffinity)?;
         let tag_key = match &prefix_affinity.tag_key_path {
             Some(path) => Some(TagKey::from_file(path).map_err(ConfigError::TagKey)?),
             None => None,
         };
-        let previous_tag_key = match &self.grid_site_route.prefix_affinity.previous_tag_key_path {
-            Some(path) if tag_key.is_none() => {
-                return Err(invalid(
-                    "grid_site_route.prefix_affinity.previous_tag_key_path",
-                    &path.display().to_string(),
-                    "needs tag_key_path: a previous key only verifies beside a current one",
-                ));
-            }
+        // The library refused a previous key without a current one.
+        let previous_tag_key = match &prefix_affinity.previous_tag_key_path {
             Some(path) => Some(TagKey::from_file(path).map_err(ConfigError::PreviousTagKey)?),
             None => None,
         };
@@ -757,47 +651,6 @@ impl GatewayConfig {
         Ok(())
     }
 
-    fn grid_spec(&self) -> GridSpec {
-        GridSpec {
-            sites: self
-                .sites
-                .iter()
-                .map(|site| SiteSpec {
-                    name: site.name.clone(),
-                    clusters: site
-                        .clusters
-                        .iter()
-                        .map(|cluster| ClusterSpec {
-                            name: cluster.name.clone(),
-                            models: cluster.models.clone(),
-                            admit: cluster.admit,
-                            endpoints: cluster.endpoints.clone(),
-                        })
-                        .collect(),
-                })
-                .collect(),
-        }
-    }
-
-    fn prefix_affinity(&self) -> PrefixAffinityConfig {
-        let p = &self.grid_site_route.prefix_affinity;
-        PrefixAffinityConfig {
-            enabled: p.enabled,
-            threshold: p.threshold,
-            exploration: p.exploration,
-            prefill_tokens_per_second: match p.prefill_tokens_per_second {
-                PrefillPrice::Fixed(tokens_per_second) => tokens_per_second,
-                PrefillPrice::Auto => p.prefill_prior_tokens_per_second,
-            },
-            learn_prefill: p.prefill_tokens_per_second == PrefillPrice::Auto,
-            queued_request_seconds: p.queued_request_seconds,
-            engine_feedback: p.engine_feedback,
-            capacity: p.capacity,
-            ttl_secs: p.ttl_secs,
-            tag_key_path: p.tag_key_path.clone(),
-        }
-    }
-
     fn check_endpoint_urls(&self) -> Result<(), ConfigError> {
         for (s, site) in self.sites.iter().enumerate() {
             for (c, cluster) in site.clusters.iter().enumerate() {
@@ -860,10 +713,11 @@ fn invalid_number(field: &str, value: impl fmt::Display, expected: &str) -> Conf
 }
 
 /// A configuration that was refused; the message names the field and the bad value.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be read.
+    #[error("cannot read config file {}: {source}", path.display())]
     Read {
         /// The path that was read.
         path: PathBuf,
@@ -872,16 +726,23 @@ pub enum ConfigError {
     },
     /// The YAML is malformed, has an unknown field, misses `sites`, or holds a value of
     /// the wrong type; the message names the field and its place in the file.
-    Parse(serde_norway::Error),
+    #[error("invalid config: {0}")]
+    Parse(#[source] serde_norway::Error),
     /// `sites`, `local_site` or `queue.window_secs`, refused by the grid.
-    Grid(GridError),
+    #[error("{0}")]
+    Grid(#[source] GridError),
     /// `grid_site_route.prefix_affinity`, refused by the library.
-    PrefixAffinity(grid_route_layer::config::ConfigError),
+    // The library names `prefix_affinity.*`; the file nests it one level deeper.
+    #[error("grid_site_route.{0}")]
+    PrefixAffinity(#[source] grid_route_layer::config::ConfigError),
     /// `grid_site_route.prefix_affinity.tag_key_path` could not be used.
-    TagKey(TagKeyError),
+    #[error("grid_site_route.prefix_affinity.tag_key_path: {0}")]
+    TagKey(#[source] TagKeyError),
     /// `grid_site_route.prefix_affinity.previous_tag_key_path` could not be used.
-    PreviousTagKey(TagKeyError),
+    #[error("grid_site_route.prefix_affinity.previous_tag_key_path: {0}")]
+    PreviousTagKey(#[source] TagKeyError),
     /// Another field holds a value the gateway cannot use.
+    #[error("{field} {expected}, got {value}")]
     Invalid {
         /// The field, as a path in the file (`queue.metric`).
         field: String,
@@ -892,49 +753,13 @@ pub enum ConfigError {
     },
 }
 
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Read { path, source } => {
-                write!(f, "cannot read config file {}: {source}", path.display())
-            }
-            Self::Parse(error) => write!(f, "invalid config: {error}"),
-            Self::Grid(error) => error.fmt(f),
-            // The library names `prefix_affinity.*`; the file nests it one level deeper.
-            Self::PrefixAffinity(error) => write!(f, "grid_site_route.{error}"),
-            Self::TagKey(error) => {
-                write!(f, "grid_site_route.prefix_affinity.tag_key_path: {error}")
-            }
-            Self::PreviousTagKey(error) => write!(
-                f,
-                "grid_site_route.prefix_affinity.previous_tag_key_path: {error}"
-            ),
-            Self::Invalid {
-                field,
-                value,
-                expected,
-            } => write!(f, "{field} {expected}, got {value}"),
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Read { source, .. } => Some(source),
-            Self::Parse(error) => Some(error),
-            Self::Grid(error) => Some(error),
-            Self::PrefixAffinity(error) => Some(error),
-            Self::TagKey(error) | Self::PreviousTagKey(error) => Some(error),
-            Self::Invalid { .. } => None,
-        }
-    }
-}
-
 #[cfg(test)]
 // Tests compare values that are parsed and read back, not computed: exactly equal.
 #[allow(clippy::float_cmp)]
 mod tests {
+    use grid_route_layer::config::PrefillPrice;
+    use grid_route_layer::grid::ClusterSpec;
+
     use super::*;
 
     const MINIMAL: &str = "
@@ -983,7 +808,7 @@ sites:
         assert_eq!(config.queue.window_secs, 10);
         assert!(!config.queue.count_in_flight);
         assert!(config.sites[0].clusters[0].admit);
-        let p = &config.grid_site_route.prefix_affinity;
+        let p = &config.grid_site_route.prefix_affinity.settings;
         assert!(p.enabled);
         assert_eq!(p.threshold, 0.8);
         assert_eq!(p.exploration, 0.02);
@@ -998,6 +823,28 @@ sites:
         assert_eq!(checked.poll_interval, Duration::from_millis(500));
         assert!(checked.tag_key.is_none());
         assert!(!checked.grid_settings.count_in_flight);
+    }
+
+    #[test]
+    fn an_empty_section_gives_the_library_defaults() {
+        let empty = GatewayConfig::from_yaml(&format!(
+            "{MINIMAL}grid_site_route: {{ prefix_affinity: {{}} }}\n"
+        ))
+        .unwrap();
+        let absent = GatewayConfig::from_yaml(MINIMAL).unwrap();
+        for config in [&empty, &absent] {
+            let section = &config.grid_site_route.prefix_affinity;
+            assert_eq!(section.settings, PrefixAffinityConfig::default());
+            assert_eq!(section.shared_index, None);
+        }
+        // A cluster that leaves out `admit` is the library's default cluster.
+        assert_eq!(
+            empty.sites[0].clusters[0],
+            ClusterSpec::new("east-a")
+                .with_models(["demo-model"])
+                .with_endpoints(["http://127.0.0.1:8001"])
+        );
+        assert_eq!(empty.max_body_bytes, DEFAULT_BODY_LIMIT_BYTES);
     }
 
     #[test]
@@ -1100,6 +947,14 @@ grid_site_route:
     fn a_value_of_the_wrong_type_names_the_field() {
         let message = refused(&format!("{MINIMAL}max_body_bytes: lots\n"));
         assert!(message.contains("max_body_bytes"), "{message}");
+        // The library's fields are read flattened, so their type errors name the section.
+        let message = refused(&format!(
+            "{MINIMAL}grid_site_route: {{ prefix_affinity: {{ capacity: lots }} }}\n"
+        ));
+        assert!(
+            message.contains("grid_site_route.prefix_affinity") && message.contains("lots"),
+            "{message}"
+        );
         let message = refused(&format!("{MINIMAL}role: broker\n"));
         assert!(
             message.contains("role") && message.contains("broker"),

@@ -1,8 +1,9 @@
 //! The `prefix_affinity` settings as configured, and their validation.
 //!
-//! A gateway reads its config file however it likes (the example gateway uses YAML) and
-//! fills [`PrefixAffinityConfig`], plain data whose [`Default`] is the documented
-//! defaults. [`PrefixAffinityConfig::validate`] turns it into the typed settings the
+//! A gateway reads its config file however it likes and fills [`PrefixAffinityConfig`],
+//! plain data whose [`Default`] is the documented defaults; with the `serde` feature it
+//! deserializes straight from the file's `prefix_affinity` section (the example gateway's
+//! YAML does). [`PrefixAffinityConfig::validate`] turns it into the typed settings the
 //! layers take, or a [`ConfigError`] that names the field and the bad value, so a reload
 //! that would break routing is refused before anything changes.
 //!
@@ -13,7 +14,7 @@
 //! assert_eq!(settings.affinity.threshold(), 0.8);
 //! assert_eq!(settings.index.capacity(), 16_384);
 //!
-//! let bad = PrefixAffinityConfig { threshold: 1.5, ..PrefixAffinityConfig::default() };
+//! let bad = PrefixAffinityConfig::default().with_threshold(1.5);
 //! assert_eq!(
 //!     bad.validate().unwrap_err().to_string(),
 //!     "prefix_affinity.threshold must be in (0, 1], got 1.5"
@@ -31,7 +32,17 @@ use crate::affinity::AffinitySettings;
 use crate::index::{IndexSettings, IndexSettingsError};
 
 /// `grid_site_route.prefix_affinity` as written in the config file.
+///
+/// Build it from [`Default`] with the `with_*` methods (it is `#[non_exhaustive]`, so that
+/// a new setting is not a breaking change), or deserialize it with the `serde` feature:
+/// every field is optional and an unknown one is refused.
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(default, deny_unknown_fields)
+)]
+#[non_exhaustive]
 pub struct PrefixAffinityConfig {
     /// `enabled`: `false` routes on queue depth alone and reads no prompt.
     pub enabled: bool,
@@ -40,11 +51,12 @@ pub struct PrefixAffinityConfig {
     pub threshold: f64,
     /// `exploration`: share of decisions that skip affinity, in [0, 1].
     pub exploration: f64,
-    /// `prefill_tokens_per_second`: the prefill speed that prices a match; finite, > 0.
-    pub prefill_tokens_per_second: f64,
-    /// `prefill_tokens_per_second: auto`: learn each cluster's prefill speed from its
-    /// answers, starting from `prefill_tokens_per_second` (then the prior).
-    pub learn_prefill: bool,
+    /// `prefill_tokens_per_second`: the prefill speed that prices a match (finite, > 0),
+    /// or `auto` to learn each cluster's from its answers.
+    pub prefill_tokens_per_second: PrefillPrice,
+    /// `prefill_prior_tokens_per_second`: with `prefill_tokens_per_second: auto`, the
+    /// speed every cluster starts from; finite, > 0.
+    pub prefill_prior_tokens_per_second: f64,
     /// `queued_request_seconds`: what one queued request costs; finite, > 0.
     pub queued_request_seconds: f64,
     /// `engine_feedback`: when an engine reports far less of a sticky prompt cached than
@@ -58,6 +70,18 @@ pub struct PrefixAffinityConfig {
     /// `tag_key_path`: the key that signs tagged ids (at least 32 bytes); none leaves the
     /// tags' mac empty. Read by the pinning layer.
     pub tag_key_path: Option<PathBuf>,
+    /// `previous_tag_key_path`: the key before `tag_key_path`, still verifying the ids it
+    /// signed (never signing new ones) for as long as it is named; needs `tag_key_path`.
+    pub previous_tag_key_path: Option<PathBuf>,
+}
+
+/// `prefix_affinity.prefill_tokens_per_second`: a number of tokens a second, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PrefillPrice {
+    /// This many prefill tokens a second, for every cluster.
+    Fixed(f64),
+    /// Learned per cluster from its answers, from `prefill_prior_tokens_per_second`.
+    Auto,
 }
 
 impl Default for PrefixAffinityConfig {
@@ -66,19 +90,106 @@ impl Default for PrefixAffinityConfig {
             enabled: true,
             threshold: AffinitySettings::DEFAULT_THRESHOLD,
             exploration: AffinitySettings::DEFAULT_EXPLORATION,
-            prefill_tokens_per_second: AffinitySettings::DEFAULT_PREFILL_TOKENS_PER_SECOND,
-            learn_prefill: false,
+            prefill_tokens_per_second: PrefillPrice::Fixed(
+                AffinitySettings::DEFAULT_PREFILL_TOKENS_PER_SECOND,
+            ),
+            prefill_prior_tokens_per_second: AffinitySettings::DEFAULT_PREFILL_TOKENS_PER_SECOND,
             queued_request_seconds: AffinitySettings::DEFAULT_QUEUED_REQUEST_SECONDS,
             engine_feedback: true,
             capacity: IndexSettings::DEFAULT_CAPACITY,
             ttl_secs: IndexSettings::DEFAULT_TTL.as_secs(),
             tag_key_path: None,
+            previous_tag_key_path: None,
         }
+    }
+}
+
+/// Builders in tower-http's style: `PrefixAffinityConfig::default().with_threshold(0.5)`.
+/// Each sets the field of the same name and checks nothing; [`validate`] does.
+///
+/// [`validate`]: PrefixAffinityConfig::validate
+impl PrefixAffinityConfig {
+    /// Sets [`enabled`](Self::enabled).
+    #[must_use]
+    pub fn with_enabled(mut self, enabled: bool) -> Self {
+        self.enabled = enabled;
+        self
+    }
+
+    /// Sets [`threshold`](Self::threshold).
+    #[must_use]
+    pub fn with_threshold(mut self, threshold: f64) -> Self {
+        self.threshold = threshold;
+        self
+    }
+
+    /// Sets [`exploration`](Self::exploration).
+    #[must_use]
+    pub fn with_exploration(mut self, exploration: f64) -> Self {
+        self.exploration = exploration;
+        self
+    }
+
+    /// Sets [`prefill_tokens_per_second`](Self::prefill_tokens_per_second).
+    #[must_use]
+    pub fn with_prefill_tokens_per_second(mut self, price: PrefillPrice) -> Self {
+        self.prefill_tokens_per_second = price;
+        self
+    }
+
+    /// Sets [`prefill_prior_tokens_per_second`](Self::prefill_prior_tokens_per_second).
+    #[must_use]
+    pub fn with_prefill_prior_tokens_per_second(mut self, tokens_per_second: f64) -> Self {
+        self.prefill_prior_tokens_per_second = tokens_per_second;
+        self
+    }
+
+    /// Sets [`queued_request_seconds`](Self::queued_request_seconds).
+    #[must_use]
+    pub fn with_queued_request_seconds(mut self, seconds: f64) -> Self {
+        self.queued_request_seconds = seconds;
+        self
+    }
+
+    /// Sets [`engine_feedback`](Self::engine_feedback).
+    #[must_use]
+    pub fn with_engine_feedback(mut self, engine_feedback: bool) -> Self {
+        self.engine_feedback = engine_feedback;
+        self
+    }
+
+    /// Sets [`capacity`](Self::capacity).
+    #[must_use]
+    pub fn with_capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Sets [`ttl_secs`](Self::ttl_secs).
+    #[must_use]
+    pub fn with_ttl_secs(mut self, ttl_secs: u64) -> Self {
+        self.ttl_secs = ttl_secs;
+        self
+    }
+
+    /// Sets [`tag_key_path`](Self::tag_key_path).
+    #[must_use]
+    pub fn with_tag_key_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tag_key_path = Some(path.into());
+        self
+    }
+
+    /// Sets [`previous_tag_key_path`](Self::previous_tag_key_path).
+    #[must_use]
+    pub fn with_previous_tag_key_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.previous_tag_key_path = Some(path.into());
+        self
     }
 }
 
 /// Validated `prefix_affinity` settings, split by the part that uses them.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct PrefixAffinity {
     /// For [`Affinity`](crate::affinity::Affinity).
     pub affinity: AffinitySettings,
@@ -86,6 +197,8 @@ pub struct PrefixAffinity {
     pub index: IndexSettings,
     /// For the pinning layer.
     pub tag_key_path: Option<PathBuf>,
+    /// For the pinning layer; set only beside `tag_key_path`.
+    pub previous_tag_key_path: Option<PathBuf>,
 }
 
 impl PrefixAffinityConfig {
@@ -97,31 +210,81 @@ impl PrefixAffinityConfig {
         if !(0.0..=1.0).contains(&self.exploration) {
             return Err(ConfigError::Exploration(self.exploration));
         }
-        if !(self.prefill_tokens_per_second.is_finite() && self.prefill_tokens_per_second > 0.0) {
-            return Err(ConfigError::PrefillTokensPerSecond(
-                self.prefill_tokens_per_second,
-            ));
-        }
-        if !(self.queued_request_seconds.is_finite() && self.queued_request_seconds > 0.0) {
+        let (prefill_tokens_per_second, learn_prefill) = match self.prefill_tokens_per_second {
+            PrefillPrice::Fixed(price) if is_positive(price) => (price, false),
+            PrefillPrice::Fixed(price) => return Err(ConfigError::PrefillTokensPerSecond(price)),
+            PrefillPrice::Auto if is_positive(self.prefill_prior_tokens_per_second) => {
+                (self.prefill_prior_tokens_per_second, true)
+            }
+            PrefillPrice::Auto => {
+                return Err(ConfigError::PrefillPriorTokensPerSecond(
+                    self.prefill_prior_tokens_per_second,
+                ));
+            }
+        };
+        if !is_positive(self.queued_request_seconds) {
             return Err(ConfigError::QueuedRequestSeconds(
                 self.queued_request_seconds,
             ));
         }
         let index = IndexSettings::new(self.capacity, Duration::from_secs(self.ttl_secs))
             .map_err(ConfigError::Index)?;
+        if let (None, Some(previous)) = (&self.tag_key_path, &self.previous_tag_key_path) {
+            return Err(ConfigError::PreviousTagKeyAlone(previous.clone()));
+        }
         Ok(PrefixAffinity {
             affinity: AffinitySettings::checked(
                 self.enabled,
                 self.threshold,
                 self.exploration,
-                self.prefill_tokens_per_second,
+                prefill_tokens_per_second,
                 self.queued_request_seconds,
                 self.engine_feedback,
-                self.learn_prefill,
+                learn_prefill,
             ),
             index,
             tag_key_path: self.tag_key_path.clone(),
+            previous_tag_key_path: self.previous_tag_key_path.clone(),
         })
+    }
+}
+
+/// A finite number above 0.
+fn is_positive(value: f64) -> bool {
+    value.is_finite() && value > 0.0
+}
+
+/// Hand-written because serde's derives have no "a number or this one word" shape short of
+/// `untagged`, whose error ("did not match any variant") would not say what is expected.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for PrefillPrice {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = PrefillPrice;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                // The field is named here too: a format that buffers the section (serde's
+                // `flatten`) reports the error without the field's path.
+                f.write_str("prefill_tokens_per_second as a number of tokens a second, or `auto`")
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<PrefillPrice, E> {
+                Ok(PrefillPrice::Fixed(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<PrefillPrice, E> {
+                Ok(PrefillPrice::Fixed(v as f64))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<PrefillPrice, E> {
+                Ok(PrefillPrice::Fixed(v as f64))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PrefillPrice, E> {
+                if v == "auto" {
+                    Ok(PrefillPrice::Auto)
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(v), &self))
+                }
+            }
+        }
+        deserializer.deserialize_any(Visitor)
     }
 }
 
@@ -135,10 +298,15 @@ pub enum ConfigError {
     Exploration(f64),
     /// `prefill_tokens_per_second` is not a finite number above 0.
     PrefillTokensPerSecond(f64),
+    /// With `prefill_tokens_per_second: auto`, `prefill_prior_tokens_per_second` is not a
+    /// finite number above 0.
+    PrefillPriorTokensPerSecond(f64),
     /// `queued_request_seconds` is not a finite number above 0.
     QueuedRequestSeconds(f64),
     /// `capacity` or `ttl_secs` was refused by the index.
     Index(IndexSettingsError),
+    /// `previous_tag_key_path` is set without `tag_key_path`.
+    PreviousTagKeyAlone(PathBuf),
 }
 
 impl fmt::Display for ConfigError {
@@ -158,12 +326,23 @@ impl fmt::Display for ConfigError {
                 "prefix_affinity.prefill_tokens_per_second must be a finite number greater \
                  than 0, got {got}"
             ),
+            Self::PrefillPriorTokensPerSecond(got) => write!(
+                f,
+                "prefix_affinity.prefill_prior_tokens_per_second must be a finite number \
+                 greater than 0, got {got}"
+            ),
             Self::QueuedRequestSeconds(got) => write!(
                 f,
                 "prefix_affinity.queued_request_seconds must be a finite number greater \
                  than 0, got {got}"
             ),
             Self::Index(err) => err.fmt(f),
+            Self::PreviousTagKeyAlone(path) => write!(
+                f,
+                "prefix_affinity.previous_tag_key_path needs tag_key_path: a previous key only \
+                 verifies beside a current one, got {:?}",
+                path.display().to_string()
+            ),
         }
     }
 }
@@ -200,6 +379,7 @@ mod tests {
         assert_eq!(settings.index, IndexSettings::default());
         assert_eq!(settings.index.ttl(), Duration::from_secs(600));
         assert_eq!(settings.tag_key_path, None);
+        assert!(!a.learns_prefill());
     }
 
     #[test]
@@ -207,83 +387,62 @@ mod tests {
         let base = PrefixAffinityConfig::default;
         let cases = [
             (
-                PrefixAffinityConfig {
-                    threshold: 1.5,
-                    ..base()
-                },
+                base().with_threshold(1.5),
                 "prefix_affinity.threshold must be in (0, 1], got 1.5",
             ),
             (
-                PrefixAffinityConfig {
-                    threshold: 0.0,
-                    ..base()
-                },
+                base().with_threshold(0.0),
                 "prefix_affinity.threshold must be in (0, 1], got 0",
             ),
             (
-                PrefixAffinityConfig {
-                    threshold: f64::NAN,
-                    ..base()
-                },
+                base().with_threshold(f64::NAN),
                 "prefix_affinity.threshold must be in (0, 1], got NaN",
             ),
             (
-                PrefixAffinityConfig {
-                    exploration: -0.1,
-                    ..base()
-                },
+                base().with_exploration(-0.1),
                 "prefix_affinity.exploration must be in [0, 1], got -0.1",
             ),
             (
-                PrefixAffinityConfig {
-                    exploration: 1.01,
-                    ..base()
-                },
+                base().with_exploration(1.01),
                 "prefix_affinity.exploration must be in [0, 1], got 1.01",
             ),
             (
-                PrefixAffinityConfig {
-                    prefill_tokens_per_second: 0.0,
-                    ..base()
-                },
+                base().with_prefill_tokens_per_second(PrefillPrice::Fixed(0.0)),
                 "prefix_affinity.prefill_tokens_per_second must be a finite number greater \
                  than 0, got 0",
             ),
             (
-                PrefixAffinityConfig {
-                    prefill_tokens_per_second: f64::INFINITY,
-                    ..base()
-                },
+                base().with_prefill_tokens_per_second(PrefillPrice::Fixed(f64::INFINITY)),
                 "prefix_affinity.prefill_tokens_per_second must be a finite number greater \
                  than 0, got inf",
             ),
             (
-                PrefixAffinityConfig {
-                    queued_request_seconds: -2.0,
-                    ..base()
-                },
+                base()
+                    .with_prefill_tokens_per_second(PrefillPrice::Auto)
+                    .with_prefill_prior_tokens_per_second(-1.0),
+                "prefix_affinity.prefill_prior_tokens_per_second must be a finite number \
+                 greater than 0, got -1",
+            ),
+            (
+                base().with_previous_tag_key_path("/etc/grid/old.key"),
+                "prefix_affinity.previous_tag_key_path needs tag_key_path: a previous key \
+                 only verifies beside a current one, got \"/etc/grid/old.key\"",
+            ),
+            (
+                base().with_queued_request_seconds(-2.0),
                 "prefix_affinity.queued_request_seconds must be a finite number greater \
                  than 0, got -2",
             ),
             (
-                PrefixAffinityConfig {
-                    capacity: 0,
-                    ..base()
-                },
+                base().with_capacity(0),
                 "prefix_affinity.capacity must be at least 1, got 0",
             ),
             (
-                PrefixAffinityConfig {
-                    ttl_secs: 0,
-                    ..base()
-                },
+                base().with_ttl_secs(0),
                 "prefix_affinity.ttl_secs must be at least 1, got 0",
             ),
             (
-                PrefixAffinityConfig {
-                    ttl_secs: u64::MAX,
-                    ..base()
-                },
+                base().with_ttl_secs(u64::MAX),
                 &format!(
                     "prefix_affinity.ttl_secs cannot be represented, got {}",
                     u64::MAX
@@ -297,17 +456,75 @@ mod tests {
 
     #[test]
     fn the_edges_of_each_range_are_accepted() {
-        let config = PrefixAffinityConfig {
-            threshold: 1.0,
-            exploration: 0.0,
-            ..PrefixAffinityConfig::default()
-        };
+        let config = PrefixAffinityConfig::default()
+            .with_threshold(1.0)
+            .with_exploration(0.0);
         assert!(config.validate().is_ok());
-        let config = PrefixAffinityConfig {
-            exploration: 1.0,
-            enabled: false,
-            ..PrefixAffinityConfig::default()
-        };
+        let config = PrefixAffinityConfig::default()
+            .with_exploration(1.0)
+            .with_enabled(false);
         assert!(!config.validate().unwrap().affinity.enabled());
+    }
+
+    #[test]
+    fn auto_pricing_learns_from_the_prior_and_ignores_the_fixed_default() {
+        let settings = PrefixAffinityConfig::default()
+            .with_prefill_tokens_per_second(PrefillPrice::Auto)
+            .with_prefill_prior_tokens_per_second(150.0)
+            .validate()
+            .unwrap();
+        assert!(settings.affinity.learns_prefill());
+        assert_eq!(settings.affinity.prefill_tokens_per_second(), 150.0);
+        // A fixed price does not read the prior, so an unused bad prior is no error.
+        let fixed = PrefixAffinityConfig::default()
+            .with_prefill_tokens_per_second(PrefillPrice::Fixed(500.0))
+            .with_prefill_prior_tokens_per_second(0.0)
+            .validate()
+            .unwrap();
+        assert!(!fixed.affinity.learns_prefill());
+        assert_eq!(fixed.affinity.prefill_tokens_per_second(), 500.0);
+    }
+
+    #[test]
+    fn both_tag_key_paths_reach_the_pinning_settings() {
+        let settings = PrefixAffinityConfig::default()
+            .with_tag_key_path("/etc/grid/tag.key")
+            .with_previous_tag_key_path("/etc/grid/old.key")
+            .validate()
+            .unwrap();
+        assert_eq!(
+            settings.tag_key_path.as_deref(),
+            Some(std::path::Path::new("/etc/grid/tag.key"))
+        );
+        assert_eq!(
+            settings.previous_tag_key_path.as_deref(),
+            Some(std::path::Path::new("/etc/grid/old.key"))
+        );
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn a_deserialized_section_defaults_what_it_leaves_out_and_refuses_unknown_fields() {
+        let read = |json: &str| serde_json::from_str::<PrefixAffinityConfig>(json);
+        assert_eq!(read("{}").unwrap(), PrefixAffinityConfig::default());
+        assert_eq!(
+            read(r#"{"prefill_tokens_per_second": "auto", "capacity": 8}"#).unwrap(),
+            PrefixAffinityConfig::default()
+                .with_prefill_tokens_per_second(PrefillPrice::Auto)
+                .with_capacity(8)
+        );
+        assert_eq!(
+            read(r#"{"prefill_tokens_per_second": 2500}"#)
+                .unwrap()
+                .prefill_tokens_per_second,
+            PrefillPrice::Fixed(2500.0)
+        );
+        let fast = read(r#"{"prefill_tokens_per_second": "fast"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(fast.contains("prefill_tokens_per_second"), "{fast}");
+        assert!(fast.contains("or `auto`"), "{fast}");
+        let typo = read(r#"{"treshold": 0.5}"#).unwrap_err().to_string();
+        assert!(typo.contains("unknown field `treshold`"), "{typo}");
     }
 }

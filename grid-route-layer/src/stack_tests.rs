@@ -50,10 +50,7 @@ fn gateway(sites: &[(&str, &[&str])]) -> Gateway {
         IndexSettings::default(),
         grid.view().cluster_ids(),
     ));
-    let no_exploration = PrefixAffinityConfig {
-        exploration: 0.0,
-        ..PrefixAffinityConfig::default()
-    };
+    let no_exploration = PrefixAffinityConfig::default().with_exploration(0.0);
     let affinity = Affinity::new(
         Arc::clone(&index),
         no_exploration.validate().unwrap().affinity,

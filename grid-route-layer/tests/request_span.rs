@@ -67,18 +67,12 @@ where
 }
 
 fn grid() -> Grid {
-    let site = |name: &str| SiteSpec {
-        name: name.into(),
-        clusters: vec![ClusterSpec {
-            name: format!("{name}-a"),
-            models: vec!["m".into()],
-            admit: true,
-            endpoints: vec![format!("http://{name}-a")],
-        }],
+    let site = |name: &str| {
+        SiteSpec::new(name).with_clusters([ClusterSpec::new(format!("{name}-a"))
+            .with_models(["m"])
+            .with_endpoints([format!("http://{name}-a")])])
     };
-    let spec = GridSpec {
-        sites: vec![site("east"), site("west")],
-    };
+    let spec = GridSpec::new([site("east"), site("west")]);
     Grid::new(&spec, GridSettings::default()).unwrap()
 }
 
@@ -93,10 +87,7 @@ fn each_request_runs_in_one_span_naming_its_outcome_depth_and_cluster() {
         grid_route_layer::index::IndexSettings::default(),
         grid.view().cluster_ids(),
     ));
-    let settings = PrefixAffinityConfig {
-        exploration: 0.0,
-        ..PrefixAffinityConfig::default()
-    };
+    let settings = PrefixAffinityConfig::default().with_exploration(0.0);
     let affinity = Affinity::new(index, settings.validate().unwrap().affinity);
     let cluster = |_: &Cluster| {
         service_fn(|_: Request<KeyedBody<Full<Bytes>>>| async {

@@ -230,17 +230,10 @@ mod tests {
     #[test]
     fn series_of_removed_clusters_are_left_out_and_the_rest_kept() {
         let view = grid_route_layer::grid::Grid::new(
-            &grid_route_layer::grid::GridSpec {
-                sites: vec![grid_route_layer::grid::SiteSpec {
-                    name: "west".to_owned(),
-                    clusters: vec![grid_route_layer::grid::ClusterSpec {
-                        name: "west-a".to_owned(),
-                        models: vec!["m".to_owned()],
-                        admit: true,
-                        endpoints: vec!["http://127.0.0.1:1".to_owned()],
-                    }],
-                }],
-            },
+            &grid_route_layer::grid::GridSpec::new([grid_route_layer::grid::SiteSpec::new("west")
+                .with_clusters([grid_route_layer::grid::ClusterSpec::new("west-a")
+                    .with_models(["m"])
+                    .with_endpoints(["http://127.0.0.1:1"])])]),
             grid_route_layer::grid::GridSettings::default(),
         )
         .unwrap()

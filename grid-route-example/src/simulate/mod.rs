@@ -48,7 +48,7 @@ use std::io::{BufReader, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use grid_route_layer::config::PrefixAffinityConfig;
+use grid_route_layer::config::{PrefillPrice, PrefixAffinityConfig};
 
 pub use engine::EngineModel;
 pub use policy::Policy;
@@ -235,7 +235,9 @@ pub fn parse_args(args: &[String]) -> Result<SimulateArgs, String> {
             }
             "--threshold" => parsed.affinity.threshold = number(flag, v)?,
             "--exploration" => parsed.affinity.exploration = number(flag, v)?,
-            "--prefill-price" => parsed.affinity.prefill_tokens_per_second = number(flag, v)?,
+            "--prefill-price" => {
+                parsed.affinity.prefill_tokens_per_second = PrefillPrice::Fixed(number(flag, v)?);
+            }
             "--engine-feedback" => parsed.affinity.engine_feedback = number(flag, v)?,
             "--fail-share" => {
                 let share: f64 = number(flag, v)?;

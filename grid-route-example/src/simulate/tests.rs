@@ -262,7 +262,10 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
     assert_eq!(parsed.engine.prefill_overhead_s, 0.03);
     assert_eq!(parsed.queue_window, Duration::from_secs(3));
     assert_eq!(parsed.affinity.threshold, 0.6);
-    assert_eq!(parsed.affinity.prefill_tokens_per_second, 20_000.0);
+    assert_eq!(
+        parsed.affinity.prefill_tokens_per_second,
+        PrefillPrice::Fixed(20_000.0)
+    );
     assert_eq!(parsed.fail_share, 0.25);
     for (bad, error) in [
         ("--sites 4", "--trace is required"),

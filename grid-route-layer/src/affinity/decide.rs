@@ -14,7 +14,10 @@ use crate::keying::PrefixKeys;
 
 /// What affinity decided for a request, the `outcome` label of
 /// `grid_route_prefix_affinity_total`.
+///
+/// `#[non_exhaustive]`: a new reason to keep or narrow candidates is a new outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The deepest holders of the prompt are the only candidates.
     Sticky,

@@ -66,16 +66,13 @@
 //! use grid_route_layer::index::{IndexSettings, PrefixIndex};
 //! use grid_route_layer::keying::{Api, KeySeed, key_body};
 //!
-//! let site = |name: &str| SiteSpec {
-//!     name: name.into(),
-//!     clusters: vec![ClusterSpec {
-//!         name: format!("{name}-a"),
-//!         models: vec!["m".into()],
-//!         admit: true,
-//!         endpoints: vec![format!("http://{name}")],
-//!     }],
+//! let site = |name: &str| {
+//!     SiteSpec::new(name).with_clusters([ClusterSpec::new(format!("{name}-a"))
+//!         .with_models(["m"])
+//!         .with_endpoints([format!("http://{name}")])])
 //! };
-//! let grid = Grid::new(&GridSpec { sites: vec![site("east"), site("west")] }, GridSettings::default()).unwrap();
+//! let spec = GridSpec::new([site("east"), site("west")]);
+//! let grid = Grid::new(&spec, GridSettings::default()).unwrap();
 //! let view = grid.view();
 //! let index = Arc::new(PrefixIndex::new(IndexSettings::default(), view.cluster_ids()));
 //! let affinity = Affinity::new(Arc::clone(&index), AffinitySettings::default());
@@ -118,8 +115,8 @@
 //! use grid_route_layer::route::Candidates;
 //! use http::{Request, Response};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! # let spec = GridSpec { sites: vec![SiteSpec { name: "east".into(), clusters: vec![ClusterSpec {
-//! #     name: "east-a".into(), models: vec!["m".into()], admit: true, endpoints: vec!["http://east".into()] }] }] };
+//! # let spec = GridSpec::new([SiteSpec::new("east").with_clusters([ClusterSpec::new("east-a")
+//! #     .with_models(["m"]).with_endpoints(["http://east"])])]);
 //! # let grid = Grid::new(&spec, GridSettings::default()).unwrap();
 //! # let index = Arc::new(PrefixIndex::new(IndexSettings::default(), grid.view().cluster_ids()));
 //! let affinity = Affinity::new(index, AffinitySettings::default());

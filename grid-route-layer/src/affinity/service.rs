@@ -24,7 +24,37 @@ pub struct AffinityService<S> {
 }
 
 impl<S> AffinityService<S> {
-    /// Wraps `inner`.
+    /// Wraps `inner`, narrowing each request's candidates among `grid`'s clusters with
+    /// `affinity`: the service `AffinityLayer::new(grid, affinity)` builds.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::sync::Arc;
+    ///
+    /// use grid_route_layer::affinity::{Affinity, AffinityService, AffinitySettings};
+    /// use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+    /// use grid_route_layer::index::{IndexSettings, PrefixIndex};
+    /// use grid_route_layer::route::Candidates;
+    /// use http::{Request, Response};
+    /// use tower::{ServiceExt, service_fn};
+    ///
+    /// let site = |name: &str| {
+    ///     SiteSpec::new(name).with_clusters([ClusterSpec::new(format!("{name}-a"))
+    ///         .with_models(["m"])
+    ///         .with_endpoints([format!("http://{name}")])])
+    /// };
+    /// let grid = Grid::new(&GridSpec::new([site("east"), site("west")]), GridSettings::default()).unwrap();
+    /// let index = Arc::new(PrefixIndex::new(IndexSettings::default(), grid.view().cluster_ids()));
+    /// let inner = service_fn(|req: Request<()>| async move {
+    ///     Ok::<_, Infallible>(Response::new(req.extensions().get::<Candidates>().unwrap().len()))
+    /// });
+    /// let service = AffinityService::new(inner, grid, Affinity::new(index, AffinitySettings::default()));
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// // A request without a prompt keeps every cluster as a candidate.
+    /// let response = service.oneshot(Request::new(())).await.unwrap();
+    /// assert_eq!(*response.body(), 2);
+    /// # });
+    /// ```
     pub fn new(inner: S, grid: Grid, affinity: Affinity) -> Self {
         Self {
             inner,

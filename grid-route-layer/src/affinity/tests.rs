@@ -8,7 +8,7 @@ use tower_test::mock;
 
 use super::draw::random_draw;
 use super::*;
-use crate::config::PrefixAffinityConfig;
+use crate::config::{PrefillPrice, PrefixAffinityConfig};
 use crate::grid::{Cluster, ClusterId, Grid, GridSettings};
 use crate::index::{IndexSettings, PrefixIndex};
 use crate::keying::{KeySeed, NoKeys, PrefixKeys};
@@ -346,10 +346,9 @@ fn a_match_under_8_kib_sticks_only_when_it_covers_the_threshold() {
     );
     // A lower threshold lets the shorter match stick too.
     f.index.drop_keys(&east, &keys[7..]);
-    f.affinity.set_settings(settings(&PrefixAffinityConfig {
-        threshold: 0.7,
-        ..PrefixAffinityConfig::default()
-    }));
+    f.affinity.set_settings(settings(
+        &PrefixAffinityConfig::default().with_threshold(0.7),
+    ));
     assert_eq!(f.decide(&prompt).outcome(), Some(Outcome::Sticky));
 }
 
@@ -421,10 +420,9 @@ fn disabled_affinity_decides_nothing() {
     let f = two_sites();
     let (first, next) = turn_and_follow_up(&f, 40 * 256);
     f.confirm("east-a", &first);
-    f.affinity.set_settings(settings(&PrefixAffinityConfig {
-        enabled: false,
-        ..PrefixAffinityConfig::default()
-    }));
+    f.affinity.set_settings(settings(
+        &PrefixAffinityConfig::default().with_enabled(false),
+    ));
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), None);
     assert_eq!(names(&decision), ["east-a", "west-a"]);
@@ -587,10 +585,9 @@ fn outcome_count(recorder: &CountingRecorder, outcome: Outcome) -> u64 {
 #[test]
 fn the_layer_writes_the_sticky_candidates_and_counts_the_outcome() {
     let f = two_sites();
-    f.affinity.set_settings(settings(&PrefixAffinityConfig {
-        exploration: 0.0,
-        ..PrefixAffinityConfig::default()
-    }));
+    f.affinity.set_settings(settings(
+        &PrefixAffinityConfig::default().with_exploration(0.0),
+    ));
     let (first, next) = turn_and_follow_up(&f, 40 * 256);
     let (mut service, mut handle) = layer_over(&f);
     let recorder = CountingRecorder::default();
@@ -637,10 +634,9 @@ fn outcome_seen(
 #[test]
 fn the_layer_leaves_the_counted_outcome_on_the_request_and_none_otherwise() {
     let f = two_sites();
-    f.affinity.set_settings(settings(&PrefixAffinityConfig {
-        exploration: 0.0,
-        ..PrefixAffinityConfig::default()
-    }));
+    f.affinity.set_settings(settings(
+        &PrefixAffinityConfig::default().with_exploration(0.0),
+    ));
     let (first, next) = turn_and_follow_up(&f, 40 * 256);
     let (mut service, mut handle) = layer_over(&f);
     let seen = outcome_seen(&mut service, &mut handle, request_with(Some(&first)));
@@ -728,10 +724,9 @@ fn disabling_affinity_at_runtime_stops_narrowing_and_counting() {
     f.confirm("east-a", &first);
     let (mut service, mut handle) = layer_over(&f);
     let recorder = CountingRecorder::default();
-    f.affinity.set_settings(settings(&PrefixAffinityConfig {
-        enabled: false,
-        ..PrefixAffinityConfig::default()
-    }));
+    f.affinity.set_settings(settings(
+        &PrefixAffinityConfig::default().with_enabled(false),
+    ));
     let seen = candidates_seen(
         &mut service,
         &mut handle,
@@ -740,10 +735,9 @@ fn disabling_affinity_at_runtime_stops_narrowing_and_counting() {
     );
     assert_eq!(seen, ["east-a", "west-a"]);
     assert_eq!(recorder.total(PREFIX_AFFINITY_TOTAL), 0);
-    f.affinity.set_settings(settings(&PrefixAffinityConfig {
-        exploration: 0.0,
-        ..PrefixAffinityConfig::default()
-    }));
+    f.affinity.set_settings(settings(
+        &PrefixAffinityConfig::default().with_exploration(0.0),
+    ));
     let seen = candidates_seen(
         &mut service,
         &mut handle,
@@ -810,10 +804,9 @@ fn the_prefill_estimate_stays_within_its_bounds() {
 }
 
 fn learning(f: &Fixture) {
-    f.affinity.set_settings(settings(&PrefixAffinityConfig {
-        learn_prefill: true,
-        ..PrefixAffinityConfig::default()
-    }));
+    f.affinity.set_settings(settings(
+        &PrefixAffinityConfig::default().with_prefill_tokens_per_second(PrefillPrice::Auto),
+    ));
 }
 
 #[test]

@@ -18,7 +18,42 @@ pub struct ConfirmService<S> {
 }
 
 impl<S> ConfirmService<S> {
-    /// Wraps `inner`.
+    /// Wraps `inner`, confirming and dropping prompts in `affinity`'s index: the service
+    /// `ConfirmLayer::new(affinity)` builds.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::sync::Arc;
+    /// use std::time::Instant;
+    ///
+    /// use grid_route_layer::affinity::{Affinity, AffinitySettings};
+    /// use grid_route_layer::confirm::ConfirmService;
+    /// use grid_route_layer::grid::{ClusterId, SiteName};
+    /// use grid_route_layer::index::{IndexSettings, PrefixIndex};
+    /// use grid_route_layer::keying::{Api, KeySeed, key_body};
+    /// use grid_route_layer::route::Served;
+    /// use http::{Request, Response};
+    /// use tower::{ServiceExt, service_fn};
+    ///
+    /// let east = ClusterId::new(SiteName::new("east").unwrap(), "east-a");
+    /// let index = Arc::new(PrefixIndex::new(IndexSettings::default(), [east.clone()]));
+    /// let affinity = Affinity::new(Arc::clone(&index), AffinitySettings::default());
+    /// let served_by = east.clone();
+    /// let inner = service_fn(move |_: Request<()>| {
+    ///     let mut response = Response::new(());
+    ///     response.extensions_mut().insert(Served::new(served_by.clone()));
+    ///     async move { Ok::<_, Infallible>(response) }
+    /// });
+    /// let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "hi ".repeat(400));
+    /// let prompt = key_body(&KeySeed::random(), Api::Completions, body.as_bytes()).unwrap();
+    /// let keys = prompt.keys().unwrap().clone();
+    /// let mut request = Request::new(());
+    /// request.extensions_mut().insert(prompt);
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// ConfirmService::new(inner, affinity).oneshot(request).await.unwrap();
+    /// assert_eq!(index.depth(&east, keys.as_slice(), Instant::now()), keys.len());
+    /// # });
+    /// ```
     pub fn new(inner: S, affinity: Affinity) -> Self {
         Self { inner, affinity }
     }

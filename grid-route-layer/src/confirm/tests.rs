@@ -270,10 +270,7 @@ fn a_request_without_keys_changes_nothing() {
 fn disabled_affinity_confirms_nothing() {
     let mut f = fixture();
     let east = f.east.clone();
-    let disabled = PrefixAffinityConfig {
-        enabled: false,
-        ..PrefixAffinityConfig::default()
-    };
+    let disabled = PrefixAffinityConfig::default().with_enabled(false);
     f.affinity
         .set_settings(disabled.validate().unwrap().affinity);
     f.answer(StatusCode::OK, &east);

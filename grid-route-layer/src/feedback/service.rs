@@ -24,7 +24,32 @@ pub struct FeedbackService<S> {
 }
 
 impl<S> FeedbackService<S> {
-    /// Wraps `inner`, whose answers carry [`Served`].
+    /// Wraps `inner`, whose answers carry [`Served`]: the service `FeedbackLayer::new()`
+    /// builds. The answer's body passes through as it was; its usage is counted as it ends.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    ///
+    /// use bytes::Bytes;
+    /// use grid_route_layer::feedback::FeedbackService;
+    /// use grid_route_layer::grid::{ClusterId, SiteName};
+    /// use grid_route_layer::route::Served;
+    /// use http::{Request, Response};
+    /// use http_body_util::{BodyExt, Full};
+    /// use tower::{ServiceExt, service_fn};
+    ///
+    /// const ANSWER: &[u8] = br#"{"usage":{"prompt_tokens":100,"prompt_tokens_details":{"cached_tokens":64}}}"#;
+    /// let east = ClusterId::new(SiteName::new("east").unwrap(), "east-a");
+    /// let inner = service_fn(move |_: Request<()>| {
+    ///     let mut response = Response::new(Full::new(Bytes::from_static(ANSWER)));
+    ///     response.extensions_mut().insert(Served::new(east.clone()));
+    ///     async move { Ok::<_, Infallible>(response) }
+    /// });
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let response = FeedbackService::new(inner).oneshot(Request::new(())).await.unwrap();
+    /// assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), ANSWER);
+    /// # });
+    /// ```
     pub fn new(inner: S) -> Self {
         Self { inner, teach: None }
     }

@@ -314,11 +314,9 @@ mod teaching {
             grid.view().cluster_ids(),
             base,
         ));
-        let settings = PrefixAffinityConfig {
-            exploration: 0.0,
-            engine_feedback,
-            ..PrefixAffinityConfig::default()
-        };
+        let settings = PrefixAffinityConfig::default()
+            .with_exploration(0.0)
+            .with_engine_feedback(engine_feedback);
         let affinity = Affinity::new(Arc::clone(&index), settings.validate().unwrap().affinity);
         let seed = KeySeed::random();
         let body = chat(&[("system", &text("feedback", 12 * 1024)), ("user", "hi")]);

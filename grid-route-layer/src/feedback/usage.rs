@@ -9,7 +9,11 @@ pub const MAX_JSON_BYTES: usize = 1 << 20;
 pub const MAX_EVENT_LINE_BYTES: usize = 1 << 20;
 
 /// What an engine said about a request's prompt.
+///
+/// `#[non_exhaustive]`, so that a count engines add later is not a breaking change: build
+/// it with [`PromptUsage::new`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PromptUsage {
     /// Every token of the prompt, cached or not.
     pub prompt_tokens: u64,
@@ -52,8 +56,9 @@ impl PromptUsage {
         ))
     }
 
-    /// A usage whose cached count never exceeds its prompt.
-    fn new(prompt_tokens: u64, cached_tokens: u64) -> Self {
+    /// A prompt of `prompt_tokens`, `cached_tokens` of them served from the engine's
+    /// cache; the cached count is capped at the prompt's.
+    pub fn new(prompt_tokens: u64, cached_tokens: u64) -> Self {
         Self {
             prompt_tokens,
             cached_tokens: cached_tokens.min(prompt_tokens),
@@ -73,7 +78,7 @@ impl PromptUsage {
 /// reader.feed(b"kens\":90,\"prompt_tokens_details\":{\"cached_tokens\":64}}}\n\n");
 /// reader.feed(b"data: [DONE]\n\n");
 /// let usage = reader.finish();
-/// assert_eq!(usage, Some(PromptUsage { prompt_tokens: 90, cached_tokens: 64 }));
+/// assert_eq!(usage, Some(PromptUsage::new(90, 64)));
 /// ```
 #[derive(Debug)]
 pub struct UsageReader {

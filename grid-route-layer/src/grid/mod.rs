@@ -30,18 +30,13 @@
 //!
 //! use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
 //!
-//! let cluster = |name: &str, url: &str| ClusterSpec {
-//!     name: name.into(),
-//!     models: vec!["demo-model".into()],
-//!     admit: true,
-//!     endpoints: vec![url.into()],
+//! let cluster = |name: &str, url: &str| {
+//!     ClusterSpec::new(name).with_models(["demo-model"]).with_endpoints([url])
 //! };
-//! let spec = GridSpec {
-//!     sites: vec![
-//!         SiteSpec { name: "east".into(), clusters: vec![cluster("east-a", "http://10.0.0.1:8000")] },
-//!         SiteSpec { name: "west".into(), clusters: vec![cluster("west-a", "http://10.1.0.1:8000")] },
-//!     ],
-//! };
+//! let spec = GridSpec::new([
+//!     SiteSpec::new("east").with_clusters([cluster("east-a", "http://10.0.0.1:8000")]),
+//!     SiteSpec::new("west").with_clusters([cluster("west-a", "http://10.1.0.1:8000")]),
+//! ]);
 //! let grid = Grid::new(&spec, GridSettings::default()).unwrap();
 //!
 //! // The gateway's poller records each endpoint's waiting requests.

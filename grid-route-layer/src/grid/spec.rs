@@ -8,18 +8,49 @@ use super::names::{ClusterDigest, InvalidName};
 
 /// The sites and clusters of a gateway's configuration, as written (the `sites` list).
 ///
-/// Plain data with public fields, so that any config format can fill it; [`Grid::new`]
-/// validates it.
+/// Plain data with public fields, so that any config format can fill it (with the `serde`
+/// feature it deserializes straight from one); [`Grid::new`] validates it. It is
+/// `#[non_exhaustive]`: build it with [`GridSpec::new`].
+///
+/// ```
+/// use grid_route_layer::grid::{ClusterSpec, GridSpec, SiteSpec};
+///
+/// let spec = GridSpec::new([SiteSpec::new("east").with_clusters([ClusterSpec::new("east-a")
+///     .with_models(["demo-model"])
+///     .with_endpoints(["http://10.0.0.1:8000"])])]);
+/// assert!(spec.sites[0].clusters[0].admit);
+/// ```
 ///
 /// [`Grid::new`]: super::Grid::new
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(deny_unknown_fields)
+)]
+#[non_exhaustive]
 pub struct GridSpec {
     /// The sites, in the order the configuration lists them.
     pub sites: Vec<SiteSpec>,
 }
 
-/// One site as configured.
+impl GridSpec {
+    /// A grid of these sites, in this order.
+    pub fn new(sites: impl IntoIterator<Item = SiteSpec>) -> Self {
+        Self {
+            sites: sites.into_iter().collect(),
+        }
+    }
+}
+
+/// One site as configured. `#[non_exhaustive]`: build it with [`SiteSpec::new`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(deny_unknown_fields)
+)]
+#[non_exhaustive]
 pub struct SiteSpec {
     /// The site's name: a DNS-1123 label.
     pub name: String,
@@ -27,17 +58,47 @@ pub struct SiteSpec {
     pub clusters: Vec<ClusterSpec>,
 }
 
-/// One backend cluster as configured.
+impl SiteSpec {
+    /// A site named `name`, with no cluster yet.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            clusters: Vec::new(),
+        }
+    }
+
+    /// Sets [`clusters`](Self::clusters).
+    #[must_use]
+    pub fn with_clusters(mut self, clusters: impl IntoIterator<Item = ClusterSpec>) -> Self {
+        self.clusters = clusters.into_iter().collect();
+        self
+    }
+}
+
+/// One backend cluster as configured. `#[non_exhaustive]`: build it with
+/// [`ClusterSpec::new`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(deny_unknown_fields)
+)]
+#[non_exhaustive]
 pub struct ClusterSpec {
     /// The cluster's name, unique within its site; its digest names it in tagged ids.
     pub name: String,
     /// The models its engines serve (the request's `model` must be one of them).
     pub models: Vec<String>,
-    /// `false` drains the cluster: it takes no new request, pinned or not.
+    /// `false` drains the cluster: it takes no new request, pinned or not. Default `true`.
+    #[cfg_attr(feature = "serde", serde(default = "admitted"))]
     pub admit: bool,
     /// The base URLs of its engines, e.g. `http://10.0.0.7:8000`.
     pub endpoints: Vec<String>,
+}
+
+/// A cluster takes requests unless configured otherwise.
+fn admitted() -> bool {
+    true
 }
 
 impl Default for ClusterSpec {
@@ -45,14 +106,53 @@ impl Default for ClusterSpec {
         Self {
             name: String::new(),
             models: Vec::new(),
-            admit: true,
+            admit: admitted(),
             endpoints: Vec::new(),
         }
     }
 }
 
-/// Grid settings outside the `sites` list.
+impl ClusterSpec {
+    /// An admitted cluster named `name`, with no model and no endpoint yet.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Sets [`models`](Self::models).
+    #[must_use]
+    pub fn with_models(mut self, models: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.models = models.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets [`admit`](Self::admit).
+    #[must_use]
+    pub fn with_admit(mut self, admit: bool) -> Self {
+        self.admit = admit;
+        self
+    }
+
+    /// Sets [`endpoints`](Self::endpoints).
+    #[must_use]
+    pub fn with_endpoints(
+        mut self,
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        self.endpoints = endpoints.into_iter().map(Into::into).collect();
+        self
+    }
+}
+
+/// Grid settings outside the `sites` list. `#[non_exhaustive]`: build it from [`Default`]
+/// with the `with_*` methods.
+///
+/// No `Deserialize`: a config file spreads these over other sections (the example's
+/// `local_site` and `queue.window_secs`), so no one shape would fit.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GridSettings {
     /// The site this gateway replica runs at (`local_site`), if any.
     pub local_site: Option<String>,
@@ -68,6 +168,27 @@ pub struct GridSettings {
 impl GridSettings {
     /// The queue window when not configured.
     pub const DEFAULT_QUEUE_WINDOW: Duration = Duration::from_secs(10);
+
+    /// Sets [`local_site`](Self::local_site).
+    #[must_use]
+    pub fn with_local_site(mut self, site: impl Into<String>) -> Self {
+        self.local_site = Some(site.into());
+        self
+    }
+
+    /// Sets [`queue_window`](Self::queue_window).
+    #[must_use]
+    pub fn with_queue_window(mut self, window: Duration) -> Self {
+        self.queue_window = window;
+        self
+    }
+
+    /// Sets [`count_in_flight`](Self::count_in_flight).
+    #[must_use]
+    pub fn with_count_in_flight(mut self, count_in_flight: bool) -> Self {
+        self.count_in_flight = count_in_flight;
+        self
+    }
 }
 
 impl Default for GridSettings {
@@ -360,4 +481,45 @@ fn validate_clusters(s: usize, site: &SiteSpec) -> Result<(), GridError> {
         }
     }
     Ok(())
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deserialized_cluster_is_admitted_unless_it_says_otherwise() {
+        let spec: GridSpec = serde_json::from_str(
+            r#"{"sites": [{"name": "east", "clusters": [
+                {"name": "east-a", "models": ["m"], "endpoints": ["http://a"]},
+                {"name": "east-b", "models": ["m"], "endpoints": ["http://b"], "admit": false}
+            ]}]}"#,
+        )
+        .unwrap();
+        let cluster = |name: &str, url: &str| {
+            ClusterSpec::new(name)
+                .with_models(["m"])
+                .with_endpoints([url])
+        };
+        assert_eq!(
+            spec,
+            GridSpec::new([SiteSpec::new("east").with_clusters([
+                cluster("east-a", "http://a"),
+                cluster("east-b", "http://b").with_admit(false),
+            ])])
+        );
+    }
+
+    #[test]
+    fn a_deserialized_spec_refuses_unknown_and_missing_fields() {
+        let unknown =
+            serde_json::from_str::<SiteSpec>(r#"{"name": "east", "clusters": [], "zone": 1}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(unknown.contains("unknown field `zone`"), "{unknown}");
+        let missing = serde_json::from_str::<ClusterSpec>(r#"{"name": "east-a", "models": ["m"]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(missing.contains("missing field `endpoints`"), "{missing}");
+    }
 }

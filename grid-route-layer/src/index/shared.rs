@@ -16,7 +16,11 @@ use crate::grid::ClusterId;
 /// The keys stand for prompt text: carry them only between replicas that key alike (the
 /// same [`KeySeed`](crate::keying::KeySeed) fingerprint), and never log them. `Debug`
 /// prints the count only.
+///
+/// `#[non_exhaustive]`: the index may learn other kinds of change; a carrier that does not
+/// know one leaves it local to its replica.
 #[derive(Clone, Copy)]
+#[non_exhaustive]
 pub enum IndexEvent<'a> {
     /// `cluster` answered a request with prompt `keys` with 2xx; the keys count there for
     /// `lifetime` from now.

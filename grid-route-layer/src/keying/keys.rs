@@ -13,7 +13,10 @@ use super::{chat, completions, messages, responses};
 use crate::route::Prompt;
 
 /// The request formats that get prefix keys.
+///
+/// `#[non_exhaustive]`: more request formats may be keyed later.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Api {
     /// OpenAI Chat Completions, `POST /v1/chat/completions`.
     ChatCompletions,
@@ -255,6 +258,7 @@ impl fmt::Display for NoKeys {
 /// A top-level field that routing depends on was given twice; the request is refused with
 /// a 400 rather than guessing which copy the engine will read.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DuplicateField {
     /// The field's name.
     pub field: &'static str,

@@ -27,11 +27,7 @@ impl KeyingLayer {
     /// same seed), buffering bodies up to [`DEFAULT_BODY_LIMIT_BYTES`].
     pub fn new(seed: KeySeed) -> Self {
         Self {
-            shared: Arc::new(Shared {
-                seed,
-                body_limit: DEFAULT_BODY_LIMIT_BYTES,
-                affinity: None,
-            }),
+            shared: Arc::new(Shared::new(seed)),
         }
     }
 
@@ -61,6 +57,6 @@ impl<S> Layer<S> for KeyingLayer {
     type Service = KeyingService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        KeyingService::new(inner, self.shared.clone())
+        KeyingService::with_shared(inner, self.shared.clone())
     }
 }

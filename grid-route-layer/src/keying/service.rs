@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::body::{KeyedBody, ResponseBody};
 use super::future::ResponseFuture;
 use super::keys::{Api, read_model, scan_model};
-use super::layer::BLOCKING_THRESHOLD_BYTES;
+use super::layer::{BLOCKING_THRESHOLD_BYTES, DEFAULT_BODY_LIMIT_BYTES};
 use super::stream::KeySeed;
 use super::{DuplicateField, key_body};
 use crate::affinity::Affinity;
@@ -28,6 +28,17 @@ pub(crate) struct Shared {
     pub(crate) seed: KeySeed,
     pub(crate) body_limit: usize,
     pub(crate) affinity: Option<Affinity>,
+}
+
+impl Shared {
+    /// Keys under `seed`, bodies up to [`DEFAULT_BODY_LIMIT_BYTES`], whatever affinity says.
+    pub(crate) fn new(seed: KeySeed) -> Self {
+        Self {
+            seed,
+            body_limit: DEFAULT_BODY_LIMIT_BYTES,
+            affinity: None,
+        }
+    }
 }
 
 impl Clone for Shared {
@@ -57,8 +68,58 @@ pub struct KeyingService<S> {
 }
 
 impl<S> KeyingService<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+    /// Keys `inner`'s requests under `seed`: the service `KeyingLayer::new(seed)` builds,
+    /// with the same builders ([`body_limit`](Self::body_limit), [`follow`](Self::follow)).
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    ///
+    /// use bytes::Bytes;
+    /// use grid_route_layer::keying::{KeySeed, KeyedBody, KeyingService};
+    /// use grid_route_layer::route::Prompt;
+    /// use http::{Request, Response};
+    /// use http_body_util::{BodyExt, Full};
+    /// use tower::{ServiceExt, service_fn};
+    ///
+    /// // Answers with the number of keys keying left on the request.
+    /// let inner = service_fn(|req: Request<KeyedBody<Full<Bytes>>>| async move {
+    ///     let prompt = req.extensions().get::<Prompt>().unwrap();
+    ///     Ok::<_, Infallible>(Response::new(prompt.keys().map_or(0, |keys| keys.len()).to_string()))
+    /// });
+    /// let service = KeyingService::new(inner, KeySeed::random()).body_limit(64 * 1024);
+    /// let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#, "hi ".repeat(400));
+    /// let request = Request::post("/v1/chat/completions").body(Full::new(Bytes::from(body))).unwrap();
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let response = service.oneshot(request).await.unwrap();
+    /// let keys = response.into_body().collect().await.unwrap().to_bytes();
+    /// assert!(std::str::from_utf8(&keys).unwrap().parse::<usize>().unwrap() > 0);
+    /// # });
+    /// ```
+    pub fn new(inner: S, seed: KeySeed) -> Self {
+        Self::with_shared(inner, Arc::new(Shared::new(seed)))
+    }
+
+    /// Buffers and keys bodies up to `bytes`; see [`KeyingLayer::body_limit`](super::KeyingLayer::body_limit).
+    #[must_use]
+    pub fn body_limit(self, bytes: usize) -> Self {
+        self.change(|shared| shared.body_limit = bytes)
+    }
+
+    /// Reads prompts only while `affinity` is enabled; see
+    /// [`KeyingLayer::follow`](super::KeyingLayer::follow).
+    #[must_use]
+    pub fn follow(self, affinity: Affinity) -> Self {
+        self.change(|shared| shared.affinity = Some(affinity))
+    }
+
+    pub(crate) fn with_shared(inner: S, shared: Arc<Shared>) -> Self {
         Self { inner, shared }
+    }
+
+    fn change(self, change: impl FnOnce(&mut Shared)) -> Self {
+        let mut shared = Arc::unwrap_or_clone(self.shared);
+        change(&mut shared);
+        Self::with_shared(self.inner, Arc::new(shared))
     }
 
     crate::define_inner_service_accessors!();

@@ -118,6 +118,6 @@ impl<S> Layer<S> for PinLayer {
     type Service = PinService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        PinService::new(inner, Arc::clone(&self.shared))
+        PinService::with_shared(inner, Arc::clone(&self.shared))
     }
 }

@@ -191,17 +191,9 @@
 //! use http_body_util::{BodyExt, Full};
 //! use tower::{Layer, ServiceExt, service_fn};
 //!
-//! let spec = GridSpec {
-//!     sites: vec![SiteSpec {
-//!         name: "east".into(),
-//!         clusters: vec![ClusterSpec {
-//!             name: "east-a".into(),
-//!             models: vec!["demo-model".into()],
-//!             admit: true,
-//!             endpoints: vec!["http://10.0.0.1:8000".into()],
-//!         }],
-//!     }],
-//! };
+//! let spec = GridSpec::new([SiteSpec::new("east").with_clusters([ClusterSpec::new("east-a")
+//!     .with_models(["demo-model"])
+//!     .with_endpoints(["http://10.0.0.1:8000"])])]);
 //! let grid = Grid::new(&spec, GridSettings::default()).unwrap();
 //! let key = TagKey::from_bytes(b"an example key of at least 32 bytes!").unwrap();
 //! // Keep a clone of the handle: a reload sets the keys through it.

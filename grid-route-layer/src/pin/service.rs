@@ -12,17 +12,17 @@ use bytes::Bytes;
 use http::header::{ACCEPT_ENCODING, CONTENT_LENGTH, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Uri};
-use tower::Service;
+use tower::{Layer, Service};
 
 use super::body::PinBody;
 use super::future::ResponseFuture;
-use super::layer::Shared;
+use super::layer::{PinKeys, PinLayer, Shared};
 use super::reference::{
     BodyId, BodyIds, CONVERSATIONS_PATH, RESPONSES_PATH, StoredPath, is_stored_state_api, splice,
 };
 use super::tag::{BadTag, IdKind, TagKeys, UntaggedId};
 use crate::answer::ErrorAnswer;
-use crate::grid::{Cluster, ClusterId};
+use crate::grid::{Cluster, ClusterId, Grid};
 use crate::metrics::{OUTCOME_LABEL, PIN_TOTAL};
 use crate::route::{BufferedBody, Pinned, RequestModel, record_on_span};
 use crate::select::least_loaded;
@@ -39,7 +39,50 @@ pub struct PinService<S> {
 }
 
 impl<S> PinService<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+    /// Pins `inner`'s requests to the clusters of `grid`, checking and writing tags with
+    /// `keys`: the service `PinLayer::new(grid, keys)` builds.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    ///
+    /// use bytes::Bytes;
+    /// use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+    /// use grid_route_layer::pin::{IdKind, PinKeys, PinService};
+    /// use grid_route_layer::route::Pinned;
+    /// use http::{Request, Response, StatusCode};
+    /// use http_body_util::Full;
+    /// use tower::{ServiceExt, service_fn};
+    ///
+    /// let spec = GridSpec::new([SiteSpec::new("east").with_clusters([ClusterSpec::new("east-a")
+    ///     .with_models(["m"])
+    ///     .with_endpoints(["http://10.0.0.1:8000"])])]);
+    /// let grid = Grid::new(&spec, GridSettings::default()).unwrap();
+    /// let east_a = grid.view().clusters()[0].id().clone();
+    /// let keys = PinKeys::default();
+    /// let tagged = keys.stamp(east_a.site(), east_a.digest()).tag(IdKind::Response, "resp_1").unwrap();
+    ///
+    /// // Answers 200 when the request reached it pinned to east-a.
+    /// let pinned_to = east_a.clone();
+    /// let inner = service_fn(move |req: Request<Full<Bytes>>| {
+    ///     let pinned = req.extensions().get::<Pinned>().map(|p| p.cluster() == &pinned_to);
+    ///     let mut response = Response::new(Full::<Bytes>::default());
+    ///     if pinned != Some(true) {
+    ///         *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    ///     }
+    ///     async move { Ok::<_, Infallible>(response) }
+    /// });
+    /// let service = PinService::new(inner, grid, keys);
+    /// let request = Request::get(format!("/v1/responses/{tagged}")).body(Full::default()).unwrap();
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let response = service.oneshot(request).await.unwrap();
+    /// assert_eq!(response.status(), StatusCode::OK);
+    /// # });
+    /// ```
+    pub fn new(inner: S, grid: Grid, keys: PinKeys) -> Self {
+        PinLayer::new(grid, keys).layer(inner)
+    }
+
+    pub(crate) fn with_shared(inner: S, shared: Arc<Shared>) -> Self {
         Self { inner, shared }
     }
 

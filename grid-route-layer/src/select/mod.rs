@@ -34,17 +34,9 @@
 //! use tower::load::{CompleteOnResponse, PendingRequests};
 //! use tower::{ServiceExt, service_fn};
 //!
-//! let spec = GridSpec {
-//!     sites: vec![SiteSpec {
-//!         name: "east".into(),
-//!         clusters: vec![ClusterSpec {
-//!             name: "east-a".into(),
-//!             models: vec!["demo-model".into()],
-//!             admit: true,
-//!             endpoints: vec!["http://10.0.0.1:8000".into(), "http://10.0.0.2:8000".into()],
-//!         }],
-//!     }],
-//! };
+//! let spec = GridSpec::new([SiteSpec::new("east").with_clusters([ClusterSpec::new("east-a")
+//!     .with_models(["demo-model"])
+//!     .with_endpoints(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])])]);
 //! let grid = Grid::new(&spec, GridSettings::default()).unwrap();
 //!
 //! // One service per cluster: p2c over its endpoints (here stand-ins for an HTTP client),

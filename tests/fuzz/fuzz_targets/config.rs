@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     };
-    config.grid_site_route.prefix_affinity.tag_key_path = None;
+    config.grid_site_route.prefix_affinity.settings.tag_key_path = None;
     match config.validate() {
         Ok(checked) => {
             assert!(checked.listen != checked.admin_listen || checked.listen.port() == 0);

@@ -48,11 +48,7 @@ pub(super) struct Gateways {
 impl Gateways {
     pub(super) fn new(setup: &Setup) -> Self {
         let spec = grid_spec(setup.sites, setup.engines_per_site);
-        let settings = GridSettings {
-            local_site: None,
-            queue_window: setup.queue_window,
-            ..GridSettings::default()
-        };
+        let settings = GridSettings::default().with_queue_window(setup.queue_window);
         let replicas: Vec<Replica> = (0..setup.replicas)
             .map(|_| Replica {
                 // The spec is built valid (DNS-label names, one cluster a site, endpoints
@@ -155,17 +151,9 @@ impl Gateways {
 /// One site per cluster, `engines` endpoints each: site `s` is `s{s}`, its cluster
 /// `s{s}-a`, its endpoints `http://s{s}-e{j}`.
 fn grid_spec(sites: usize, engines: usize) -> GridSpec {
-    GridSpec {
-        sites: (0..sites)
-            .map(|s| SiteSpec {
-                name: format!("s{s}"),
-                clusters: vec![ClusterSpec {
-                    name: format!("s{s}-a"),
-                    models: vec![MODEL.into()],
-                    admit: true,
-                    endpoints: (0..engines).map(|j| format!("http://s{s}-e{j}")).collect(),
-                }],
-            })
-            .collect(),
-    }
+    GridSpec::new((0..sites).map(|s| {
+        SiteSpec::new(format!("s{s}")).with_clusters([ClusterSpec::new(format!("s{s}-a"))
+            .with_models([MODEL])
+            .with_endpoints((0..engines).map(|j| format!("http://s{s}-e{j}")))])
+    }))
 }
