@@ -23,6 +23,8 @@ use grid_route_layer::keying::{Api, KeySeed, key_body};
 #[derive(Debug, PartialEq, Eq, clap::Args)]
 pub struct KeysArgs {
     /// The request format of every file.
+    // The names are the library's (`Api::name`): the library does not depend on clap, so
+    // `Api` cannot derive `ValueEnum`; the possible values still show in help and errors.
     #[arg(
         long,
         value_name = "API",

@@ -247,6 +247,9 @@ impl Default for GatewayArgs {
 
 impl GatewayArgs {
     /// `prefix_affinity` as these flags set it, the rest at the library's defaults.
+    // Field by field rather than a struct literal: the library's config structs may become
+    // `#[non_exhaustive]`, which forbids literals outside the library.
+    #[allow(clippy::field_reassign_with_default)]
     pub fn prefix_affinity(&self) -> PrefixAffinityConfig {
         let mut config = PrefixAffinityConfig::default();
         config.threshold = self.threshold;
