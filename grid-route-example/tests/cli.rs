@@ -84,6 +84,7 @@ const SUBCOMMANDS: [(&str, &[&str]); 5] = [
             "--threshold",
             "--exploration",
             "--prefill-price",
+            "--engine-feedback",
         ],
     ),
 ];

@@ -48,7 +48,8 @@ pub struct PrefixAffinityConfig {
     /// `queued_request_seconds`: what one queued request costs; finite, > 0.
     pub queued_request_seconds: f64,
     /// `engine_feedback`: when an engine reports far less of a sticky prompt cached than
-    /// the index predicted, the index forgets what that engine no longer holds.
+    /// the index predicted, the index forgets what it recorded at that cluster before that
+    /// prompt (the engine evicted it too).
     pub engine_feedback: bool,
     /// `capacity`: index entries per cluster, at least 1.
     pub capacity: usize,

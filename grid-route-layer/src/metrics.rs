@@ -13,6 +13,7 @@
 //! | `grid_route_cached_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_predicted_cached_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_delivered_cached_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
+//! | `grid_route_index_forgotten_total` | counter | `site`, `cluster` | `FeedbackLayer` (with `engine_feedback`) |
 //! | `grid_route_prefill_tokens_per_second` | gauge | `site`, `cluster` | `FeedbackLayer` (with `auto`) |
 //! | `grid_route_keying_seconds` | histogram | | `KeyingLayer` |
 //! | `grid_route_keys_per_request` | histogram | | `KeyingLayer` |
@@ -54,6 +55,8 @@ pub const CACHED_PROMPT_TOKENS_TOTAL: &str = "grid_route_cached_prompt_tokens_to
 pub const PREDICTED_CACHED_TOKENS_TOTAL: &str = "grid_route_predicted_cached_tokens_total";
 /// Cached prompt tokens the engines reported for the same sticky requests.
 pub const DELIVERED_CACHED_TOKENS_TOTAL: &str = "grid_route_delivered_cached_tokens_total";
+/// Index entries forgotten because an engine reported it had evicted a sticky prompt.
+pub const INDEX_FORGOTTEN_TOTAL: &str = "grid_route_index_forgotten_total";
 /// Each cluster's learned prefill speed, tokens a second (`prefill_tokens_per_second: auto`).
 pub const PREFILL_TOKENS_PER_SECOND: &str = "grid_route_prefill_tokens_per_second";
 /// Time spent keying a request body, in seconds.
@@ -136,6 +139,13 @@ pub fn describe_metrics() {
         Unit::Count,
         "Cached prompt tokens the engines of each backend cluster reported for the sticky \
          requests counted in grid_route_predicted_cached_tokens_total."
+    );
+    metrics::describe_counter!(
+        INDEX_FORGOTTEN_TOTAL,
+        Unit::Count,
+        "Prefix index entries of each backend cluster forgotten because one of its engines \
+         reported far less of a sticky prompt cached than predicted (engine_feedback): the \
+         entries recorded there before that prompt."
     );
     metrics::describe_gauge!(
         PREFILL_TOKENS_PER_SECOND,

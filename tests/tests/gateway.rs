@@ -1113,7 +1113,7 @@ async fn the_engines_prompt_and_cached_tokens_are_counted_per_cluster() {
 }
 
 #[tokio::test]
-async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_it() {
+async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_what_came_before_it() {
     // Sites of their own: no other test of this binary counts under their labels.
     let (east, west, gateway) = two_sites_named("evict-east", "evict-west").await;
     let counters = |home: String| {
@@ -1128,12 +1128,21 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_it() {
             )
         }
     };
-    let mut conversation = Conversation::new("evicted", 12 * 1024);
-    let home = conversation.turn(&gateway, "hello").await.engine();
-    assert_eq!(
-        conversation.turn(&gateway, "and then?").await.engine(),
-        home
-    );
+    // An older conversation, then (a second later: the index keeps time to the second) a
+    // newer one on the same engine.
+    let mut older = Conversation::new("older", 12 * 1024);
+    let home = older.turn(&gateway, "hello").await.engine();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut newer = None;
+    for attempt in 0..30 {
+        let mut conversation = Conversation::new(&format!("newer {attempt}"), 12 * 1024);
+        if conversation.turn(&gateway, "hello").await.engine() == home {
+            newer = Some(conversation);
+            break;
+        }
+    }
+    let mut newer = newer.expect("a first turn by load lands on either engine");
+    assert_eq!(newer.turn(&gateway, "and then?").await.engine(), home);
     // A sticky turn the engine served from cache: predicted and delivered agree.
     eventually("the sticky turn counted", || async {
         counters(home.clone()).await.0 > 0
@@ -1142,7 +1151,7 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_it() {
     let seen = counters(home.clone()).await;
     assert!(seen.1 * 2 >= seen.0, "delivered {} of {}", seen.1, seen.0);
 
-    // The engine loses its cache; the index still predicts the conversation there.
+    // The engine loses its cache; the index still predicts both conversations there.
     let engine = if home == east.name() { &east } else { &west };
     let reset = send(
         Method::POST,
@@ -1153,27 +1162,52 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_it() {
     .await;
     assert_eq!(reset.status, StatusCode::OK);
     let entries_before = entries(&gateway, &home);
-    let answer = conversation.turn(&gateway, "still there?").await;
+    let answer = newer.turn(&gateway, "still there?").await;
     assert_eq!(answer.engine(), home, "the index still predicted it");
     assert_eq!(
         answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
         0
     );
-    // It reported nothing cached: the index forgot what it had confirmed there.
-    eventually("the index forgot the evicted conversation", || async {
-        entries(&gateway, &home) < entries_before / 4
+    // It reported nothing cached: the index forgot what it had recorded there before the
+    // newer conversation (the older one), and kept the newer one, which the engine has
+    // just prefilled again.
+    let forgotten = format!(
+        r#"grid_route_index_forgotten_total{{site="{}",cluster="{home}"}}"#,
+        &home[..home.len() - 2]
+    );
+    eventually("the index forgot the older conversation", || async {
+        scraped(&gateway, &forgotten).await > 0
     })
     .await;
+    assert!(entries(&gateway, &home) < entries_before);
     let after_eviction = counters(home.clone()).await;
     assert!(after_eviction.0 > seen.0, "the evicted turn was predicted");
     assert_eq!(after_eviction.1, seen.1, "and nothing of it delivered");
 
-    // The next turn is no longer sticky: nothing predicted, wherever it goes.
+    // The newer conversation stays sticky, and the engine holds it again.
+    let answer = newer.turn(&gateway, "once more").await;
+    assert_eq!(answer.engine(), home);
+    assert!(
+        answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    eventually("the sticky turn after the eviction counted", || async {
+        counters(home.clone()).await.0 > after_eviction.0
+    })
+    .await;
+    // The older one is no longer predicted anywhere: its turn adds nothing to home's
+    // prediction, wherever it goes.
+    let before_older = counters(home.clone()).await;
     assert_eq!(
-        conversation.turn(&gateway, "once more").await.status,
+        older.turn(&gateway, "and you?").await.status,
         StatusCode::OK
     );
-    assert_eq!(counters(home.clone()).await.0, after_eviction.0);
+    // Usage is counted when the gateway drops the answer's body, just after the client
+    // read its end: give a (wrong) count the time to land before looking.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(counters(home.clone()).await.0, before_older.0);
 }
 
 /// The value of the gauge `series` on the admin port, when present.

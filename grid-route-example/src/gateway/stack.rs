@@ -13,7 +13,8 @@
 //! AffinityLayer   the sticky set, or every admitted candidate -> Candidates, Outcome
 //! RouteNoteLayer  Outcome / Pinned onto the response, for the request log
 //! FeedbackLayer   the engines' usage of 2xx answers -> token counters; far less cached
-//!                 than a sticky request's predicted match -> the index forgets the rest
+//!                 than a sticky request's predicted match -> the index forgets what that
+//!                 cluster recorded before it
 //! RetryLayer      connect failures -> the next candidate, up to retries.max_attempts
 //! Select          least loaded among Candidates (queue [+ in flight]) -> Served
 //!   per cluster:  Buffer(p2c Balance over one Endpoint each)  (see upstream)

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::ArgAction;
 use clap::builder::RangedU64ValueParser;
 use grid_route_layer::config::PrefixAffinityConfig;
 
@@ -229,6 +230,15 @@ pub struct GatewayArgs {
         },
     )]
     pub prefill_price: f64,
+    /// prefix_affinity.engine_feedback: an engine's reported miss makes the index forget
+    /// what it no longer holds
+    #[arg(
+        long,
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        default_value_t = PrefixAffinityConfig::default().engine_feedback,
+    )]
+    pub engine_feedback: bool,
 }
 
 impl Default for GatewayArgs {
@@ -241,6 +251,7 @@ impl Default for GatewayArgs {
             threshold: affinity.threshold,
             exploration: affinity.exploration,
             prefill_price: affinity.prefill_tokens_per_second,
+            engine_feedback: affinity.engine_feedback,
         }
     }
 }
@@ -255,6 +266,7 @@ impl GatewayArgs {
         config.threshold = self.threshold;
         config.exploration = self.exploration;
         config.prefill_tokens_per_second = self.prefill_price;
+        config.engine_feedback = self.engine_feedback;
         config
     }
 

@@ -151,6 +151,7 @@ pub fn run_policy(
                     }
                     Kind::Finished => {
                         state.engines[event.engine].finish(request);
+                        router.ended(event.request, state.per_request.cached[event.request], now);
                         router.finished(event.request, now);
                     }
                 }

@@ -144,6 +144,37 @@ fn grid_route_forgets_a_prefix_where_an_engine_refused_it() {
 }
 
 #[test]
+fn grid_route_forgets_what_an_engine_evicted_before_a_prompt_it_reported_missing() {
+    // Engines with room for 4 blocks. Idle sites take no-match requests in turn, so the
+    // conversations O, A, C and D land on site 0 and fillers on site 1. Site 0's engine
+    // then holds C and D only; its index still believes O and A.
+    let trace = [
+        request(0, &[7, 8]),
+        request(2_000, &[20, 21]),
+        request(4_000, &[1, 2]),
+        request(6_000, &[22, 23]),
+        request(8_000, &[9, 10]),
+        request(10_000, &[24, 25]),
+        request(12_000, &[11, 12]),
+        // A's next turn sticks to site 0, which reports none of it cached; then O's.
+        request(20_000, &[1, 2]),
+        request(22_000, &[7, 8]),
+    ];
+    let mut small = args(2, Policy::GridRoute);
+    small.engine.kv_tokens = 512 * 4;
+    let taught = run(&small, &trace);
+    // The miss on A made the index forget what it recorded at site 0 before A: O's next
+    // turn finds no match and goes by load.
+    assert_eq!(outcomes(&taught), [("no_match", 8), ("sticky", 1)]);
+    small.gateway.engine_feedback = false;
+    let untaught = run(&small, &trace);
+    // Without engine feedback O's turn sticks to a cache that no longer holds it.
+    assert_eq!(outcomes(&untaught), [("no_match", 7), ("sticky", 2)]);
+    assert_eq!(taught.hit_share, 0.0);
+    assert_eq!(untaught.hit_share, 0.0);
+}
+
+#[test]
 fn cache_aware_follows_its_tree_then_fills_the_smallest_tenant() {
     let mut trace = three_turns();
     trace.push(request(30_000, &[7, 8]));
@@ -233,7 +264,7 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
          --policies grid-route,oracle --seed 7 --json --plot c.svg --kv-tokens 1000 \
          --max-running 8 --prefill-tps 5000 --prefill-overhead-ms 30 --decode-tps 50 \
          --poll-interval-ms 250 --queue-window-secs=3 --threshold 0.6 --exploration 0.1 \
-         --prefill-price 20000 --fail-share 0.25",
+         --prefill-price 20000 --engine-feedback false --fail-share 0.25",
     )
     .unwrap();
     assert_eq!(parsed.sites, 8);
@@ -250,6 +281,7 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
     assert_eq!(affinity.threshold, 0.6);
     assert_eq!(affinity.exploration, 0.1);
     assert_eq!(affinity.prefill_tokens_per_second, 20_000.0);
+    assert!(!affinity.engine_feedback);
     assert_eq!(parsed.fail_share, 0.25);
     for (bad, error) in [
         ("--sites 4", "--trace <FILE>"),

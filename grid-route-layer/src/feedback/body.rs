@@ -9,14 +9,15 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::forget::{forget_from, predicted_tokens};
+use super::forget::{fell_short, predicted_tokens};
 use super::usage::{PromptUsage, UsageReader};
 use crate::affinity::Affinity;
 use crate::grid::ClusterId;
-use crate::keying::PrefixKeys;
+use crate::index::Confirmation;
 use crate::metrics::{
     CACHED_PROMPT_TOKENS_TOTAL, CLUSTER_LABEL, DELIVERED_CACHED_TOKENS_TOTAL,
-    PREDICTED_CACHED_TOKENS_TOTAL, PREFILL_TOKENS_PER_SECOND, PROMPT_TOKENS_TOTAL, SITE_LABEL,
+    INDEX_FORGOTTEN_TOTAL, PREDICTED_CACHED_TOKENS_TOTAL, PREFILL_TOKENS_PER_SECOND,
+    PROMPT_TOKENS_TOTAL, SITE_LABEL,
 };
 use crate::route::PredictedMatch;
 
@@ -52,9 +53,15 @@ pub(super) struct PrefillTiming {
 /// A sticky request's predicted match, weighed against the engine's report.
 pub(super) struct Prediction {
     pub(super) matched: PredictedMatch,
-    /// The prompt's keys and the affinity whose index forgets what the engine no longer
-    /// holds, when the layer was told to teach it.
-    pub(super) teach: Option<(PrefixKeys, Affinity)>,
+    /// What the index forgets with, when the layer was told to teach it.
+    pub(super) teach: Option<Teach>,
+}
+
+/// The affinity whose index forgets what an engine no longer holds, and when each
+/// candidate was last confirmed for the prompt's deepest matched key.
+pub(super) struct Teach {
+    pub(super) affinity: Affinity,
+    pub(super) marks: Vec<(ClusterId, Confirmation)>,
 }
 
 impl Drop for Tally {
@@ -107,31 +114,36 @@ impl Drop for Tally {
 }
 
 impl Prediction {
-    /// Makes the index forget, for `cluster` alone, the keys past what the engine
-    /// delivered, when it delivered far less than predicted.
+    /// Makes the index forget, for `cluster` alone, what it recorded there before the
+    /// prompt's deepest matched key, when the engine delivered far less than predicted.
     ///
-    /// Runs when the answer's body is done, long after confirmation recorded the whole
-    /// prompt at the response head: the forget comes last, so it wins, and the next answer
-    /// from this cluster confirms again what it really served.
+    /// Runs when the answer's body is done, after confirmation refreshed the prompt at the
+    /// response head, so the prompt itself (which the engine now holds) stays.
     fn weigh(self, cluster: &ClusterId, usage: PromptUsage) {
-        let Some((keys, affinity)) = self.teach else {
+        let Some(teach) = self.teach else {
             return;
         };
-        if !affinity.settings().engine_feedback() {
+        if !teach.affinity.settings().engine_feedback()
+            || !fell_short(self.matched, usage.cached_tokens)
+        {
             return;
         }
-        let Some(from) = forget_from(&keys, self.matched, usage.cached_tokens) else {
+        let Some(&(_, mark)) = teach.marks.iter().find(|(id, _)| id == cluster) else {
             return;
         };
-        affinity
-            .index()
-            .drop_keys(cluster, keys.as_slice().get(from..).unwrap_or_default());
+        let forgotten = teach.affinity.index().forget_older(cluster, mark);
+        metrics::counter!(
+            INDEX_FORGOTTEN_TOTAL,
+            SITE_LABEL => Arc::clone(cluster.site().as_arc()),
+            CLUSTER_LABEL => Arc::clone(cluster.name_arc())
+        )
+        .increment(forgotten as u64);
         tracing::debug!(
             cluster = %cluster,
             predicted_depth = self.matched.depth(),
-            kept_depth = from,
             cached_tokens = usage.cached_tokens,
-            "engine feedback: forgot what the engine no longer holds"
+            forgotten,
+            "engine feedback: forgot what the engine evicted"
         );
     }
 }

@@ -17,19 +17,23 @@ impl FeedbackLayer {
         Self::default()
     }
 
-    /// Also feeds the engines' reports back into `affinity`'s index: when an engine
-    /// reports far less of a sticky prompt cached than predicted
-    /// ([`forget_from`](super::forget_from)), the index forgets, for that cluster alone,
-    /// the keys past what it delivered — while `affinity`'s
-    /// [`engine_feedback`](crate::affinity::AffinitySettings::engine_feedback) is on.
+    /// Also feeds the engines' reports back into `affinity`'s index, while `affinity`'s
+    /// [`engine_feedback`](crate::affinity::AffinitySettings::engine_feedback) is on. When
+    /// an engine reports far less of a sticky prompt cached than predicted
+    /// ([`fell_short`](super::fell_short)), it evicted that prompt since the index recorded
+    /// it, and an engine evicts least recently used first: the index forgets, for that
+    /// cluster alone, every entry it recorded there before the prompt's deepest matched key
+    /// ([`PrefixIndex::forget_older`](crate::index::PrefixIndex::forget_older)), counted in
+    /// `grid_route_index_forgotten_total{site,cluster}`. The prompt itself stays: the
+    /// engine has just prefilled it and holds it again.
     ///
     /// With [`learns_prefill`](crate::affinity::AffinitySettings::learns_prefill) on, each
     /// answer also teaches `affinity` its cluster's prefill speed
     /// ([`Affinity::learn_prefill`]), exported as `grid_route_prefill_tokens_per_second`.
     ///
     /// The layer must sit inside [`ConfirmLayer`](crate::confirm::ConfirmLayer), as it
-    /// does in the documented stack: confirmation then records the prompt at the response
-    /// head, and the forget follows when the body ends.
+    /// does in the documented stack: confirmation then refreshes the prompt at the response
+    /// head, before the engine's report at the end of the body can forget older entries.
     #[must_use]
     pub fn teach(mut self, affinity: Affinity) -> Self {
         self.teach = Some(affinity);

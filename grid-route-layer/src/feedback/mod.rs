@@ -20,10 +20,16 @@
 //! ([`predicted_tokens`], the matched bytes at 4 bytes a token) in
 //! `grid_route_predicted_cached_tokens_total{site,cluster}` and what the engine reported in
 //! `grid_route_delivered_cached_tokens_total{site,cluster}`. Built with
-//! [`FeedbackLayer::teach`], it also makes the index follow the engine's truth: when the
-//! engine delivered less than [`FORGET_BELOW_SHARE`] of the prediction (it evicted the
-//! prompt), the index forgets, for that cluster alone, the keys past what the engine still
-//! holds ([`forget_from`]); the next answer confirms again what it really served.
+//! [`FeedbackLayer::teach`], it also makes the index follow the engine's truth. When the
+//! engine delivered less than [`FORGET_BELOW_SHARE`] of the prediction ([`fell_short`]), it
+//! evicted the prompt since the index recorded it; engines evict least recently used
+//! first, so whatever the index recorded at that cluster before the prompt's deepest
+//! matched key is gone from the engine too, and the index forgets it, for that cluster
+//! alone ([`PrefixIndex::forget_older`](crate::index::PrefixIndex::forget_older)). The
+//! prompt itself stays: the engine has just prefilled it, and confirmation recorded it
+//! again at the response head. The index thus shrinks to what the engine really keeps,
+//! and conversations whose prefixes are gone route by load instead of piling onto an
+//! engine that no longer holds them.
 //!
 //! Answers without a usage (a stream without `stream_options.include_usage`, an
 //! embedding, an error) count nothing; nothing is logged, and no prompt text is kept.
@@ -45,7 +51,7 @@ mod service;
 mod usage;
 
 pub use body::FeedbackBody;
-pub use forget::{FORGET_BELOW_SHARE, forget_from, predicted_tokens};
+pub use forget::{FORGET_BELOW_SHARE, fell_short, predicted_tokens};
 pub use layer::FeedbackLayer;
 pub use service::{FeedbackService, ResponseFuture};
 pub use usage::{MAX_EVENT_LINE_BYTES, MAX_JSON_BYTES, PromptUsage, UsageReader};

@@ -10,10 +10,10 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use super::body::{FeedbackBody, Prediction, PrefillTiming};
+use super::body::{FeedbackBody, Prediction, PrefillTiming, Teach};
 use super::usage::UsageReader;
 use crate::affinity::Affinity;
-use crate::route::{PredictedMatch, Prompt, Served};
+use crate::route::{Candidates, PredictedMatch, Prompt, Served};
 
 /// Reads the engine's usage from every successful answer. See the
 /// [module docs](super).
@@ -39,12 +39,27 @@ impl<S> FeedbackService<S> {
     }
 
     /// What the request's answer will be weighed against: its predicted match, when
-    /// affinity made it sticky.
-    fn prediction<B>(&self, request: &Request<B>) -> Option<Prediction> {
+    /// affinity made it sticky, and when each candidate was last confirmed for the
+    /// prompt's deepest matched key (read now, before confirmation refreshes it).
+    fn prediction<B>(&self, request: &Request<B>, now: Instant) -> Option<Prediction> {
         let matched = *request.extensions().get::<PredictedMatch>()?;
         let teach = self.teach.as_ref().and_then(|affinity| {
             let keys = request.extensions().get::<Prompt>()?.keys().ok()?;
-            Some((keys.clone(), affinity.clone()))
+            let deepest = *keys.as_slice().get(matched.depth().checked_sub(1)?)?;
+            let candidates = request.extensions().get::<Candidates>()?;
+            let index = affinity.index();
+            let marks = candidates
+                .as_slice()
+                .iter()
+                .filter_map(|cluster| {
+                    let mark = index.confirmation(cluster, deepest, now)?;
+                    Some((cluster.clone(), mark))
+                })
+                .collect();
+            Some(Teach {
+                affinity: affinity.clone(),
+                marks,
+            })
         });
         Some(Prediction { matched, teach })
     }
@@ -63,14 +78,12 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let prediction = self.prediction(&request);
+        let now = Instant::now();
+        let prediction = self.prediction(&request, now);
         ResponseFuture {
             inner: self.inner.call(request),
             prediction,
-            learn: self
-                .teach
-                .clone()
-                .map(|affinity| (affinity, Instant::now())),
+            learn: self.teach.clone().map(|affinity| (affinity, now)),
         }
     }
 }

@@ -252,56 +252,28 @@ fn keys_of(blocks: u64) -> crate::keying::PrefixKeys {
 }
 
 #[test]
-fn an_engine_delivering_at_least_half_the_prediction_keeps_the_index_as_it_is() {
+fn an_engine_delivering_at_least_half_the_prediction_did_not_fall_short() {
     let keys = keys_of(40);
     // 40 blocks, 10 KiB: 2560 predicted tokens.
     let predicted = crate::route::PredictedMatch::new(40, keys.covered_bytes(40));
     assert_eq!(predicted_tokens(predicted.covered_bytes()), 2560);
     for delivered in [1280, 2000, 2560, 9000] {
-        assert_eq!(
-            forget_from(&keys, predicted, delivered),
-            None,
-            "{delivered}"
-        );
+        assert!(!fell_short(predicted, delivered), "{delivered}");
+    }
+    for delivered in [0, 63, 256, 1279] {
+        assert!(fell_short(predicted, delivered), "{delivered}");
     }
 }
 
 #[test]
-fn an_engine_delivering_less_than_half_keeps_only_the_keys_its_tokens_cover() {
-    let keys = keys_of(40);
-    let predicted = crate::route::PredictedMatch::new(40, keys.covered_bytes(40));
-    assert_eq!(forget_from(&keys, predicted, 1279), Some(19));
-    // One block is 64 tokens: 4 blocks delivered keep 4 keys, a part block keeps none.
-    assert_eq!(forget_from(&keys, predicted, 256), Some(4));
-    assert_eq!(forget_from(&keys, predicted, 63), Some(0));
-    assert_eq!(forget_from(&keys, predicted, 0), Some(0));
-}
-
-#[test]
-fn the_kept_depth_never_exceeds_the_predicted_one() {
-    // The index predicted 10 of 40 keys; the engine reports 3 blocks of it cached.
-    let keys = keys_of(40);
-    let predicted = crate::route::PredictedMatch::new(10, keys.covered_bytes(10));
-    assert_eq!(forget_from(&keys, predicted, 3 * 64), Some(3));
-    // A prediction of nothing forgets nothing.
+fn a_prediction_of_nothing_never_falls_short() {
     let nothing = crate::route::PredictedMatch::new(0, 0);
-    assert_eq!(forget_from(&keys, nothing, 0), None);
-}
-
-#[test]
-fn strided_keys_are_kept_by_the_bytes_they_cover_not_by_their_count() {
-    // 2 MiB: past the 256 dense head keys, keys are strided.
-    let keys = keys_of(8192);
-    let depth = keys.len();
-    let predicted = crate::route::PredictedMatch::new(depth, keys.covered_bytes(depth));
-    let kept = forget_from(&keys, predicted, 300 * 64).unwrap();
-    assert!(keys.covered_bytes(kept) <= 300 * 256);
-    assert!(keys.covered_bytes(kept + 1) > 300 * 256);
+    assert!(!fell_short(nothing, 0));
 }
 
 mod teaching {
     use std::sync::Arc;
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     use super::*;
     use crate::affinity::{Affinity, AffinityLayer};
@@ -310,7 +282,9 @@ mod teaching {
     use crate::grid::{Grid, GridSettings};
     use crate::index::{IndexSettings, PrefixIndex};
     use crate::keying::KeySeed;
-    use crate::metrics::{DELIVERED_CACHED_TOKENS_TOTAL, PREDICTED_CACHED_TOKENS_TOTAL};
+    use crate::metrics::{
+        DELIVERED_CACHED_TOKENS_TOTAL, INDEX_FORGOTTEN_TOTAL, PREDICTED_CACHED_TOKENS_TOTAL,
+    };
     use crate::route::{Candidates, Prompt};
     use crate::test_support::{chat, grid_spec, prompt_of, text};
 
@@ -319,6 +293,9 @@ mod teaching {
         index: Arc<PrefixIndex>,
         affinity: Affinity,
         prompt: Prompt,
+        /// Another conversation's prompt.
+        other: Prompt,
+        seed: KeySeed,
     }
 
     fn fixture(engine_feedback: bool) -> Fixture {
@@ -327,9 +304,15 @@ mod teaching {
             GridSettings::default(),
         )
         .unwrap();
-        let index = Arc::new(PrefixIndex::new(
+        // The index's clock starts 100 s ago, so that entries can be confirmed at whole
+        // seconds before the request (deadlines are kept to the second).
+        let base = Instant::now()
+            .checked_sub(Duration::from_secs(100))
+            .unwrap();
+        let index = Arc::new(PrefixIndex::starting_at(
             IndexSettings::default(),
             grid.view().cluster_ids(),
+            base,
         ));
         let settings = PrefixAffinityConfig {
             exploration: 0.0,
@@ -337,13 +320,18 @@ mod teaching {
             ..PrefixAffinityConfig::default()
         };
         let affinity = Affinity::new(Arc::clone(&index), settings.validate().unwrap().affinity);
+        let seed = KeySeed::random();
         let body = chat(&[("system", &text("feedback", 12 * 1024)), ("user", "hi")]);
-        let prompt = prompt_of(&KeySeed::random(), &body);
+        let prompt = prompt_of(&seed, &body);
+        let other = chat(&[("system", &text("another", 12 * 1024)), ("user", "hi")]);
+        let other = prompt_of(&seed, &other);
         Fixture {
             grid,
             index,
             affinity,
             prompt,
+            other,
+            seed,
         }
     }
 
@@ -357,8 +345,27 @@ mod teaching {
 
     impl Fixture {
         fn depth(&self, name: &str) -> usize {
-            let keys = self.prompt.keys().unwrap().as_slice();
+            self.depth_of(&self.prompt, name)
+        }
+
+        fn depth_of(&self, prompt: &Prompt, name: &str) -> usize {
+            let keys = prompt.keys().unwrap().as_slice();
             self.index.depth(&id(name), keys, Instant::now())
+        }
+
+        /// Confirms `prompt` at `name`, `ago` seconds before now.
+        fn confirm_ago(&self, prompt: &Prompt, name: &str, ago: u64) {
+            let at = Instant::now()
+                .checked_sub(Duration::from_secs(ago))
+                .unwrap();
+            let keys = prompt.keys().unwrap().as_slice();
+            self.index.confirm(&id(name), keys, at);
+        }
+
+        /// A third conversation's prompt.
+        fn third(&self) -> Prompt {
+            let body = chat(&[("system", &text("a third", 12 * 1024)), ("user", "hi")]);
+            prompt_of(&self.seed, &body)
         }
 
         /// Sends the prompt through Confirm → Affinity → Feedback (teaching) to the first
@@ -400,20 +407,45 @@ mod teaching {
     }
 
     #[test]
-    fn an_engine_that_evicted_a_sticky_prompt_makes_its_cluster_alone_forget_it() {
+    fn an_engine_that_evicted_a_sticky_prompt_makes_its_cluster_forget_what_came_before_it() {
         let f = fixture(true);
-        let keys = f.prompt.keys().unwrap().as_slice();
-        let now = Instant::now();
-        f.index.confirm(&id("east-a"), keys, now);
-        f.index.confirm(&id("west-a"), &keys[..10], now);
-        let full = keys.len();
+        let third = f.third();
+        // east-a was sent another conversation 60 s ago, this one 40 s ago and a third
+        // 20 s ago; west-a holds the other conversation too.
+        f.confirm_ago(&f.other, "east-a", 60);
+        f.confirm_ago(&f.other, "west-a", 60);
+        f.confirm_ago(&f.prompt, "east-a", 40);
+        f.confirm_ago(&third, "east-a", 20);
+        let full = f.prompt.keys().unwrap().len();
         let recorder = CountingRecorder::default();
+        // east-a's engine reports none of this prompt cached: it evicted it, and with it
+        // what it held from before.
         let (at_head, after) = metrics::with_local_recorder(&recorder, || f.send(0));
-        // Confirmation re-learnt the prompt at the head; the engine's report at the end
-        // of the body came after, and won.
-        assert_eq!((at_head, after), (full, 0));
-        assert_eq!(f.depth("west-a"), 10, "another cluster's entries stay");
+        assert_eq!(
+            (at_head, after),
+            (full, full),
+            "the engine has just prefilled the prompt: it stays"
+        );
+        assert_eq!(
+            f.depth_of(&f.other, "east-a"),
+            0,
+            "older than the evicted prompt"
+        );
+        assert_eq!(
+            f.depth_of(&third, "east-a"),
+            third.keys().unwrap().len(),
+            "confirmed after it"
+        );
+        assert_eq!(
+            f.depth_of(&f.other, "west-a"),
+            f.other.keys().unwrap().len(),
+            "another cluster's entries stay"
+        );
         let labels = "cluster=east-a,site=east";
+        assert_eq!(
+            recorder.counter(INDEX_FORGOTTEN_TOTAL, labels),
+            f.other.keys().unwrap().len() as u64
+        );
         let predicted = predicted_tokens(f.prompt.keys().unwrap().total_covered_bytes());
         assert_eq!(
             recorder.counter(PREDICTED_CACHED_TOKENS_TOTAL, labels),
@@ -423,24 +455,21 @@ mod teaching {
     }
 
     #[test]
-    fn an_engine_holding_part_of_the_prompt_keeps_that_part_in_the_index() {
-        let f = fixture(true);
-        let keys = f.prompt.keys().unwrap().as_slice();
-        f.index.confirm(&id("east-a"), keys, Instant::now());
-        // 1 KiB still cached: 4 blocks of 64 tokens.
-        assert_eq!(f.send(256).1, 4);
-    }
-
-    #[test]
     fn an_engine_delivering_what_was_predicted_changes_nothing() {
         let f = fixture(true);
         let keys = f.prompt.keys().unwrap().as_slice();
-        f.index.confirm(&id("east-a"), keys, Instant::now());
+        f.confirm_ago(&f.other, "east-a", 60);
+        f.confirm_ago(&f.prompt, "east-a", 40);
         let recorder = CountingRecorder::default();
         let predicted = predicted_tokens(f.prompt.keys().unwrap().total_covered_bytes());
         let (_, after) = metrics::with_local_recorder(&recorder, || f.send(predicted));
         assert_eq!(after, keys.len());
+        assert_eq!(
+            f.depth_of(&f.other, "east-a"),
+            f.other.keys().unwrap().len()
+        );
         let labels = "cluster=east-a,site=east";
+        assert_eq!(recorder.counter(INDEX_FORGOTTEN_TOTAL, labels), 0);
         assert_eq!(
             recorder.counter(DELIVERED_CACHED_TOKENS_TOTAL, labels),
             predicted
@@ -451,10 +480,15 @@ mod teaching {
     fn with_engine_feedback_off_the_index_is_not_taught_but_still_counted() {
         let f = fixture(false);
         let keys = f.prompt.keys().unwrap().as_slice();
-        f.index.confirm(&id("east-a"), keys, Instant::now());
+        f.confirm_ago(&f.other, "east-a", 60);
+        f.confirm_ago(&f.prompt, "east-a", 40);
         let recorder = CountingRecorder::default();
         let (_, after) = metrics::with_local_recorder(&recorder, || f.send(0));
         assert_eq!(after, keys.len());
+        assert_eq!(
+            f.depth_of(&f.other, "east-a"),
+            f.other.keys().unwrap().len()
+        );
         let labels = "cluster=east-a,site=east";
         assert!(recorder.counter(PREDICTED_CACHED_TOKENS_TOTAL, labels) > 0);
     }

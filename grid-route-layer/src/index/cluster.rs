@@ -69,6 +69,35 @@ impl ClusterLru {
         }
     }
 
+    /// The deadline of `key`, when it is held and still counts at `now`.
+    pub(crate) fn deadline_of(&self, key: u64, now: Secs) -> Option<Secs> {
+        self.read()
+            .peek(&key)
+            .copied()
+            .filter(|&deadline| DeadlineClock::is_live(now, deadline))
+    }
+
+    /// Removes entries from the cold end while their deadline is before `deadline`, and
+    /// returns their keys.
+    ///
+    /// Confirmations write at the warm end with the deadline of their moment, so the cold
+    /// end holds the earliest deadlines and this stops at the first entry confirmed since.
+    /// When the order is broken (a TTL changed, a peer's confirmation applied with its own
+    /// lifetime), it stops early: it may forget less than asked, never an entry confirmed
+    /// after `deadline`.
+    pub(crate) fn forget_older(&self, deadline: Secs) -> Vec<u64> {
+        let mut entries = self.write();
+        let mut forgotten = Vec::new();
+        while let Some((&key, &entry)) = entries.peek_lru() {
+            if entry >= deadline {
+                break;
+            }
+            entries.pop_lru();
+            forgotten.push(key);
+        }
+        forgotten
+    }
+
     /// How many of `keys` this cluster holds as a prefix (see [`PrefixIndex::depth`]).
     ///
     /// [`PrefixIndex::depth`]: super::PrefixIndex::depth

@@ -7,11 +7,17 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
-use super::clock::DeadlineClock;
+use super::clock::{DeadlineClock, Secs};
 use super::cluster::ClusterLru;
 use super::settings::IndexSettings;
 use super::shared::{IndexEvent, IndexObserver};
 use crate::grid::ClusterId;
+
+/// When a cluster was last confirmed for a key, from [`PrefixIndex::confirmation`]: a mark
+/// to give back to [`PrefixIndex::forget_older`] of the same index. Opaque (the index
+/// keeps whole seconds); marks of one index compare by time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Confirmation(Secs);
 
 /// What this gateway replica remembers about which cluster holds which prompt prefix.
 ///
@@ -115,6 +121,70 @@ impl PrefixIndex {
             lru.drop_keys(keys);
             self.tell(&IndexEvent::Dropped { cluster, keys });
         }
+    }
+
+    /// When `cluster` was last confirmed for `key`, as a mark for
+    /// [`forget_older`](Self::forget_older); `None` when it does not hold the key at `now`.
+    pub fn confirmation(
+        &self,
+        cluster: &ClusterId,
+        key: u64,
+        now: Instant,
+    ) -> Option<Confirmation> {
+        let now = self.clock.now(now);
+        self.state
+            .load()
+            .clusters
+            .get(cluster)?
+            .deadline_of(key, now)
+            .map(Confirmation)
+    }
+
+    /// Forgets, at `cluster` alone, the entries last confirmed before `than`, least recent
+    /// first, and returns how many. The observer is told, as a [`IndexEvent::Dropped`] of
+    /// those keys, so peers forget them too.
+    ///
+    /// This is how an engine's report of an eviction reaches the index: an engine whose
+    /// cache evicted a prompt the index recorded at `than` has, evicting least recently
+    /// used first, evicted what the index recorded before it as well; what was confirmed
+    /// since (the evicted prompt itself included, once the engine served it again) stays.
+    /// Entries are compared by deadline, to the second, so entries confirmed with a
+    /// different TTL may stop the forgetting early (see the module's notes on order).
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// use grid_route_layer::grid::{ClusterId, SiteName};
+    /// use grid_route_layer::index::{IndexSettings, PrefixIndex};
+    ///
+    /// let east = ClusterId::new(SiteName::new("east").unwrap(), "east-a");
+    /// let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
+    /// let (old, evicted, fresh) = ([1, 2], [3, 4], [5, 6]);
+    /// let now = Instant::now();
+    /// index.confirm(&east, &old, now);
+    /// index.confirm(&east, &evicted, now + Duration::from_secs(5));
+    /// index.confirm(&east, &fresh, now + Duration::from_secs(10));
+    /// let later = now + Duration::from_secs(20);
+    ///
+    /// // The engine reports the prompt behind `evicted` gone: what came before goes too.
+    /// let mark = index.confirmation(&east, evicted[1], later).unwrap();
+    /// assert_eq!(index.forget_older(&east, mark), 2);
+    /// assert_eq!(index.depth(&east, &old, later), 0);
+    /// assert_eq!(index.depth(&east, &evicted, later), 2);
+    /// assert_eq!(index.depth(&east, &fresh, later), 2);
+    /// ```
+    pub fn forget_older(&self, cluster: &ClusterId, than: Confirmation) -> usize {
+        let Some(lru) = self.state.load().clusters.get(cluster).cloned() else {
+            return 0;
+        };
+        let keys = lru.forget_older(than.0);
+        if !keys.is_empty() {
+            self.tell(&IndexEvent::Dropped {
+                cluster,
+                keys: &keys,
+            });
+        }
+        keys.len()
     }
 
     fn tell(&self, event: &IndexEvent<'_>) {

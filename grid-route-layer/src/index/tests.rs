@@ -537,6 +537,56 @@ fn the_observer_is_told_of_local_confirmations_and_drops_with_the_ttl() {
 }
 
 #[test]
+fn forgetting_older_entries_takes_what_came_before_the_mark_and_tells_the_observer() {
+    let east = cluster("east", "east-a");
+    let west = cluster("west", "west-a");
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let base = Instant::now();
+    let index = PrefixIndex::starting_at(settings(64, 600), [east.clone(), west.clone()], base)
+        .with_observer(std::sync::Arc::clone(&recorder) as _);
+    let (old, marked, newer) = (chain(1, 3), chain(2, 3), chain(3, 3));
+    let at = |secs| base + Duration::from_secs(secs);
+    index.confirm(&east, &old, at(1));
+    index.confirm(&west, &old, at(1));
+    index.confirm(&east, &marked, at(5));
+    index.confirm(&east, &newer, at(9));
+    let mark = index.confirmation(&east, marked[2], at(20)).unwrap();
+    assert!(
+        index.confirmation(&east, marked[2], at(606)).is_none(),
+        "expired"
+    );
+    assert!(
+        index.confirmation(&west, marked[2], at(20)).is_none(),
+        "not held"
+    );
+
+    assert_eq!(index.forget_older(&east, mark), 3);
+    assert_eq!(index.depths([&east, &west], &old, at(20)), [0, 3]);
+    assert_eq!(
+        index.depth(&east, &marked, at(20)),
+        3,
+        "the mark itself stays"
+    );
+    assert_eq!(index.depth(&east, &newer, at(20)), 3);
+    // Old keys confirmed again later come after the mark: a second forget takes nothing.
+    index.confirm(&east, &old, at(12));
+    assert_eq!(index.forget_older(&east, mark), 0);
+    let told = recorder.0.lock().unwrap().clone();
+    let dropped: Vec<_> = told.iter().filter(|(confirmed, ..)| !confirmed).collect();
+    assert_eq!(
+        dropped.len(),
+        1,
+        "one event for the one forget that took anything"
+    );
+    assert_eq!(dropped[0].1, east);
+    let mut keys = dropped[0].2.clone();
+    keys.sort_unstable();
+    let mut expected = old.clone();
+    expected.sort_unstable();
+    assert_eq!(keys, expected);
+}
+
+#[test]
 fn a_peers_event_applies_without_being_told_back() {
     let east = cluster("east", "east-a");
     let recorder = std::sync::Arc::new(Recorder::default());

@@ -6,7 +6,11 @@
 //! the threshold, the load gate), then `Select`'s [`least_loaded`] among the clusters that
 //! stay, then p2c inside the cluster. At the answer head, [`Verdict`] applies the status
 //! to the index, as `ConfirmLayer` does: a 200 confirms the keys, a 503 (an engine
-//! refusing, `--fail-share`) drops them.
+//! refusing, `--fail-share`) drops them. When the answer ends, engine feedback weighs
+//! what the engine served from its cache against a sticky request's predicted match, as
+//! `FeedbackLayer` does with `engine_feedback` on: an engine that fell short
+//! ([`fell_short`]) evicted the prompt, and the index forgets what it recorded at that
+//! cluster before it ([`PrefixIndex::forget_older`]).
 //!
 //! [`least_loaded`]: grid_route_layer::select::least_loaded
 
@@ -15,8 +19,11 @@ use std::sync::Arc;
 
 use grid_route_layer::affinity::{Affinity, Outcome};
 use grid_route_layer::confirm::Verdict;
-use grid_route_layer::index::PrefixIndex;
+use grid_route_layer::feedback::fell_short;
+use grid_route_layer::grid::ClusterId;
+use grid_route_layer::index::{Confirmation, PrefixIndex};
 use grid_route_layer::keying::PrefixKeys;
+use grid_route_layer::route::PredictedMatch;
 
 use super::gateway::{Gateways, MODEL};
 use super::{Route, Router, Setup, instant};
@@ -31,9 +38,21 @@ pub(super) struct GridRoute {
     affinity: Vec<Affinity>,
     /// Keys of requests waiting for their answer head, for confirmation.
     keys: HashMap<usize, PrefixKeys>,
+    /// Sticky requests until their answer ends, for engine feedback.
+    predictions: HashMap<usize, Prediction>,
     outcomes: BTreeMap<&'static str, u64>,
     draws: fastrand::Rng,
     base: std::time::Instant,
+}
+
+/// A sticky request's predicted match, weighed when its answer ends.
+struct Prediction {
+    replica: usize,
+    matched: PredictedMatch,
+    /// When each sticky candidate was last confirmed for the deepest matched key.
+    marks: Vec<(ClusterId, Confirmation)>,
+    /// The cluster that answered, from the answer's head.
+    served: Option<ClusterId>,
 }
 
 impl GridRoute {
@@ -61,6 +80,7 @@ impl GridRoute {
             gateways,
             affinity,
             keys: HashMap::new(),
+            predictions: HashMap::new(),
             outcomes,
             draws: fastrand::Rng::with_seed(setup.seed ^ 0x6578_706c_6f72_6521),
             base: setup.base,
@@ -82,6 +102,30 @@ impl Router for GridRoute {
         *self.outcomes.entry(outcome).or_default() += 1;
         if let Some(keys) = route.keys {
             self.keys.insert(route.id, keys.clone());
+            let affinity = &self.affinity[route.replica];
+            if decision.outcome() == Some(Outcome::Sticky)
+                && affinity.settings().engine_feedback()
+                && let Some(&deepest) = keys.as_slice().get(decision.deepest().wrapping_sub(1))
+            {
+                // What FeedbackService reads when the request goes out.
+                let marks = decision
+                    .clusters()
+                    .iter()
+                    .filter_map(|cluster| {
+                        let mark = affinity.index().confirmation(cluster.id(), deepest, now)?;
+                        Some((cluster.id().clone(), mark))
+                    })
+                    .collect();
+                self.predictions.insert(
+                    route.id,
+                    Prediction {
+                        replica: route.replica,
+                        matched: PredictedMatch::new(decision.deepest(), decision.covered_bytes()),
+                        marks,
+                        served: None,
+                    },
+                );
+            }
         }
         self.gateways
             .dispatch(route.replica, decision.clusters(), route.id, route.now)
@@ -91,6 +135,9 @@ impl Router for GridRoute {
         let Some((replica, cluster)) = self.gateways.head(id) else {
             return;
         };
+        if let Some(prediction) = self.predictions.get_mut(&id) {
+            prediction.served = Some(cluster.clone());
+        }
         if let Some(keys) = self.keys.remove(&id) {
             Verdict::of_status(status).apply(
                 self.affinity[replica].index(),
@@ -98,6 +145,23 @@ impl Router for GridRoute {
                 keys.as_slice(),
                 instant(self.base, now),
             );
+        }
+    }
+
+    fn ended(&mut self, id: usize, cached_tokens: u64, _now: f64) {
+        let Some(prediction) = self.predictions.remove(&id) else {
+            return;
+        };
+        let Some(served) = prediction.served else {
+            return;
+        };
+        if !fell_short(prediction.matched, cached_tokens) {
+            return;
+        }
+        if let Some((_, mark)) = prediction.marks.iter().find(|(id, _)| *id == served) {
+            self.affinity[prediction.replica]
+                .index()
+                .forget_older(&served, *mark);
         }
     }
 

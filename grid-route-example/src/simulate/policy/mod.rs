@@ -134,6 +134,11 @@ pub trait Router {
     /// The request's answer ended (its last token, or right after a refusal).
     fn finished(&mut self, _id: usize, _now: f64) {}
 
+    /// The request's answer ended with a usage saying the engine served `cached_tokens` of
+    /// its prompt from cache (called just before [`finished`](Self::finished), not for a
+    /// refusal).
+    fn ended(&mut self, _id: usize, _cached_tokens: u64, _now: f64) {}
+
     /// A poll of every engine's waiting queue at `now` (the gateway's queue signal).
     fn poll(&mut self, _now: f64, _engines: &[Engine]) {}
 
