@@ -415,4 +415,10 @@ async fn json_logs_name_the_site_and_cluster_of_an_engine_that_died_mid_stream()
     assert_eq!(failure["fields"]["site"], "east");
     assert_eq!(failure["fields"]["cluster"], "east-a");
     assert_eq!(failure["fields"]["endpoint"], engine_url.as_str());
+    let cut = lines
+        .iter()
+        .find(|line| line["target"] == "grid_route_example::access" && line["level"] == "WARN")
+        .unwrap_or_else(|| panic!("no cut stream in the request log: {raw}"));
+    assert_eq!(cut["fields"]["method"], "POST");
+    assert_eq!(cut["fields"]["path"], "/v1/chat/completions");
 }

@@ -13,16 +13,18 @@
 //!   OpenAI-style JSON.
 //! - **A stalled request body** (nothing for `timeouts.client_body_idle_secs`) is
 //!   answered 408 `request_timeout`, whether keying or the engine client was reading it.
-//! - **The request log**: one `info` line per request (target `grid_route_example::access`)
-//!   with method, path (never the query), outcome (the affinity outcome, `pinned`, or `-`
-//!   when nothing was decided), site, cluster, status and latency to the answer's head. It
-//!   never holds prompt text or keys.
+//! - **The request log** (see `gateway/access.rs`): one `info` line per request (target
+//!   `grid_route_example::access`) with method, path (never the query), outcome (the
+//!   affinity outcome, `pinned`, or `-` when nothing was decided), site, cluster, status
+//!   and latency to the answer's head, and a `warn` line when an answer fails after its
+//!   head. It never holds prompt text, keys, or the values of credential headers
+//!   (`Authorization`, `x-api-key`, `api-key`, `Proxy-Authorization`, `Cookie`: marked
+//!   sensitive before any layer sees the request).
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
@@ -31,7 +33,6 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use grid_route_layer::answer::ErrorAnswer;
-use grid_route_layer::route::Served;
 use http::header::{ALLOW, HeaderValue};
 use http::{Method, StatusCode};
 use serde_json::json;
@@ -39,8 +40,9 @@ use tower::Service;
 use tower::util::Oneshot;
 
 use super::Live;
+use super::access;
 use super::idle_body::IdleTimeoutBody;
-use super::stack::{RouteNote, Routing};
+use super::stack::Routing;
 use crate::config::Role;
 use crate::forward_paths::PathCheck;
 
@@ -57,7 +59,10 @@ pub(crate) fn router(live: Arc<Live>) -> Router {
             client_body_timeout,
         ))
         .layer(middleware::from_fn_with_state(Arc::clone(&live), path_gate))
-        .layer(middleware::from_fn(access_log))
+        .layer(access::sensitive_response_headers())
+        .layer(middleware::from_fn(access::keep_request_line))
+        .layer(access::access_log())
+        .layer(access::sensitive_request_headers())
         .with_state(live)
 }
 
@@ -187,31 +192,5 @@ async fn client_body_timeout(
         .into_response()
         .into_response();
     }
-    response
-}
-
-/// One log line per request; never the query, prompt text or keys.
-async fn access_log(request: Request<Body>, next: Next) -> Response {
-    let method = request.method().clone();
-    let path = request.uri().path().to_owned();
-    let started = Instant::now();
-    let response = next.run(request).await;
-    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let served = response.extensions().get::<Served>();
-    let outcome = response
-        .extensions()
-        .get::<RouteNote>()
-        .map_or("-", |note| note.as_str());
-    tracing::info!(
-        target: "grid_route_example::access",
-        %method,
-        path,
-        outcome,
-        site = served.map_or("-", |s| s.site().as_str()),
-        cluster = served.map_or("-", |s| s.cluster().name()),
-        status = response.status().as_u16(),
-        latency_ms = format_args!("{latency_ms:.1}"),
-        "request"
-    );
     response
 }

@@ -31,11 +31,11 @@
 //! # What runs
 //!
 //! - **Front listener** (`listen`; `gateway/front.rs`, connections in
-//!   `gateway/server.rs`): the request log, the role's path gate (`forward_paths` for a
-//!   consumer, `provider_allowed_paths` for a provider), `GET /v1/models` aggregated over
-//!   admitted clusters, and every other forwarded request through the routing stack
-//!   (`gateway/stack.rs`): keying → pinning → confirmation → affinity → retries →
-//!   `Select` → the chosen cluster's p2c balancer over its endpoints
+//!   `gateway/server.rs`): the request log (`gateway/access.rs`), the role's path gate
+//!   (`forward_paths` for a consumer, `provider_allowed_paths` for a provider),
+//!   `GET /v1/models` aggregated over admitted clusters, and every other forwarded request
+//!   through the routing stack (`gateway/stack.rs`): keying → pinning → confirmation →
+//!   affinity → retries → `Select` → the chosen cluster's p2c balancer over its endpoints
 //!   (`gateway/upstream.rs`). Forwarded paths the layers do not key still go through it,
 //!   routed by the model their body names. No cluster serves the model: 404
 //!   `model_not_found`; every cluster that serves it drained: 503 with `Retry-After: 5`;
@@ -84,10 +84,13 @@
 //! to the new cluster list (clusters that left are dropped with their entries), the
 //! affinity settings swapped, the tag keys replaced (ids signed with any key but the
 //! current one and the `previous_tag_key_path` are refused from then on), and the
-//! routing stack rebuilt for the next requests (with the new `forward_paths`,
-//! `timeouts`, `retries` and `outlier` settings; a changed `upstream_connect_ms` gets a
-//! new engine client and pool; endpoints that left lose their outlier records; series of
-//! clusters that left leave `/metrics`). With `shared_index` set, the keying seed is the
+//! layers of the routing stack rebuilt for the next requests (with the new
+//! `forward_paths`, `timeouts`, `retries` and `outlier` settings; a changed
+//! `upstream_connect_ms` gets a new engine client and pool; endpoints that left lose their
+//! outlier records; series of clusters that left leave `/metrics`). Each cluster's p2c
+//! balancer is rebuilt only when its endpoints changed: a cluster whose endpoints stay
+//! keeps its balancer, with the requests pending on each endpoint, and reads the new
+//! timeouts from its next request on. With `shared_index` set, the keying seed is the
 //! one derived from the tag key: a reload that brings another key re-derives it (prompts
 //! key differently from then on, so the entries learned before stop matching and age out),
 //! and a changed `shared_index` restarts sharing against the new Redis or prefix
@@ -111,6 +114,7 @@
 //! `timeouts.client_body_idle_secs` gets 408. Dropping a
 //! [`Gateway`] starts the same drain without waiting for it.
 
+mod access;
 mod admin;
 mod front;
 mod idle_body;
@@ -141,6 +145,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use access::{ACCESS_TARGET, SENSITIVE_REQUEST_HEADERS};
 pub use admin::METRICS_UPKEEP_INTERVAL;
 pub use outlier::MAX_EJECTION_FACTOR;
 pub use queue::{MAX_METRICS_BYTES, POLL_TIMEOUT, queue_sample};
@@ -154,7 +159,7 @@ use outlier::Outliers;
 use server::serve_until;
 use shared_index::SharedIndex;
 use stack::{Routing, StackParts, routing_stack};
-use upstream::HttpClient;
+use upstream::{Balancers, EngineParts, EngineSettings, SharedEngineSettings};
 
 /// How long [`Gateway::shutdown`] lets requests in flight finish.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -179,8 +184,11 @@ pub(crate) struct Live {
     seed: ArcSwap<KeySeed>,
     shared_index: SharedIndex,
     tag_keys: PinKeys,
-    /// Replaced on reload when `timeouts.upstream_connect_ms` changes.
-    client: ArcSwap<HttpClient>,
+    /// The engine client and the timeouts the endpoints read for each request, swapped
+    /// on reload (with a new client when `timeouts.upstream_connect_ms` changes).
+    engine: SharedEngineSettings,
+    /// Every cluster's p2c balancer, kept across reloads (see [Reload](self#reload)).
+    balancers: Balancers,
     outliers: Arc<Outliers>,
     settings: ArcSwap<Settings>,
     routing: ArcSwap<Routing>,
@@ -270,10 +278,7 @@ impl Live {
             seed: &self.seed.load(),
             tag_keys: &self.tag_keys,
             max_body_bytes: checked.max_body_bytes,
-            client: &self.client.load(),
-            recheck_every: checked.poll_interval,
-            outliers: &self.outliers,
-            timeouts: checked.timeouts,
+            balancers: &self.balancers,
             max_attempts: checked.max_attempts,
         })
     }
@@ -305,18 +310,24 @@ impl Gateway {
         let seed = seed_for(&checked, None).unwrap_or_else(KeySeed::random);
         shared_index.set_fingerprint(seed.fingerprint());
         let tag_keys = PinKeys::new(checked.tag_keys());
-        let client = upstream::http_client(checked.timeouts.upstream_connect);
+        let engine = Arc::new(ArcSwap::from_pointee(EngineSettings {
+            client: upstream::http_client(checked.timeouts.upstream_connect),
+            timeouts: checked.timeouts,
+            recheck_every: checked.poll_interval,
+        }));
         let outliers = Arc::new(Outliers::new(checked.outlier));
+        let balancers = upstream::balancers(EngineParts {
+            settings: Arc::clone(&engine),
+            grid: grid.clone(),
+            outliers: Arc::clone(&outliers),
+        });
         let routing = routing_stack(&StackParts {
             grid: &grid,
             affinity: &affinity,
             seed: &seed,
             tag_keys: &tag_keys,
             max_body_bytes: checked.max_body_bytes,
-            client: &client,
-            recheck_every: checked.poll_interval,
-            outliers: &outliers,
-            timeouts: checked.timeouts,
+            balancers: &balancers,
             max_attempts: checked.max_attempts,
         });
         let live = Live {
@@ -326,7 +337,8 @@ impl Gateway {
             seed: ArcSwap::from_pointee(seed),
             shared_index,
             tag_keys,
-            client: ArcSwap::from_pointee(client),
+            engine,
+            balancers,
             outliers,
             settings: ArcSwap::from_pointee(Settings::of(&checked)),
             routing: ArcSwap::from_pointee(routing),
@@ -467,12 +479,18 @@ impl Gateway {
             live.shared_peers(self.stop.subscribe()),
         );
         let old = live.settings.swap(Arc::new(Settings::of(checked)));
-        if old.timeouts.upstream_connect != checked.timeouts.upstream_connect {
-            // The connect timeout belongs to the client: a new one (with a new pool).
-            live.client.store(Arc::new(upstream::http_client(
-                checked.timeouts.upstream_connect,
-            )));
-        }
+        // The connect timeout belongs to the client: a changed one needs a new client
+        // (with a new pool); otherwise the pooled connections stay.
+        let client = if old.timeouts.upstream_connect == checked.timeouts.upstream_connect {
+            live.engine.load().client.clone()
+        } else {
+            upstream::http_client(checked.timeouts.upstream_connect)
+        };
+        live.engine.store(Arc::new(EngineSettings {
+            client,
+            timeouts: checked.timeouts,
+            recheck_every: checked.poll_interval,
+        }));
         live.routing.store(Arc::new(live.routing_for(checked)));
         for (field, was, now) in [
             ("listen", old.listen, checked.listen),
@@ -618,12 +636,14 @@ async fn bind(field: &'static str, addr: SocketAddr) -> Result<TcpListener, Gate
 }
 
 /// Why a gateway could not start, serve or stop cleanly.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GatewayError {
     /// The configuration was refused.
-    Config(ConfigError),
+    #[error("{0}")]
+    Config(#[from] ConfigError),
     /// A listener could not be bound.
+    #[error("cannot bind {field} {addr}: {source}")]
     Bind {
         /// `listen` or `admin_listen`.
         field: &'static str,
@@ -633,55 +653,17 @@ pub enum GatewayError {
         source: io::Error,
     },
     /// Requests were still in flight when the drain timed out.
+    #[error("requests still in flight after draining for {0:?}")]
     DrainTimedOut(Duration),
     /// Serving or installing signal handlers failed.
-    Io(io::Error),
+    #[error("{0}")]
+    Io(#[from] io::Error),
     /// The config file named on the command line could not be used.
+    #[error("{}: {source}", path.display())]
     ConfigFile {
         /// The file.
         path: PathBuf,
         /// Why.
         source: ConfigError,
     },
-}
-
-impl fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Config(error) => error.fmt(f),
-            Self::Bind {
-                field,
-                addr,
-                source,
-            } => write!(f, "cannot bind {field} {addr}: {source}"),
-            Self::DrainTimedOut(drain) => {
-                write!(f, "requests still in flight after draining for {drain:?}")
-            }
-            Self::Io(error) => error.fmt(f),
-            Self::ConfigFile { path, source } => write!(f, "{}: {source}", path.display()),
-        }
-    }
-}
-
-impl std::error::Error for GatewayError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Config(error) | Self::ConfigFile { source: error, .. } => Some(error),
-            Self::Bind { source, .. } => Some(source),
-            Self::Io(error) => Some(error),
-            Self::DrainTimedOut(_) => None,
-        }
-    }
-}
-
-impl From<ConfigError> for GatewayError {
-    fn from(error: ConfigError) -> Self {
-        Self::Config(error)
-    }
-}
-
-impl From<io::Error> for GatewayError {
-    fn from(error: io::Error) -> Self {
-        Self::Io(error)
-    }
 }

@@ -60,7 +60,7 @@ pub(crate) async fn poll_once(live: &Live, metric: &Arc<str>) {
     let mut reads = JoinSet::new();
     for cluster in view.clusters() {
         for url in cluster.endpoints() {
-            let client = HttpClient::clone(&live.client.load());
+            let client = live.engine.load().client.clone();
             let cluster: Arc<Cluster> = Arc::clone(cluster);
             let url = Arc::clone(url);
             let metric = Arc::clone(metric);

@@ -19,13 +19,16 @@
 //! Select          least loaded among Candidates (queue [+ in flight]) -> Served
 //!   per cluster:  Buffer(p2c Balance over one Endpoint each)  (see upstream)
 //! ```
+//!
+//! A reload builds the layers above `Select` afresh (they hold the settings it may
+//! change) but hands them the gateway's one `Select`, whose per-cluster balancers outlive
+//! reloads that leave their cluster's endpoints alone.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::error_handling::HandleError;
@@ -34,7 +37,7 @@ use grid_route_layer::affinity::{Affinity, AffinityLayer, Outcome};
 use grid_route_layer::answer::ErrorAnswer;
 use grid_route_layer::confirm::ConfirmLayer;
 use grid_route_layer::feedback::FeedbackLayer;
-use grid_route_layer::grid::{Cluster, Grid};
+use grid_route_layer::grid::Grid;
 use grid_route_layer::keying::{Api, KeySeed, KeyingLayer};
 use grid_route_layer::pin::{PinKeys, PinLayer, is_stored_state_api};
 use grid_route_layer::route::{BoxError, DispatchError, NoCandidate, Pinned};
@@ -46,10 +49,8 @@ use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_http::decompression::{DecompressionBody, RequestDecompressionLayer};
 
-use super::outlier::Outliers;
 use super::retry::RetryLayer;
-use super::upstream::{EngineParts, HttpClient, UpstreamTimeout, cluster_service};
-use crate::config::Timeouts;
+use super::upstream::{Balancers, UpstreamTimeout};
 
 /// `Retry-After` of the 503 answered when no cluster may take a request: the pin layer's,
 /// so every "try again" of the gateway says the same.
@@ -66,27 +67,14 @@ pub(crate) struct StackParts<'a> {
     /// The pin layer's keys, rotated on reload.
     pub(crate) tag_keys: &'a PinKeys,
     pub(crate) max_body_bytes: usize,
-    pub(crate) client: &'a HttpClient,
-    /// How often an unhealthy endpoint re-checks whether it may take requests.
-    pub(crate) recheck_every: Duration,
-    pub(crate) outliers: &'a Arc<Outliers>,
-    pub(crate) timeouts: Timeouts,
+    /// The per-cluster balancers, shared by every routing stack of the gateway.
+    pub(crate) balancers: &'a Balancers,
     /// `retries.max_attempts`.
     pub(crate) max_attempts: u32,
 }
 
 /// Assembles the routing stack. The one place the layers are ordered.
 pub(crate) fn routing_stack(parts: &StackParts<'_>) -> Routing {
-    let factory = {
-        let engine = EngineParts {
-            client: parts.client.clone(),
-            grid: parts.grid.clone(),
-            outliers: Arc::clone(parts.outliers),
-            timeouts: parts.timeouts,
-            recheck_every: parts.recheck_every,
-        };
-        move |cluster: &Cluster| cluster_service(&engine, cluster)
-    };
     let layers = ServiceBuilder::new()
         .layer(
             KeyingLayer::new(parts.seed.clone())
@@ -107,10 +95,7 @@ pub(crate) fn routing_stack(parts: &StackParts<'_>) -> Routing {
             Arc::clone(parts.affinity.index()),
             parts.max_attempts,
         ))
-        .service(grid_route_layer::select::Select::new(
-            parts.grid.clone(),
-            factory,
-        ));
+        .service(parts.balancers.clone());
     BoxCloneSyncService::new(DecodeBodies {
         inner: HandleError::new(layers, answer_error),
         limit: parts.max_body_bytes,

@@ -35,10 +35,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use axum::body::Body;
 use grid_route_layer::grid::{Cluster, ClusterId, Grid};
 use grid_route_layer::metrics::{CLUSTER_LABEL, SITE_LABEL};
 use grid_route_layer::route::BoxError;
+use grid_route_layer::select::Select;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -91,25 +93,54 @@ type ClusterBalance = Balance<ServiceList<Vec<Balanced>>, Request<Body>>;
 pub(crate) type ClusterService =
     Buffer<Request<Body>, <ClusterBalance as Service<Request<Body>>>::Future>;
 
-/// What every endpoint service of a routing stack shares.
-#[derive(Clone)]
-pub(crate) struct EngineParts {
+/// What every endpoint reads afresh for each request, so that a reload changing it
+/// reaches the balancers in place instead of rebuilding them (and losing their load).
+pub(crate) struct EngineSettings {
+    /// Replaced when `timeouts.upstream_connect_ms` changes (a new pool with it).
     pub(crate) client: HttpClient,
-    pub(crate) grid: Grid,
-    pub(crate) outliers: Arc<Outliers>,
     pub(crate) timeouts: Timeouts,
     /// How often an unhealthy endpoint re-checks whether it may take requests.
     pub(crate) recheck_every: Duration,
 }
 
+/// The engine settings in force, shared by the gateway (which swaps them on reload) and
+/// every endpoint service.
+pub(crate) type SharedEngineSettings = Arc<ArcSwap<EngineSettings>>;
+
+/// What every endpoint service shares, for the gateway's whole life.
+#[derive(Clone)]
+pub(crate) struct EngineParts {
+    pub(crate) settings: SharedEngineSettings,
+    pub(crate) grid: Grid,
+    pub(crate) outliers: Arc<Outliers>,
+}
+
+/// Builds a cluster's service from its [`Cluster`]: what [`Balancers`] calls for a
+/// cluster it has no service for yet, or whose endpoints changed.
+pub(crate) type ClusterFactory = Box<dyn Fn(&Cluster) -> ClusterService + Send + Sync>;
+
+/// Every cluster's balancer, built on first use and kept across reloads: `Select` drops
+/// a cluster's service only when the cluster leaves the grid or its endpoints change, so a
+/// reload that leaves a cluster's endpoints alone keeps its balancer and the requests
+/// pending on each endpoint (what p2c weighs).
+pub(crate) type Balancers = Select<ClusterService, ClusterFactory>;
+
+/// The gateway's balancers over `parts`, one per cluster as requests reach them.
+pub(crate) fn balancers(parts: EngineParts) -> Balancers {
+    let grid = parts.grid.clone();
+    let factory: ClusterFactory =
+        Box::new(move |cluster: &Cluster| cluster_service(&parts, cluster));
+    Select::new(grid, factory)
+}
+
 /// Builds `cluster`'s service: p2c (by requests pending) over one [`Endpoint`] each.
-pub(crate) fn cluster_service(parts: &EngineParts, cluster: &Cluster) -> ClusterService {
+fn cluster_service(parts: &EngineParts, cluster: &Cluster) -> ClusterService {
     let endpoints: Vec<Balanced> = cluster
         .endpoints()
         .iter()
         .map(|url| {
             let endpoint = Endpoint {
-                client: parts.client.clone(),
+                settings: Arc::clone(&parts.settings),
                 base: Arc::new(BaseUrl::new(url)),
                 watch: Arc::new(EndpointWatch {
                     grid: parts.grid.clone(),
@@ -117,8 +148,6 @@ pub(crate) fn cluster_service(parts: &EngineParts, cluster: &Cluster) -> Cluster
                     url: Arc::clone(url),
                     outliers: Arc::clone(&parts.outliers),
                 }),
-                timeouts: parts.timeouts,
-                recheck_every: parts.recheck_every,
                 recheck: None,
             };
             PendingRequests::new(endpoint, CompleteOnResponse::default())
@@ -177,11 +206,9 @@ impl BaseUrl {
 
 /// Sends requests to one engine endpoint. See the [module docs](self).
 pub(crate) struct Endpoint {
-    client: HttpClient,
+    settings: SharedEngineSettings,
     base: Arc<BaseUrl>,
     watch: Arc<EndpointWatch>,
-    timeouts: Timeouts,
-    recheck_every: Duration,
     recheck: Option<Pin<Box<Sleep>>>,
 }
 
@@ -284,7 +311,7 @@ impl Service<Request<Body>> for Endpoint {
                 self.recheck = None;
                 return Poll::Ready(Ok(()));
             }
-            let every = self.recheck_every;
+            let every = self.settings.load().recheck_every;
             let sleep = self
                 .recheck
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep(every)));
@@ -294,10 +321,12 @@ impl Service<Request<Body>> for Endpoint {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let client = self.client.clone();
+        let (client, timeouts) = {
+            let settings = self.settings.load();
+            (settings.client.clone(), settings.timeouts)
+        };
         let base = Arc::clone(&self.base);
         let watch = Arc::clone(&self.watch);
-        let timeouts = self.timeouts;
         Box::pin(async move {
             let request = to_engine(request, &base)?;
             let first_byte = timeouts.upstream_first_byte;

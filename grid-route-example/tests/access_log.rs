@@ -1,0 +1,181 @@
+//! The request log of `grid-route-example serve`, read from its JSON log: one line per
+//! request with its fields, and credentials that never show, even at `trace` level with
+//! every crate logging.
+#![cfg(unix)]
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use grid_route_mock_engine::{MockEngine, MockEngineConfig};
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(20);
+const PROMPT: &str = "a prompt nobody may read";
+/// Each credential header the client sends, with a value that must never be logged.
+const CREDENTIALS: [(&str, &str); 5] = [
+    ("authorization", "Bearer sk-secret-bearer-token"),
+    ("x-api-key", "secret-anthropic-key"),
+    ("api-key", "secret-azure-key"),
+    ("proxy-authorization", "Basic secret-proxy-credential"),
+    ("cookie", "session=secret-cookie-value"),
+];
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Sends a request with every credential header; `None` while nothing answers.
+async fn send(method: Method, url: &str, body: &str) -> Option<StatusCode> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut request = Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", "application/json");
+    for (name, value) in CREDENTIALS {
+        request = request.header(name, value);
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    let response = client.request(request).await.ok()?;
+    let status = response.status();
+    response.into_body().collect().await.ok()?;
+    Some(status)
+}
+
+/// Runs `serve` at `RUST_LOG=trace` with JSON logs in front of `engine`, sends it a chat
+/// request and a request for a path it does not serve, stops it, and returns its log.
+async fn serve_two_requests(engine: &MockEngine) -> String {
+    let scratch = tempfile::tempdir().unwrap();
+    let file = scratch.path().join("gateway.yaml");
+    let log = scratch.path().join("gateway.log");
+    let (listen, admin) = (free_port(), free_port());
+    std::fs::write(
+        &file,
+        format!(
+            "listen: 127.0.0.1:{listen}\nadmin_listen: 127.0.0.1:{admin}\n\
+             sites:\n  - name: east\n    clusters:\n\
+             \x20     - {{ name: east-a, models: [demo-model], endpoints: [{}] }}\n",
+            engine.url()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
+        .args(["serve", "--log-format", "json", "--config"])
+        .arg(&file)
+        .env("RUST_LOG", "trace")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while send(
+        Method::GET,
+        &format!("http://127.0.0.1:{admin}/healthz"),
+        "",
+    )
+    .await
+    .is_none()
+    {
+        assert!(Instant::now() < deadline, "serve did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let body =
+        format!(r#"{{"model":"demo-model","messages":[{{"role":"user","content":"{PROMPT}"}}]}}"#);
+    let front = format!("http://127.0.0.1:{listen}");
+    let chat = format!("{front}/v1/chat/completions?api_key=secret-query");
+    assert_eq!(send(Method::POST, &chat, &body).await, Some(StatusCode::OK));
+    assert_eq!(
+        send(Method::GET, &format!("{front}/not-served"), "").await,
+        Some(StatusCode::NOT_FOUND)
+    );
+
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + WAIT;
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "serve did not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(exit.success(), "{exit}");
+    std::fs::read_to_string(&log).unwrap()
+}
+
+#[tokio::test]
+async fn the_request_log_has_one_line_per_request_and_never_a_credential_even_at_trace() {
+    let engine = MockEngine::start("127.0.0.1:0", MockEngineConfig::named("east-a"))
+        .await
+        .unwrap();
+    let raw = serve_two_requests(&engine).await;
+    let lines: Vec<Value> = raw
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let access = |message: &str| -> Vec<&Value> {
+        lines
+            .iter()
+            .filter(|line| {
+                line["target"] == "grid_route_example::access"
+                    && line["fields"]["message"] == message
+            })
+            .collect()
+    };
+
+    let requests = access("request");
+    assert_eq!(requests.len(), 2, "{raw}");
+    let routed = &requests[0];
+    assert_eq!(routed["level"], "INFO");
+    let fields = &routed["fields"];
+    assert_eq!(fields["method"], "POST");
+    assert_eq!(fields["path"], "/v1/chat/completions");
+    assert!(fields["outcome"].is_string(), "{routed}");
+    assert_eq!(fields["site"], "east");
+    assert_eq!(fields["cluster"], "east-a");
+    assert_eq!(fields["status"], 200);
+    let latency: f64 = fields["latency_ms"].as_str().unwrap().parse().unwrap();
+    assert!(latency >= 0.0, "{routed}");
+    let refused = &requests[1]["fields"];
+    assert_eq!(refused["method"], "GET");
+    assert_eq!(refused["path"], "/not-served");
+    assert_eq!(refused["outcome"], "-");
+    assert_eq!(refused["site"], "-");
+    assert_eq!(refused["status"], 404);
+
+    // At trace, each request's headers are logged, credentials as `Sensitive`.
+    let heads = access("request head");
+    assert_eq!(heads.len(), 2, "{raw}");
+    let headers = heads[0]["fields"]["headers"].as_str().unwrap();
+    for (name, _) in CREDENTIALS {
+        assert!(
+            headers.contains(&format!("\"{name}\": Sensitive")),
+            "{name} not marked sensitive: {headers}"
+        );
+    }
+    assert!(headers.contains("\"content-type\": \"application/json\""));
+
+    for (name, value) in CREDENTIALS {
+        let secret = value.split_once(['=', ' ']).map_or(value, |(_, s)| s);
+        assert!(!raw.contains(secret), "the {name} header reached the log");
+    }
+    assert!(!raw.contains(PROMPT), "the prompt reached the log");
+    assert!(!raw.contains("secret-query"), "the query reached the log");
+}
