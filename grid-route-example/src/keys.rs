@@ -16,47 +16,24 @@
 use std::io::Write;
 use std::path::Path;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser as _};
 use grid_route_layer::keying::{Api, KeySeed, key_body};
 
-/// Usage of the `keys` command.
-pub const USAGE: &str =
-    "usage: grid-route-example keys --api chat|completions|messages|responses FILE...
-
-Prints one JSON line per file: {\"file\":F,\"keys\":[\"<16 hex>\",...],\"blocks\":N}, or
-{\"file\":F,\"keys\":null,\"reason\":\"...\"} when the body gets no keys.
-";
-
-/// The parsed command line of `keys`.
-#[derive(Debug, PartialEq, Eq)]
+/// The arguments of `grid-route-example keys`.
+#[derive(Debug, PartialEq, Eq, clap::Args)]
 pub struct KeysArgs {
     /// The request format of every file.
+    // The names are the library's (`Api::name`): the library does not depend on clap, so
+    // `Api` cannot derive `ValueEnum`; the possible values still show in help and errors.
+    #[arg(
+        long,
+        value_name = "API",
+        value_parser = PossibleValuesParser::new(Api::ALL.map(Api::name)).try_map(|name| name.parse::<Api>()),
+    )]
     pub api: Api,
-    /// The files, in order.
+    /// The request bodies, keyed in this order under one seed.
+    #[arg(value_name = "FILE", required = true)]
     pub files: Vec<String>,
-}
-
-/// Parses `--api API FILE...` (also `--api=API`).
-pub fn parse_args(args: &[String]) -> Result<KeysArgs, String> {
-    let mut api = None;
-    let mut files = Vec::new();
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        if let Some(value) = arg.strip_prefix("--api=") {
-            api = Some(value.parse::<Api>()?);
-        } else if arg == "--api" {
-            let value = args.next().ok_or("--api needs a value")?;
-            api = Some(value.parse::<Api>()?);
-        } else if arg.starts_with("--") {
-            return Err(format!("unknown option {arg:?}"));
-        } else {
-            files.push(arg.clone());
-        }
-    }
-    let api = api.ok_or("--api is required")?;
-    if files.is_empty() {
-        return Err("at least one FILE is required".into());
-    }
-    Ok(KeysArgs { api, files })
 }
 
 /// One output line. Fields serialise in declaration order, the documented

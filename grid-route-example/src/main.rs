@@ -4,73 +4,109 @@
 //! sites with prefix affinity on and off and prints a comparison; `serve` runs the gateway
 //! from a config file; `keys` prints a body's prefix keys; `mock-engine` runs a mock
 //! inference engine; `simulate` replays a trace through the routing policies.
+//!
+//! One parser (clap's derive: each subcommand's arguments live next to the code they
+//! configure) and one Tokio runtime, on which the chosen subcommand runs.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use grid_route_example::{demo, gateway, keys, simulate};
-use grid_route_mock_engine as mock_engine;
+use clap::{Parser, Subcommand, ValueEnum};
+use grid_route_example::demo::{self, DemoArgs};
+use grid_route_example::gateway;
+use grid_route_example::keys::{self, KeysArgs};
+use grid_route_example::simulate::{self, SimulateArgs};
+use grid_route_mock_engine::{self as mock_engine, MockEngineArgs};
 
-const USAGE: &str = "usage: grid-route-example [command] [args]
-
-commands:
-  demo [--conversations N] [--turns N] [--concurrency N] [--quick]
-                        three mock sites behind the gateway, a multi-turn workload with
-                        prefix affinity on and off, and a table comparing them
-                        (the default when no command is given; see demo --help)
-  serve --config FILE.yaml [--log-format text|json]
-                        run the gateway (SIGHUP reloads FILE, SIGTERM drains and stops)
-  keys --api chat|completions|messages|responses FILE...
-                        print each body's prefix keys as one JSON line
-  mock-engine --listen ADDR --name NAME [options]
-                        run a mock OpenAI-compatible engine (see mock-engine --help)
-  simulate --trace FILE [options]
-                        replay a trace through grid-route and other routing policies
-                        in virtual time (see simulate --help)
-";
-
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some((command, rest)) = args.split_first() else {
-        return run_demo(&[]);
-    };
-    match command.as_str() {
-        "-h" | "--help" | "help" => {
-            print!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        "demo" => run_demo(rest),
-        // `grid-route-example --quick` is the default command with options.
-        option if option.starts_with("--") => run_demo(&args),
-        "serve" => run_serve(rest),
-        "keys" => run_keys(rest),
-        "mock-engine" => run_mock_engine(rest),
-        "simulate" => run_simulate(rest),
-        other => {
-            eprintln!("unknown command {other:?}; {rest:?} not run\n");
-            eprint!("{USAGE}");
-            ExitCode::from(2)
-        }
-    }
+/// An LLM gateway that keeps conversations on the site whose engines hold their prompt
+/// prefix in cache, built from the grid-route Tower layers.
+///
+/// With no command, runs the demo (and takes the demo's options).
+#[derive(Debug, Parser)]
+#[command(
+    name = "grid-route-example",
+    version,
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// The demo's options, for the default command.
+    #[command(flatten)]
+    demo: DemoArgs,
 }
 
-/// Logs to stderr as text, filtered by `RUST_LOG` (default `info`).
-fn init_tracing() {
-    init_tracing_at("info", LogFormat::Text);
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Three mock sites behind the gateway, a multi-turn workload with prefix affinity on
+    /// and off, and a table comparing them (the default command)
+    Demo(DemoArgs),
+    /// Run the gateway from a config file (SIGHUP reloads it, SIGTERM drains and stops)
+    Serve(ServeArgs),
+    /// Print each request body's prefix keys as one JSON line
+    Keys(KeysArgs),
+    /// Run a mock OpenAI-compatible inference engine
+    MockEngine(MockEngineArgs),
+    /// Replay a trace through grid-route and other routing policies in virtual time
+    Simulate(SimulateArgs),
+}
+
+/// The arguments of `grid-route-example serve`.
+///
+/// SIGHUP re-reads the config file (a bad file keeps the running config); SIGTERM or
+/// ctrl-c stops accepting connections and drains requests in flight. Logs go to stderr,
+/// filtered by RUST_LOG (default info).
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// The gateway's YAML config file
+    #[arg(long, value_name = "FILE.yaml")]
+    config: PathBuf,
+    /// How log lines are written
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 /// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum LogFormat {
-    /// One human-readable line per event; coloured only on a terminal.
+    /// One human-readable line per event; coloured only on a terminal
     Text,
-    /// One JSON object per line, for log shippers.
+    /// One JSON object per line, for log shippers
     Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let command = cli.command.unwrap_or(Command::Demo(cli.demo));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("grid-route-example: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(command))
+}
+
+/// Runs `command` on the runtime. `keys` and `simulate` do no I/O worth overlapping: they
+/// run on this thread, which `block_on` owns, so no worker is kept from other tasks.
+async fn run(command: Command) -> ExitCode {
+    match command {
+        Command::Demo(args) => run_demo(&args).await,
+        Command::Serve(args) => run_serve(&args).await,
+        Command::Keys(args) => run_keys(&args),
+        Command::MockEngine(args) => run_mock_engine(args).await,
+        Command::Simulate(args) => run_simulate(&args),
+    }
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `default_filter`). Text is coloured
 /// only when stderr, where the lines go, is a terminal: a file or a pipe gets no escape
 /// codes.
-fn init_tracing_at(default_filter: &str, format: LogFormat) {
+fn init_tracing(default_filter: &str, format: LogFormat) {
     use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
@@ -83,44 +119,11 @@ fn init_tracing_at(default_filter: &str, format: LogFormat) {
     }
 }
 
-/// A subcommand's arguments parsed by `parse`; `--help` prints `usage` and exits 0, bad
-/// arguments print the error and `usage` and exit 2.
-fn parsed<T, E: std::fmt::Display>(
-    args: &[String],
-    command: &str,
-    usage: &str,
-    parse: impl FnOnce(&[String]) -> Result<T, E>,
-) -> Result<T, ExitCode> {
-    if args.iter().any(|arg| arg == "-h" || arg == "--help") {
-        print!("{usage}");
-        return Err(ExitCode::SUCCESS);
-    }
-    parse(args).map_err(|error| {
-        eprintln!("{command}: {error}\n");
-        eprint!("{usage}");
-        ExitCode::from(2)
-    })
-}
-
-fn run_demo(args: &[String]) -> ExitCode {
-    let options = match parsed(args, "demo", demo::USAGE, demo::parse_args) {
-        Ok(options) => options,
-        Err(exit) => return exit,
-    };
+async fn run_demo(args: &DemoArgs) -> ExitCode {
     // The gateway's request log would drown the progress lines: warnings only, unless
     // RUST_LOG asks for more.
-    init_tracing_at("warn", LogFormat::Text);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("demo: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let report = match runtime.block_on(demo::run(&options, demo::Progress::Stderr)) {
+    init_tracing("warn", LogFormat::Text);
+    let report = match demo::run(&args.options(), demo::Progress::Stderr).await {
         Ok(report) => report,
         Err(error) => {
             eprintln!("demo: {error}");
@@ -149,13 +152,20 @@ fn run_demo(args: &[String]) -> ExitCode {
     }
 }
 
-fn run_keys(args: &[String]) -> ExitCode {
-    let args = match parsed(args, "keys", keys::USAGE, keys::parse_args) {
-        Ok(args) => args,
-        Err(exit) => return exit,
-    };
+async fn run_serve(args: &ServeArgs) -> ExitCode {
+    init_tracing("info", args.log_format);
+    match gateway::serve(&args.config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "gateway failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_keys(args: &KeysArgs) -> ExitCode {
     let stdout = std::io::stdout();
-    match keys::run(&args, &mut stdout.lock()) {
+    match keys::run(args, &mut stdout.lock()) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(error) => {
@@ -165,28 +175,9 @@ fn run_keys(args: &[String]) -> ExitCode {
     }
 }
 
-fn run_mock_engine(args: &[String]) -> ExitCode {
-    let args = match parsed(
-        args,
-        "mock-engine",
-        mock_engine::USAGE,
-        mock_engine::parse_args,
-    ) {
-        Ok(args) => args,
-        Err(exit) => return exit,
-    };
-    init_tracing();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("mock-engine: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(mock_engine::run(args)) {
+async fn run_mock_engine(args: MockEngineArgs) -> ExitCode {
+    init_tracing("info", LogFormat::Text);
+    match mock_engine::run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(%error, "mock engine failed");
@@ -195,12 +186,8 @@ fn run_mock_engine(args: &[String]) -> ExitCode {
     }
 }
 
-fn run_simulate(args: &[String]) -> ExitCode {
-    let args = match parsed(args, "simulate", simulate::USAGE, simulate::parse_args) {
-        Ok(args) => args,
-        Err(exit) => return exit,
-    };
-    let report = match simulate::run(&args, simulate::progress_wanted()) {
+fn run_simulate(args: &SimulateArgs) -> ExitCode {
+    let report = match simulate::run(args, simulate::progress_wanted()) {
         Ok(report) => report,
         Err(error) => {
             eprintln!("simulate: {error}");
@@ -225,75 +212,4 @@ fn run_simulate(args: &[String]) -> ExitCode {
         print!("{report}");
     }
     ExitCode::SUCCESS
-}
-
-const SERVE_USAGE: &str =
-    "usage: grid-route-example serve --config FILE.yaml [--log-format text|json]
-
-Runs the gateway. SIGHUP re-reads FILE (a bad file keeps the running config);
-SIGTERM or ctrl-c stops accepting connections and drains requests in flight.
-Logs go to stderr, filtered by RUST_LOG (default info): text lines (coloured only on a
-terminal), or one JSON object per line with --log-format json.
-";
-
-fn run_serve(args: &[String]) -> ExitCode {
-    let mut config = None;
-    let mut log_format = LogFormat::Text;
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        match arg.as_str() {
-            "-h" | "--help" => {
-                print!("{SERVE_USAGE}");
-                return ExitCode::SUCCESS;
-            }
-            "--config" => match rest.next() {
-                Some(path) => config = Some(std::path::PathBuf::from(path)),
-                None => return serve_usage_error("--config needs a file"),
-            },
-            "--log-format" => match rest.next().map(String::as_str) {
-                Some("text") => log_format = LogFormat::Text,
-                Some("json") => log_format = LogFormat::Json,
-                Some(other) => {
-                    return serve_usage_error(&format!(
-                        "--log-format must be text or json, got {other:?}"
-                    ));
-                }
-                None => return serve_usage_error("--log-format needs text or json"),
-            },
-            other => {
-                if let Some(path) = other.strip_prefix("--config=") {
-                    config = Some(std::path::PathBuf::from(path));
-                } else {
-                    return serve_usage_error(&format!("unknown argument {other:?}"));
-                }
-            }
-        }
-    }
-    let Some(config) = config else {
-        return serve_usage_error("--config is required");
-    };
-    init_tracing_at("info", log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("serve: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(gateway::serve(&config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!(%error, "gateway failed");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn serve_usage_error(message: &str) -> ExitCode {
-    eprintln!("serve: {message}\n");
-    eprint!("{SERVE_USAGE}");
-    ExitCode::from(2)
 }

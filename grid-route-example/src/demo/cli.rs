@@ -1,96 +1,111 @@
 //! The `demo` subcommand's arguments.
 
+use clap::builder::RangedU64ValueParser;
+
 use super::DemoOptions;
 
-/// Usage of the `demo` subcommand.
-pub const USAGE: &str =
-    "usage: grid-route-example [demo] [--conversations N] [--turns N] [--concurrency N] [--quick]
-
-Starts three mock engines (sites us-east, eu-west, ap-south) and the gateway in this
-process, replays a multi-turn workload with prefix affinity on, then the same workload
-against fresh engines and a fresh gateway with it off, and prints a table comparing them.
-Progress goes to stderr, the table to stdout. Running grid-route-example with no command
-runs the demo.
-
-options:
-  --conversations N  chat conversations, each on a shared or a private system prompt
-                     (default 30; also sets the Responses chains: one per 10, at least 1)
-  --turns N          turns of each conversation, chain and stored conversation (default 5)
-  --concurrency N    sessions in flight at once (default 10)
-  --quick            a small workload (6 conversations, 3 turns, 4 at once); the options
-                     above still override it
-";
-
 /// The most of each option the demo accepts: enough for a long run, not a typo's worth.
-const MAX_CONVERSATIONS: usize = 10_000;
-const MAX_TURNS: usize = 100;
-const MAX_CONCURRENCY: usize = 1_000;
+const MAX_CONVERSATIONS: u64 = 10_000;
+const MAX_TURNS: u64 = 100;
+const MAX_CONCURRENCY: u64 = 1_000;
 
-fn count(flag: &str, value: &str, max: usize) -> Result<usize, String> {
-    value
-        .parse::<usize>()
-        .ok()
-        .filter(|n| (1..=max).contains(n))
-        .ok_or_else(|| format!("{flag} must be an integer from 1 to {max}, got {value:?}"))
+/// The arguments of `grid-route-example demo`, also taken by `grid-route-example` with no
+/// command.
+///
+/// Starts three mock engines (sites us-east, eu-west, ap-south) and the gateway in this
+/// process, replays a multi-turn workload with prefix affinity on, then the same workload
+/// against fresh engines and a fresh gateway with it off, and prints a table comparing
+/// them. Progress goes to stderr, the table to stdout.
+///
+/// The defaults depend on `--quick`, so each flag's help names both (a test checks them
+/// against [`DemoOptions::default`] and [`DemoOptions::quick`]).
+///
+/// ```
+/// use clap::Parser;
+/// use grid_route_example::demo::DemoArgs;
+///
+/// #[derive(Parser)]
+/// struct Demo {
+///     #[command(flatten)]
+///     args: DemoArgs,
+/// }
+///
+/// let options = Demo::parse_from(["demo", "--quick", "--turns=4"]).args.options();
+/// assert_eq!((options.conversations, options.turns), (6, 4));
+/// assert!(Demo::try_parse_from(["demo", "--turns", "0"]).is_err());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct DemoArgs {
+    /// Chat conversations, each on a shared or a private system prompt; also sets the
+    /// Responses chains (one per 10, at least 1) [default: 30; 6 with --quick]
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_CONVERSATIONS),
+    )]
+    pub conversations: Option<usize>,
+    /// Turns of each conversation, chain and stored conversation [default: 5; 3 with
+    /// --quick]
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_TURNS),
+    )]
+    pub turns: Option<usize>,
+    /// Sessions in flight at once [default: 10; 4 with --quick]
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_CONCURRENCY),
+    )]
+    pub concurrency: Option<usize>,
+    /// A small workload (6 conversations, 3 turns, 4 at once); the flags above still
+    /// override it
+    #[arg(long)]
+    pub quick: bool,
 }
 
-/// Parses the arguments after `demo`; the error says what is wrong, for a usage message.
-/// Flags take their value as the next argument or after `=`.
-///
-/// ```
-/// use grid_route_example::demo::parse_args;
-///
-/// let args = ["--quick", "--turns=4"].map(String::from);
-/// let options = parse_args(&args).unwrap();
-/// assert_eq!((options.conversations, options.turns), (6, 4));
-/// assert!(parse_args(&["--turns".to_owned(), "0".to_owned()]).is_err());
-/// ```
-pub fn parse_args(args: &[String]) -> Result<DemoOptions, String> {
-    let quick = args.iter().any(|arg| arg == "--quick");
-    let mut options = if quick {
-        DemoOptions::quick()
-    } else {
-        DemoOptions::default()
-    };
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        if arg == "--quick" {
-            continue;
-        }
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_owned())),
-            _ => (arg.as_str(), None),
+impl DemoArgs {
+    /// The workload these flags ask for: the full or the quick defaults, overridden by
+    /// each flag given.
+    pub fn options(&self) -> DemoOptions {
+        let options = if self.quick {
+            DemoOptions::quick()
+        } else {
+            DemoOptions::default()
         };
-        let (field, max) = match flag {
-            "--conversations" => (&mut options.conversations, MAX_CONVERSATIONS),
-            "--turns" => (&mut options.turns, MAX_TURNS),
-            "--concurrency" => (&mut options.concurrency, MAX_CONCURRENCY),
-            other if other.starts_with('-') => return Err(format!("unknown option {other}")),
-            other => return Err(format!("unexpected argument {other:?}")),
-        };
-        let value = match inline {
-            Some(value) => value,
-            None => rest
-                .next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))?,
-        };
-        *field = count(flag, &value, max)?;
+        let conversations = self.conversations.unwrap_or(options.conversations);
+        let turns = self.turns.unwrap_or(options.turns);
+        let concurrency = self.concurrency.unwrap_or(options.concurrency);
+        options
+            .conversations(conversations)
+            .turns(turns)
+            .concurrency(concurrency)
     }
-    Ok(options)
 }
 
 #[cfg(test)]
 mod tests {
+    use clap::{CommandFactory as _, Parser};
+
     use super::*;
 
+    #[derive(Debug, Parser)]
+    struct Demo {
+        #[command(flatten)]
+        args: DemoArgs,
+    }
+
     fn parse(args: &[&str]) -> Result<DemoOptions, String> {
-        parse_args(&args.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>())
+        Demo::try_parse_from(std::iter::once("demo").chain(args.iter().copied()))
+            .map(|demo| demo.args.options())
+            .map_err(|error| error.to_string())
     }
 
     #[test]
     fn no_arguments_give_the_full_demo() {
         let options = parse(&[]).unwrap();
+        assert_eq!(options, DemoOptions::default());
         assert_eq!(
             (options.conversations, options.turns, options.concurrency),
             (30, 5, 10)
@@ -111,10 +126,24 @@ mod tests {
     #[test]
     fn bad_arguments_say_what_is_wrong() {
         let error = |args: &[&str]| parse(args).unwrap_err();
-        assert!(error(&["--turns"]).contains("--turns needs a value"));
-        assert!(error(&["--turns", "0"]).contains("from 1 to 100"));
-        assert!(error(&["--concurrency", "many"]).contains("\"many\""));
-        assert!(error(&["--fast"]).contains("unknown option --fast"));
-        assert!(error(&["extra"]).contains("unexpected argument"));
+        assert!(error(&["--turns"]).contains("a value is required for '--turns <N>'"));
+        assert!(error(&["--turns", "0"]).contains("0 is not in 1..=100"));
+        assert!(error(&["--concurrency", "many"]).contains("'many'"));
+        assert!(error(&["--fast"]).contains("unexpected argument '--fast'"));
+        assert!(error(&["extra"]).contains("unexpected argument 'extra'"));
+    }
+
+    #[test]
+    fn the_help_names_the_defaults_the_demo_runs_with() {
+        let help = Demo::command().render_help().to_string();
+        let (full, quick) = (DemoOptions::default(), DemoOptions::quick());
+        for (default, quick) in [
+            (full.conversations, quick.conversations),
+            (full.turns, quick.turns),
+            (full.concurrency, quick.concurrency),
+        ] {
+            let named = format!("[default: {default}; {quick} with --quick]");
+            assert!(help.contains(&named), "{named} not in\n{help}");
+        }
     }
 }

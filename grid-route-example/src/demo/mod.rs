@@ -90,7 +90,7 @@ mod workload;
 use std::io;
 use std::time::Duration;
 
-pub use cli::{USAGE, parse_args};
+pub use cli::DemoArgs;
 pub use progress::Progress;
 pub use report::{DemoReport, RunReport, TABLE_LEGEND, TABLE_ROWS};
 

@@ -29,7 +29,7 @@
 //! .unwrap();
 //! let mut args = SimulateArgs::new("three-requests.jsonl");
 //! args.policies = vec![Policy::GridRoute, Policy::RoundRobin];
-//! args.affinity.exploration = 0.0;
+//! args.gateway.exploration = 0.0;
 //! let report = simulate(&args, &trace, false).unwrap();
 //! let (grid_route, round_robin) = (&report.results[0], &report.results[1]);
 //! // The second turn finds its first 3000 tokens cached only where the first one ran.
@@ -37,6 +37,7 @@
 //! assert!(grid_route.hit_share > round_robin.hit_share);
 //! ```
 
+mod args;
 pub mod engine;
 pub mod policy;
 pub mod report;
@@ -45,220 +46,13 @@ pub mod trace;
 
 use std::fs::File;
 use std::io::{BufReader, IsTerminal, Write};
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use grid_route_layer::config::{PrefillPrice, PrefixAffinityConfig};
-
+pub use args::{EngineArgs, GatewayArgs, SimulateArgs};
 pub use engine::EngineModel;
 pub use policy::Policy;
 pub use report::{PolicyResult, Report};
 pub use trace::{TraceError, TraceRequest, read_trace};
-
-use crate::config::QueueConfig;
-
-/// Usage of the `simulate` command.
-pub const USAGE: &str = "usage: grid-route-example simulate --trace FILE [options]
-
-Replays a Mooncake-format trace (JSONL: timestamp ms, input_length, output_length,
-hash_ids of 512-token blocks) through each routing policy in virtual time and prints,
-per policy, the prompt tokens served from cache, TTFT p50/p90/p99, the busiest engine's
-requests over the mean, and the policy's decision outcomes.
-
-options (defaults in brackets):
-  --trace FILE                  the trace (required)
-  --sites N                     sites [4]
-  --engines-per-site N          engines at each site [1]
-  --replicas N                  gateway replicas behind an L4 balancer [1]
-  --shared-index                grid-route's replicas share one prefix index
-  --policies LIST               comma-separated
-                                [grid-route,round-robin,least-queue,cache-aware,chwbl,oracle]
-  --seed N                      seed of every random draw [1]
-  --fail-share X                share of requests an engine refuses with a 503 on
-                                arrival (grid-route drops their keys) [0]
-  --json                        print one JSON object instead of the table
-  --plot FILE.svg               also write each policy's TTFT CDF as SVG
-engine model (Llama-3.1-8B on one H100 under vLLM; see docs/routing.md):
-  --kv-tokens N                 KV cache tokens [400000]
-  --max-running N               requests running at once [256]
-  --prefill-tps X               uncached prompt tokens prefilled a second [20000]
-  --prefill-overhead-ms X       fixed time per prefill [20]
-  --decode-tps X                tokens a second per running request [75]
-gateway (grid-route and least-queue; library defaults):
-  --poll-interval-ms N          queue poll interval [500]
-  --queue-window-secs N         queue window [10]
-  --threshold X                 prefix_affinity.threshold [0.8]
-  --exploration X               prefix_affinity.exploration [0.02]
-  --prefill-price X             prefix_affinity.prefill_tokens_per_second [10000]
-  --engine-feedback true|false  prefix_affinity.engine_feedback [true]
-";
-
-/// The parsed command line of `simulate`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SimulateArgs {
-    /// The trace file.
-    pub trace: PathBuf,
-    /// Sites.
-    pub sites: usize,
-    /// Engines at each site.
-    pub engines_per_site: usize,
-    /// Gateway replicas.
-    pub replicas: usize,
-    /// Whether grid-route's replicas share one index.
-    pub shared_index: bool,
-    /// The policies, in order.
-    pub policies: Vec<Policy>,
-    /// The seed.
-    pub seed: u64,
-    /// JSON output instead of the table.
-    pub json: bool,
-    /// Where to write the SVG chart.
-    pub plot: Option<PathBuf>,
-    /// The engine model.
-    pub engine: EngineModel,
-    /// Queue poll interval.
-    pub poll_interval: Duration,
-    /// Queue window.
-    pub queue_window: Duration,
-    /// grid-route's `prefix_affinity` settings.
-    pub affinity: PrefixAffinityConfig,
-    /// Share of requests an engine refuses with a 503.
-    pub fail_share: f64,
-}
-
-impl SimulateArgs {
-    /// The defaults, reading `trace`.
-    pub fn new(trace: impl Into<PathBuf>) -> Self {
-        let queue = QueueConfig::default();
-        Self {
-            trace: trace.into(),
-            sites: 4,
-            engines_per_site: 1,
-            replicas: 1,
-            shared_index: false,
-            policies: Policy::ALL.to_vec(),
-            seed: 1,
-            json: false,
-            plot: None,
-            engine: EngineModel::default(),
-            poll_interval: Duration::from_millis(queue.poll_interval_ms),
-            queue_window: Duration::from_secs(queue.window_secs),
-            affinity: PrefixAffinityConfig::default(),
-            fail_share: 0.0,
-        }
-    }
-}
-
-fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String> {
-    value
-        .parse()
-        .map_err(|_| format!("{flag} needs a number, got {value:?}"))
-}
-
-fn positive(flag: &str, value: &str) -> Result<usize, String> {
-    match number::<usize>(flag, value)? {
-        0 => Err(format!("{flag} must be at least 1, got 0")),
-        n => Ok(n),
-    }
-}
-
-fn rate(flag: &str, value: &str) -> Result<f64, String> {
-    let x: f64 = number(flag, value)?;
-    if x.is_finite() && x > 0.0 {
-        Ok(x)
-    } else {
-        Err(format!("{flag} must be a number above 0, got {value:?}"))
-    }
-}
-
-/// Parses the command line (`--flag value` or `--flag=value`).
-pub fn parse_args(args: &[String]) -> Result<SimulateArgs, String> {
-    let mut parsed = SimulateArgs::new(PathBuf::new());
-    let mut trace = None;
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_owned())),
-            _ => (arg.as_str(), None),
-        };
-        if matches!(flag, "--shared-index" | "--json") {
-            if inline.is_some() {
-                return Err(format!("{flag} takes no value"));
-            }
-            if flag == "--json" {
-                parsed.json = true;
-            } else {
-                parsed.shared_index = true;
-            }
-            continue;
-        }
-        if !flag.starts_with("--") {
-            return Err(format!("unexpected argument {arg:?}"));
-        }
-        let value = match inline {
-            Some(value) => value,
-            None => args
-                .next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))?,
-        };
-        let v = value.as_str();
-        match flag {
-            "--trace" => trace = Some(PathBuf::from(v)),
-            "--sites" => parsed.sites = positive(flag, v)?,
-            "--engines-per-site" => parsed.engines_per_site = positive(flag, v)?,
-            "--replicas" => parsed.replicas = positive(flag, v)?,
-            "--policies" => {
-                parsed.policies = v
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<Vec<Policy>, String>>()?;
-            }
-            "--seed" => parsed.seed = number(flag, v)?,
-            "--plot" => parsed.plot = Some(PathBuf::from(v)),
-            "--kv-tokens" => parsed.engine.kv_tokens = positive(flag, v)? as u64,
-            "--max-running" => parsed.engine.max_running = positive(flag, v)?,
-            "--prefill-tps" => parsed.engine.prefill_tps = rate(flag, v)?,
-            "--prefill-overhead-ms" => {
-                let ms: f64 = number(flag, v)?;
-                if !(ms.is_finite() && ms >= 0.0) {
-                    return Err(format!("{flag} must be 0 or more, got {v:?}"));
-                }
-                parsed.engine.prefill_overhead_s = ms / 1000.0;
-            }
-            "--decode-tps" => parsed.engine.decode_tps = rate(flag, v)?,
-            "--poll-interval-ms" => {
-                parsed.poll_interval = Duration::from_millis(positive(flag, v)? as u64);
-            }
-            "--queue-window-secs" => {
-                parsed.queue_window = Duration::from_secs(positive(flag, v)? as u64);
-            }
-            "--threshold" => parsed.affinity.threshold = number(flag, v)?,
-            "--exploration" => parsed.affinity.exploration = number(flag, v)?,
-            "--prefill-price" => {
-                parsed.affinity.prefill_tokens_per_second = PrefillPrice::Fixed(number(flag, v)?);
-            }
-            "--engine-feedback" => parsed.affinity.engine_feedback = number(flag, v)?,
-            "--fail-share" => {
-                let share: f64 = number(flag, v)?;
-                if !(0.0..1.0).contains(&share) {
-                    return Err(format!("{flag} must be in [0, 1), got {v:?}"));
-                }
-                parsed.fail_share = share;
-            }
-            _ => return Err(format!("unknown option {flag:?}")),
-        }
-    }
-    parsed.trace = trace.ok_or("--trace is required")?;
-    if parsed.policies.is_empty() {
-        return Err("--policies needs at least one policy".into());
-    }
-    parsed
-        .affinity
-        .validate()
-        .map_err(|error| error.to_string())?;
-    Ok(parsed)
-}
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]
@@ -297,7 +91,8 @@ pub fn simulate(
     trace: &[TraceRequest],
     progress: bool,
 ) -> Result<Report, SimulateError> {
-    let capacity = args.engine.capacity_blocks() as u64 * trace::TRACE_BLOCK_TOKENS;
+    let engine = args.engine.model();
+    let capacity = engine.capacity_blocks() as u64 * trace::TRACE_BLOCK_TOKENS;
     if let Some((i, request)) = trace
         .iter()
         .enumerate()
@@ -310,7 +105,8 @@ pub fn simulate(
         });
     }
     let prefix_affinity = args
-        .affinity
+        .gateway
+        .prefix_affinity()
         .validate()
         .map_err(|e| SimulateError::Settings(e.to_string()))?;
     let keys: Vec<_> = trace.iter().map(TraceRequest::keys).collect();
@@ -322,12 +118,12 @@ pub fn simulate(
             shared_index: args.shared_index,
             affinity: prefix_affinity.affinity,
             index: prefix_affinity.index,
-            queue_window: args.queue_window,
+            queue_window: args.gateway.queue_window(),
             seed: args.seed,
             base: Instant::now(),
         },
-        engine: args.engine,
-        poll_interval_s: args.poll_interval.as_secs_f64(),
+        engine,
+        poll_interval_s: args.gateway.poll_interval().as_secs_f64(),
         fail_share: args.fail_share,
     };
     let mut results = Vec::with_capacity(args.policies.len());

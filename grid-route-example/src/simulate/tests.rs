@@ -4,6 +4,9 @@
 //! second, memory for 1000 blocks. A cold 1024-token prompt thus takes 1.124 s to its
 //! first token, a fully cached one 0.1 s; a 10-token answer lasts 0.01 s more.
 
+use grid_route_layer::config::PrefillPrice;
+use std::time::Duration;
+
 use super::*;
 
 fn request(arrival_ms: u64, blocks: &[u64]) -> TraceRequest {
@@ -19,15 +22,15 @@ fn args(sites: usize, policy: Policy) -> SimulateArgs {
     let mut args = SimulateArgs::new("hand-made");
     args.sites = sites;
     args.policies = vec![policy];
-    args.engine = EngineModel {
+    args.engine = EngineArgs::from(EngineModel {
         kv_tokens: 512 * 1000,
         max_running: 16,
         prefill_tps: 1000.0,
         prefill_overhead_s: 0.1,
         decode_tps: 1000.0,
-    };
+    });
     // No random exploration: the decisions below are the rule's alone.
-    args.affinity.exploration = 0.0;
+    args.gateway.exploration = 0.0;
     args
 }
 
@@ -164,7 +167,7 @@ fn grid_route_forgets_what_an_engine_evicted_before_a_prompt_it_reported_missing
     // The miss on A made the index forget what it recorded at site 0 before A: O's next
     // turn finds no match and goes by load.
     assert_eq!(outcomes(&taught), [("no_match", 8), ("sticky", 1)]);
-    small.affinity.engine_feedback = false;
+    small.gateway.engine_feedback = false;
     let untaught = run(&small, &trace);
     // Without engine feedback O's turn sticks to a cache that no longer holds it.
     assert_eq!(outcomes(&untaught), [("no_match", 7), ("sticky", 2)]);
@@ -241,16 +244,29 @@ fn a_request_larger_than_the_kv_cache_is_refused() {
     );
 }
 
+/// `simulate`'s flags as a command of their own.
+#[derive(Debug, clap::Parser)]
+struct Command {
+    #[command(flatten)]
+    args: SimulateArgs,
+}
+
+fn parse_line(line: &str) -> Result<SimulateArgs, String> {
+    use clap::Parser as _;
+    Command::try_parse_from(std::iter::once("simulate").chain(line.split_whitespace()))
+        .map(|command| command.args)
+        .map_err(|error| error.to_string())
+}
+
 #[test]
 fn the_command_line_parses_every_flag_and_refuses_bad_values() {
-    let line = |s: &str| -> Vec<String> { s.split_whitespace().map(String::from).collect() };
-    let parsed = parse_args(&line(
+    let parsed = parse_line(
         "--trace t.jsonl --sites 8 --engines-per-site 2 --replicas 4 --shared-index \
          --policies grid-route,oracle --seed 7 --json --plot c.svg --kv-tokens 1000 \
          --max-running 8 --prefill-tps 5000 --prefill-overhead-ms 30 --decode-tps 50 \
          --poll-interval-ms 250 --queue-window-secs=3 --threshold 0.6 --exploration 0.1 \
-         --prefill-price 20000 --fail-share 0.25",
-    ))
+         --prefill-price 20000 --engine-feedback false --fail-share 0.25",
+    )
     .unwrap();
     assert_eq!(parsed.sites, 8);
     assert_eq!(parsed.engines_per_site, 2);
@@ -258,32 +274,64 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
     assert!(parsed.shared_index && parsed.json);
     assert_eq!(parsed.policies, [Policy::GridRoute, Policy::Oracle]);
     assert_eq!(parsed.seed, 7);
-    assert_eq!(parsed.engine.kv_tokens, 1000);
-    assert_eq!(parsed.engine.prefill_overhead_s, 0.03);
-    assert_eq!(parsed.queue_window, Duration::from_secs(3));
-    assert_eq!(parsed.affinity.threshold, 0.6);
+    assert_eq!(parsed.engine.model().kv_tokens, 1000);
+    assert_eq!(parsed.engine.model().prefill_overhead_s, 0.03);
+    assert_eq!(parsed.gateway.poll_interval(), Duration::from_millis(250));
+    assert_eq!(parsed.gateway.queue_window(), Duration::from_secs(3));
+    let affinity = parsed.gateway.prefix_affinity();
+    assert_eq!(affinity.threshold, 0.6);
+    assert_eq!(affinity.exploration, 0.1);
     assert_eq!(
-        parsed.affinity.prefill_tokens_per_second,
+        affinity.prefill_tokens_per_second,
         PrefillPrice::Fixed(20_000.0)
     );
+    assert!(!affinity.engine_feedback);
     assert_eq!(parsed.fail_share, 0.25);
     for (bad, error) in [
-        ("--sites 4", "--trace is required"),
-        ("--trace t --sites 0", "--sites must be at least 1, got 0"),
-        ("--trace t --policies fastest", "unknown policy \"fastest\""),
+        ("--sites 4", "--trace <FILE>"),
+        ("--trace t --sites 0", "0 is not in 1.."),
+        (
+            "--trace t --policies fastest",
+            "invalid value 'fastest' for '--policies <LIST>'",
+        ),
         (
             "--trace t --threshold 1.5",
             "prefix_affinity.threshold must be in (0, 1], got 1.5",
         ),
         (
             "--trace t --prefill-tps -3",
-            "--prefill-tps must be a number above 0",
+            "must be a number above 0, got \"-3\"",
         ),
-        ("--trace t --bogus 1", "unknown option \"--bogus\""),
-        ("--trace t --fail-share 1", "--fail-share must be in [0, 1)"),
-        ("--trace", "--trace needs a value"),
+        (
+            "--trace t --prefill-overhead-ms x",
+            "expected a number, got \"x\"",
+        ),
+        ("--trace t --bogus 1", "unexpected argument '--bogus'"),
+        ("--trace t --fail-share 1", "must be in [0, 1)"),
+        ("--trace", "a value is required for '--trace <FILE>'"),
     ] {
-        let got = parse_args(&line(bad)).unwrap_err();
+        let got = parse_line(bad).unwrap_err();
         assert!(got.contains(error), "{bad}: {got}");
     }
+}
+
+#[test]
+fn no_flags_but_the_trace_give_the_documented_defaults() {
+    let parsed = parse_line("--trace t.jsonl").unwrap();
+    assert_eq!(parsed, SimulateArgs::new("t.jsonl"));
+    assert_eq!(parsed.engine.model(), EngineModel::default());
+    assert_eq!(
+        parsed.gateway.prefix_affinity(),
+        grid_route_layer::config::PrefixAffinityConfig::default()
+    );
+}
+
+#[test]
+fn policies_are_named_on_the_command_line_as_in_the_output() {
+    use clap::ValueEnum as _;
+    for policy in Policy::ALL {
+        let value = policy.to_possible_value().unwrap();
+        assert_eq!(value.get_name(), policy.name());
+    }
+    assert_eq!(Policy::value_variants(), Policy::ALL);
 }

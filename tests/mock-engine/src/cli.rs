@@ -4,108 +4,86 @@ use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
+use clap::builder::{NonEmptyStringValueParser, RangedU64ValueParser};
 use tokio::net::TcpListener;
 
 use super::{MockEngineConfig, serve};
 
-/// Usage of the `mock-engine` subcommand.
-pub const USAGE: &str = "usage: grid-route-example mock-engine --listen ADDR --name NAME [options]
-
-options:
-  --listen ADDR                  address to listen on, e.g. 127.0.0.1:8001 (required)
-  --name NAME                    engine name in replies, x-mock-engine and logs (required)
-  --model M                      a served model; repeat for more (default demo-model)
-  --max-running N                requests that run at once; more wait (default 4)
-  --prefill-tokens-per-second N  uncached prompt tokens prefilled a second; 0: instant
-                                 (default 20000)
-  --decode-ms-per-token N        milliseconds to decode one output token (default 1)
-  --cache-blocks N               prefix cache capacity in blocks; 0: no cache (default 4096)
-  --block-bytes N                prompt bytes a cache block holds (default 256)
-";
-
-/// The parsed arguments of `mock-engine`.
-#[derive(Debug, Clone)]
+/// The arguments of `grid-route-example mock-engine`. Every default is
+/// [`MockEngineConfig::default`]'s, so the flags and the in-process engine agree.
+#[derive(Debug, Clone, clap::Args)]
 pub struct MockEngineArgs {
-    /// The address to listen on.
+    /// Address to listen on, e.g. 127.0.0.1:8001 (a host name resolves to its first
+    /// address).
+    #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
     pub listen: SocketAddr,
-    /// The engine's configuration.
-    pub config: MockEngineConfig,
+    /// Engine name in replies, the x-mock-engine header and logs.
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+    pub name: String,
+    /// A served model; repeat for more. The first serves requests that name no model.
+    #[arg(
+        long = "model",
+        value_name = "M",
+        default_values_t = MockEngineConfig::default().models,
+        value_parser = NonEmptyStringValueParser::new(),
+    )]
+    pub models: Vec<String>,
+    /// Requests that run at once; more wait in the queue.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = MockEngineConfig::default().max_running,
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_PERMITS),
+    )]
+    pub max_running: usize,
+    /// Uncached prompt tokens prefilled a second; 0: prefill is instant.
+    #[arg(long, value_name = "N", default_value_t = MockEngineConfig::default().prefill_tokens_per_second)]
+    pub prefill_tokens_per_second: u64,
+    /// Milliseconds to decode one output token.
+    #[arg(long, value_name = "MS", default_value_t = default_decode_ms_per_token())]
+    pub decode_ms_per_token: u64,
+    /// Prefix cache capacity in blocks; 0: no cache.
+    #[arg(long, value_name = "N", default_value_t = MockEngineConfig::default().cache_blocks)]
+    pub cache_blocks: usize,
+    /// Prompt bytes a cache block holds.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = MockEngineConfig::default().block_bytes,
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..),
+    )]
+    pub block_bytes: usize,
 }
 
-fn number<T>(flag: &str, value: &str, at_least: T) -> Result<T, String>
-where
-    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
-{
-    value
-        .parse::<T>()
-        .ok()
-        .filter(|n| *n >= at_least)
-        .ok_or_else(|| format!("{flag} must be an integer of at least {at_least}, got {value:?}"))
+/// The most requests the engine can run at once: the permits of its semaphore.
+const MAX_PERMITS: u64 = tokio::sync::Semaphore::MAX_PERMITS as u64;
+
+fn default_decode_ms_per_token() -> u64 {
+    u64::try_from(
+        MockEngineConfig::default()
+            .decode_delay_per_token
+            .as_millis(),
+    )
+    .unwrap_or(u64::MAX)
 }
 
-/// Parses the arguments after `mock-engine`; the error says what is wrong, for a usage
-/// message. Flags take their value as the next argument or after `=`.
-pub fn parse_args(args: &[String]) -> Result<MockEngineArgs, String> {
-    let mut config = MockEngineConfig::default();
-    let mut listen = None;
-    let mut name = None;
-    let mut models = Vec::new();
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_owned())),
-            _ => (arg.as_str(), None),
-        };
-        if !flag.starts_with("--") {
-            return Err(format!("unexpected argument {arg:?}"));
-        }
-        let known = [
-            "--listen",
-            "--name",
-            "--model",
-            "--max-running",
-            "--prefill-tokens-per-second",
-            "--decode-ms-per-token",
-            "--cache-blocks",
-            "--block-bytes",
-        ];
-        if !known.contains(&flag) {
-            return Err(format!("unknown option {flag}"));
-        }
-        let value = match inline {
-            Some(value) => value,
-            None => rest
-                .next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))?,
-        };
-        match flag {
-            "--listen" => listen = Some(socket_addr(&value)?),
-            "--name" if value.is_empty() => return Err("--name must not be empty".to_owned()),
-            "--name" => name = Some(value),
-            "--model" if value.is_empty() => return Err("--model must not be empty".to_owned()),
-            "--model" => models.push(value),
-            "--max-running" => config.max_running = number(flag, &value, 1)?,
-            "--prefill-tokens-per-second" => {
-                config.prefill_tokens_per_second = number(flag, &value, 0)?;
-            }
-            "--decode-ms-per-token" => {
-                config.decode_delay_per_token = Duration::from_millis(number(flag, &value, 0)?);
-            }
-            "--cache-blocks" => config.cache_blocks = number(flag, &value, 0)?,
-            _ => config.block_bytes = number(flag, &value, 1)?,
+impl MockEngineArgs {
+    /// The engine configuration these flags describe.
+    pub fn config(&self) -> MockEngineConfig {
+        MockEngineConfig {
+            name: self.name.clone(),
+            models: self.models.clone(),
+            max_running: self.max_running,
+            prefill_tokens_per_second: self.prefill_tokens_per_second,
+            decode_delay_per_token: Duration::from_millis(self.decode_ms_per_token),
+            cache_blocks: self.cache_blocks,
+            block_bytes: self.block_bytes,
+            ..MockEngineConfig::default()
         }
     }
-    config.name = name.ok_or("--name is required")?;
-    if !models.is_empty() {
-        config.models = models;
-    }
-    Ok(MockEngineArgs {
-        listen: listen.ok_or("--listen is required")?,
-        config,
-    })
 }
 
+/// `--listen`: a socket address, or a host name and port resolved to its first address.
 fn socket_addr(value: &str) -> Result<SocketAddr, String> {
     if let Ok(addr) = value.parse() {
         return Ok(addr);
@@ -114,13 +92,13 @@ fn socket_addr(value: &str) -> Result<SocketAddr, String> {
         .to_socket_addrs()
         .ok()
         .and_then(|mut addrs| addrs.next())
-        .ok_or_else(|| format!("--listen must be an address like 127.0.0.1:8001, got {value:?}"))
+        .ok_or_else(|| format!("expected an address like 127.0.0.1:8001, got {value:?}"))
 }
 
 /// Runs the engine until ctrl-c (or SIGTERM), then finishes the requests in flight.
 pub async fn run(args: MockEngineArgs) -> io::Result<()> {
     let listener = TcpListener::bind(args.listen).await?;
-    let config = &args.config;
+    let config = args.config();
     tracing::info!(
         name = %config.name,
         listen = %listener.local_addr()?,
@@ -133,7 +111,7 @@ pub async fn run(args: MockEngineArgs) -> io::Result<()> {
         "mock engine listening"
     );
     let name = config.name.clone();
-    serve(listener, args.config, stop_signal()).await?;
+    serve(listener, config, stop_signal()).await?;
     tracing::info!(name = %name, "mock engine stopped");
     Ok(())
 }
@@ -165,22 +143,33 @@ async fn stop_signal() {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
 
-    fn args(line: &str) -> Vec<String> {
-        line.split_whitespace().map(str::to_owned).collect()
+    /// `mock-engine`'s flags as a command of their own.
+    #[derive(Debug, Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: MockEngineArgs,
+    }
+
+    fn parse(line: &str) -> Result<MockEngineArgs, String> {
+        Command::try_parse_from(std::iter::once("mock-engine").chain(line.split_whitespace()))
+            .map(|command| command.args)
+            .map_err(|error| error.to_string())
     }
 
     #[test]
     fn all_flags_parse_into_the_config() {
-        let parsed = parse_args(&args(
+        let parsed = parse(
             "--listen 127.0.0.1:8001 --name east-a --model a --model=b --max-running 2 \
              --prefill-tokens-per-second 500 --decode-ms-per-token 0 --cache-blocks 10 \
              --block-bytes 64",
-        ))
+        )
         .unwrap();
         assert_eq!(parsed.listen, "127.0.0.1:8001".parse().unwrap());
-        let config = parsed.config;
+        let config = parsed.config();
         assert_eq!(config.name, "east-a");
         assert_eq!(config.models, ["a", "b"]);
         assert_eq!(config.max_running, 2);
@@ -191,18 +180,37 @@ mod tests {
     }
 
     #[test]
-    fn bad_arguments_say_what_is_wrong() {
-        let error = |line: &str| parse_args(&args(line)).unwrap_err();
-        assert_eq!(error("--name a"), "--listen is required");
-        assert_eq!(error("--listen 127.0.0.1:1"), "--name is required");
+    fn unset_flags_take_the_engine_defaults() {
+        let config = parse("--listen 127.0.0.1:8001 --name east-a")
+            .unwrap()
+            .config();
+        let default = MockEngineConfig::named("east-a");
+        assert_eq!(config.models, default.models);
+        assert_eq!(config.max_running, default.max_running);
         assert_eq!(
-            error("--listen 127.0.0.1:1 --name a --bogus 1"),
-            "unknown option --bogus"
+            config.prefill_tokens_per_second,
+            default.prefill_tokens_per_second
         );
-        assert_eq!(error("--listen 127.0.0.1:1 --name"), "--name needs a value");
-        assert!(error("--listen nowhere --name a").contains("--listen must be an address"));
-        assert!(error("--listen 127.0.0.1:1 --name a --max-running 0").contains("at least 1"));
-        assert!(error("--listen 127.0.0.1:1 --name a --cache-blocks x").contains("\"x\""));
-        assert!(error("stray").contains("unexpected argument"));
+        assert_eq!(
+            config.decode_delay_per_token,
+            default.decode_delay_per_token
+        );
+        assert_eq!(config.cache_blocks, default.cache_blocks);
+        assert_eq!(config.block_bytes, default.block_bytes);
+        assert_eq!(config.max_body_bytes, default.max_body_bytes);
+    }
+
+    #[test]
+    fn bad_arguments_say_what_is_wrong() {
+        let error = |line: &str| parse(line).unwrap_err();
+        assert!(error("--name a").contains("--listen <ADDR>"));
+        assert!(error("--listen 127.0.0.1:1").contains("--name <NAME>"));
+        assert!(error("--listen 127.0.0.1:1 --name a --bogus 1").contains("'--bogus'"));
+        assert!(error("--listen 127.0.0.1:1 --name").contains("a value is required"));
+        assert!(error("--listen nowhere --name a").contains("expected an address"));
+        assert!(error("--listen 127.0.0.1:1 --name a --max-running 0").contains("'0'"));
+        assert!(error("--listen 127.0.0.1:1 --name a --cache-blocks x").contains("'x'"));
+        assert!(error("--listen 127.0.0.1:1 --name a --model=").contains("--model"));
+        assert!(error("--listen 127.0.0.1:1 --name a stray").contains("'stray'"));
     }
 }

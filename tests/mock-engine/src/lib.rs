@@ -122,7 +122,7 @@ use tokio::net::{TcpListener, ToSocketAddrs};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use cli::{MockEngineArgs, USAGE, parse_args, run};
+pub use cli::{MockEngineArgs, run};
 
 use engine::Engine;
 

@@ -16,7 +16,6 @@ mod round_robin;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::str::FromStr;
 use std::time::Instant;
 
 use grid_route_layer::affinity::AffinitySettings;
@@ -29,8 +28,9 @@ use super::trace::TraceRequest;
 pub use cache_aware::CacheAwareSettings;
 pub use chwbl::{CHWBL_LOAD_FACTOR, CHWBL_PREFIX_BLOCKS};
 
-/// A policy by name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A policy by name. The command line's names are [`Policy::name`]'s (a test checks that
+/// they agree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Policy {
     /// The gateway's prefix affinity, through the library's own decision code.
     GridRoute,
@@ -73,20 +73,6 @@ impl Policy {
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-impl FromStr for Policy {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = Self::ALL.iter().map(|p| p.name()).collect();
-                format!("unknown policy {s:?}; expected one of {}", names.join(", "))
-            })
     }
 }
 

@@ -1,0 +1,342 @@
+//! The `simulate` command's arguments: the run, the engine model and the gateway's
+//! settings, each default shown in `--help` and taken from where the simulator, the
+//! library or the gateway's config defines it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::ArgAction;
+use clap::builder::RangedU64ValueParser;
+use grid_route_layer::affinity::AffinitySettings;
+use grid_route_layer::config::{PrefillPrice, PrefixAffinityConfig};
+
+use super::engine::EngineModel;
+use super::policy::Policy;
+use crate::config::QueueConfig;
+
+/// Sites, when `--sites` is not given.
+const DEFAULT_SITES: usize = 4;
+/// Engines at each site, when `--engines-per-site` is not given.
+const DEFAULT_ENGINES_PER_SITE: usize = 1;
+/// Gateway replicas, when `--replicas` is not given.
+const DEFAULT_REPLICAS: usize = 1;
+/// The seed, when `--seed` is not given.
+const DEFAULT_SEED: u64 = 1;
+
+/// The arguments of `grid-route-example simulate`: the trace, the deployment and the
+/// policies compared.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct SimulateArgs {
+    /// The trace: Mooncake JSONL (timestamp ms, input_length, output_length, hash_ids of
+    /// 512-token blocks)
+    #[arg(long, value_name = "FILE")]
+    pub trace: PathBuf,
+    /// Sites
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SITES, value_parser = at_least_one())]
+    pub sites: usize,
+    /// Engines at each site
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = DEFAULT_ENGINES_PER_SITE,
+        value_parser = at_least_one(),
+    )]
+    pub engines_per_site: usize,
+    /// Gateway replicas behind an L4 balancer
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_REPLICAS, value_parser = at_least_one())]
+    pub replicas: usize,
+    /// grid-route's replicas share one prefix index
+    #[arg(long)]
+    pub shared_index: bool,
+    /// The policies compared, comma-separated, in this order
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_enum,
+        value_delimiter = ',',
+        default_values_t = Policy::ALL,
+    )]
+    pub policies: Vec<Policy>,
+    /// Seed of every random draw: the same seed repeats a run byte for byte
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SEED)]
+    pub seed: u64,
+    /// Share of requests an engine refuses with a 503 on arrival (grid-route drops their
+    /// keys), in [0, 1)
+    #[arg(
+        long,
+        value_name = "X",
+        allow_negative_numbers = true,
+        default_value_t = 0.0,
+        value_parser = failure_share,
+    )]
+    pub fail_share: f64,
+    /// Print one JSON object instead of the table
+    #[arg(long)]
+    pub json: bool,
+    /// Also write each policy's TTFT CDF as SVG to this file
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// The engine model.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// The gateway's settings.
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
+}
+
+impl SimulateArgs {
+    /// The defaults, reading `trace`: what `simulate --trace TRACE` runs.
+    pub fn new(trace: impl Into<PathBuf>) -> Self {
+        Self {
+            trace: trace.into(),
+            sites: DEFAULT_SITES,
+            engines_per_site: DEFAULT_ENGINES_PER_SITE,
+            replicas: DEFAULT_REPLICAS,
+            shared_index: false,
+            policies: Policy::ALL.to_vec(),
+            seed: DEFAULT_SEED,
+            fail_share: 0.0,
+            json: false,
+            plot: None,
+            engine: EngineArgs::from(EngineModel::default()),
+            gateway: GatewayArgs::default(),
+        }
+    }
+}
+
+/// The engine model's flags, in the units a reader thinks in (milliseconds of overhead);
+/// the defaults are [`EngineModel::default`]'s.
+#[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
+#[command(
+    next_help_heading = "Engine model (Llama-3.1-8B on one H100 under vLLM; see docs/routing.md)"
+)]
+pub struct EngineArgs {
+    /// KV cache tokens
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = EngineModel::default().kv_tokens,
+        value_parser = clap::value_parser!(u64).range(1..),
+    )]
+    pub kv_tokens: u64,
+    /// Requests running at once
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = EngineModel::default().max_running,
+        value_parser = at_least_one(),
+    )]
+    pub max_running: usize,
+    /// Uncached prompt tokens prefilled a second
+    #[arg(
+        long,
+        value_name = "X",
+        allow_negative_numbers = true,
+        default_value_t = EngineModel::default().prefill_tps,
+        value_parser = rate,
+    )]
+    pub prefill_tps: f64,
+    /// Fixed time per prefill, milliseconds
+    #[arg(
+        long,
+        value_name = "X",
+        allow_negative_numbers = true,
+        default_value_t = EngineModel::default().prefill_overhead_s * 1000.0,
+        value_parser = non_negative,
+    )]
+    pub prefill_overhead_ms: f64,
+    /// Tokens a second per running request
+    #[arg(
+        long,
+        value_name = "X",
+        allow_negative_numbers = true,
+        default_value_t = EngineModel::default().decode_tps,
+        value_parser = rate,
+    )]
+    pub decode_tps: f64,
+}
+
+impl EngineArgs {
+    /// The engine model these flags describe.
+    pub fn model(&self) -> EngineModel {
+        EngineModel {
+            kv_tokens: self.kv_tokens,
+            max_running: self.max_running,
+            prefill_tps: self.prefill_tps,
+            prefill_overhead_s: self.prefill_overhead_ms / 1000.0,
+            decode_tps: self.decode_tps,
+        }
+    }
+}
+
+impl From<EngineModel> for EngineArgs {
+    fn from(model: EngineModel) -> Self {
+        Self {
+            kv_tokens: model.kv_tokens,
+            max_running: model.max_running,
+            prefill_tps: model.prefill_tps,
+            prefill_overhead_ms: model.prefill_overhead_s * 1000.0,
+            decode_tps: model.decode_tps,
+        }
+    }
+}
+
+/// The gateway's settings that grid-route and least-queue run with; the defaults are the
+/// gateway's (`queue`) and the library's (`prefix_affinity`).
+#[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
+#[command(next_help_heading = "Gateway (grid-route and least-queue; the gateway's defaults)")]
+pub struct GatewayArgs {
+    /// Queue poll interval, milliseconds
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = QueueConfig::default().poll_interval_ms,
+        value_parser = clap::value_parser!(u64).range(1..),
+    )]
+    pub poll_interval_ms: u64,
+    /// Queue window, seconds
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = QueueConfig::default().window_secs,
+        value_parser = clap::value_parser!(u64).range(1..),
+    )]
+    pub queue_window_secs: u64,
+    /// prefix_affinity.threshold
+    #[arg(
+        long,
+        value_name = "X",
+        allow_negative_numbers = true,
+        default_value_t = PrefixAffinityConfig::default().threshold,
+        value_parser = |value: &str| affinity_setting(value, |config, x| config.threshold = x),
+    )]
+    pub threshold: f64,
+    /// prefix_affinity.exploration
+    #[arg(
+        long,
+        value_name = "X",
+        allow_negative_numbers = true,
+        default_value_t = PrefixAffinityConfig::default().exploration,
+        value_parser = |value: &str| affinity_setting(value, |config, x| config.exploration = x),
+    )]
+    pub exploration: f64,
+    /// prefix_affinity.prefill_tokens_per_second
+    #[arg(
+        long,
+        value_name = "X",
+        allow_negative_numbers = true,
+        default_value_t = AffinitySettings::DEFAULT_PREFILL_TOKENS_PER_SECOND,
+        value_parser = |value: &str| {
+            affinity_setting(value, |config, x| {
+                config.prefill_tokens_per_second = PrefillPrice::Fixed(x);
+            })
+        },
+    )]
+    pub prefill_price: f64,
+    /// prefix_affinity.engine_feedback: an engine's reported miss makes the index forget
+    /// what it no longer holds
+    #[arg(
+        long,
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        default_value_t = PrefixAffinityConfig::default().engine_feedback,
+    )]
+    pub engine_feedback: bool,
+}
+
+impl Default for GatewayArgs {
+    fn default() -> Self {
+        let queue = QueueConfig::default();
+        let affinity = PrefixAffinityConfig::default();
+        Self {
+            poll_interval_ms: queue.poll_interval_ms,
+            queue_window_secs: queue.window_secs,
+            threshold: affinity.threshold,
+            exploration: affinity.exploration,
+            prefill_price: AffinitySettings::DEFAULT_PREFILL_TOKENS_PER_SECOND,
+            engine_feedback: affinity.engine_feedback,
+        }
+    }
+}
+
+impl GatewayArgs {
+    /// `prefix_affinity` as these flags set it, the rest at the library's defaults.
+    // Field by field rather than a struct literal: the library's config structs may become
+    // `#[non_exhaustive]`, which forbids literals outside the library.
+    #[allow(clippy::field_reassign_with_default)]
+    pub fn prefix_affinity(&self) -> PrefixAffinityConfig {
+        let mut config = PrefixAffinityConfig::default();
+        config.threshold = self.threshold;
+        config.exploration = self.exploration;
+        config.prefill_tokens_per_second = PrefillPrice::Fixed(self.prefill_price);
+        config.engine_feedback = self.engine_feedback;
+        config
+    }
+
+    /// How often the queues are polled.
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_millis(self.poll_interval_ms)
+    }
+
+    /// How far back the windowed queue depth looks.
+    pub fn queue_window(&self) -> Duration {
+        Duration::from_secs(self.queue_window_secs)
+    }
+}
+
+/// A `prefix_affinity` number that `set` writes into the library's default config, checked
+/// by the library's own `validate`: the flag obeys the config file's rules, and its error
+/// names the setting.
+fn affinity_setting(
+    value: &str,
+    set: impl FnOnce(&mut PrefixAffinityConfig, f64),
+) -> Result<f64, String> {
+    let x = number(value)?;
+    let mut config = PrefixAffinityConfig::default();
+    set(&mut config, x);
+    config.validate().map_err(|error| error.to_string())?;
+    Ok(x)
+}
+
+/// A count of at least 1.
+fn at_least_one() -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(1..)
+}
+
+fn number(value: &str) -> Result<f64, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite())
+        .ok_or_else(|| format!("expected a number, got {value:?}"))
+}
+
+/// A rate: a finite number above 0.
+fn rate(value: &str) -> Result<f64, String> {
+    let x = number(value)?;
+    if x > 0.0 {
+        Ok(x)
+    } else {
+        Err(format!("must be a number above 0, got {value:?}"))
+    }
+}
+
+/// A duration: a finite number of 0 or more.
+fn non_negative(value: &str) -> Result<f64, String> {
+    let x = number(value)?;
+    if x >= 0.0 {
+        Ok(x)
+    } else {
+        Err(format!("must be 0 or more, got {value:?}"))
+    }
+}
+
+/// `--fail-share`: in [0, 1).
+fn failure_share(value: &str) -> Result<f64, String> {
+    let x = number(value)?;
+    if (0.0..1.0).contains(&x) {
+        Ok(x)
+    } else {
+        Err(format!("must be in [0, 1), got {value:?}"))
+    }
+}
