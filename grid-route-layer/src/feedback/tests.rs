@@ -14,7 +14,7 @@ use super::*;
 use crate::grid::{ClusterId, SiteName};
 use crate::metrics::{CACHED_PROMPT_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL};
 use crate::route::Served;
-use crate::test_support::{CountingRecorder, poll_once};
+use crate::test_support::{TestRecorder, poll_once};
 
 #[allow(clippy::unnecessary_wraps)] // Compared with what the readers return.
 fn usage(prompt_tokens: u64, cached_tokens: u64) -> Option<PromptUsage> {
@@ -213,7 +213,7 @@ fn the_layer_forwards_every_byte_and_counts_the_usage_per_cluster() {
     let answer =
         json!({"usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 8}}})
             .to_string();
-    let recorder = CountingRecorder::default();
+    let recorder = TestRecorder::default();
     metrics::with_local_recorder(&recorder, || {
         assert_eq!(
             through_the_layer(StatusCode::OK, &stream, true, true),
@@ -407,7 +407,7 @@ mod teaching {
         f.index.confirm(&id("east-a"), keys, now);
         f.index.confirm(&id("west-a"), &keys[..10], now);
         let full = keys.len();
-        let recorder = CountingRecorder::default();
+        let recorder = TestRecorder::default();
         let (at_head, after) = metrics::with_local_recorder(&recorder, || f.send(0));
         // Confirmation re-learnt the prompt at the head; the engine's report at the end
         // of the body came after, and won.
@@ -436,7 +436,7 @@ mod teaching {
         let f = fixture(true);
         let keys = f.prompt.keys().unwrap().as_slice();
         f.index.confirm(&id("east-a"), keys, Instant::now());
-        let recorder = CountingRecorder::default();
+        let recorder = TestRecorder::default();
         let predicted = predicted_tokens(f.prompt.keys().unwrap().total_covered_bytes());
         let (_, after) = metrics::with_local_recorder(&recorder, || f.send(predicted));
         assert_eq!(after, keys.len());
@@ -452,7 +452,7 @@ mod teaching {
         let f = fixture(false);
         let keys = f.prompt.keys().unwrap().as_slice();
         f.index.confirm(&id("east-a"), keys, Instant::now());
-        let recorder = CountingRecorder::default();
+        let recorder = TestRecorder::default();
         let (_, after) = metrics::with_local_recorder(&recorder, || f.send(0));
         assert_eq!(after, keys.len());
         let labels = "cluster=east-a,site=east";
@@ -463,7 +463,7 @@ mod teaching {
     fn a_request_affinity_did_not_make_sticky_predicts_nothing() {
         // Nothing confirmed anywhere: no match, so no prediction to weigh or count.
         let f = fixture(true);
-        let recorder = CountingRecorder::default();
+        let recorder = TestRecorder::default();
         let (at_head, after) = metrics::with_local_recorder(&recorder, || f.send(0));
         // The confirmation at the head stands: the engine was never expected to hold it.
         assert_eq!(
