@@ -169,7 +169,7 @@ mod tests {
     #[test]
     fn comments_are_skipped() {
         let events = read_events(b": keep-alive\n\ndata: 1\n: between\n\n").unwrap();
-        assert_eq!(data(&events), ["1"]);
+        assert_eq!(events, [Sse::default().data("1")]);
     }
 
     #[test]
