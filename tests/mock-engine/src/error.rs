@@ -143,7 +143,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_openai_error_has_the_libraries_shape() {
+    async fn an_openai_error_is_the_library_error_answer() {
         let error = ApiError::not_found("no such model")
             .param("model")
             .code("model_not_found");
