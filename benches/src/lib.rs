@@ -3,8 +3,8 @@
 
 use serde_json::{Value, json};
 
-/// Deterministic filler text: words from a small vocabulary picked by a linear congruential
-/// generator, with the punctuation, quotes and newlines real prompts carry.
+/// Deterministic filler text: words from a small vocabulary picked by a generator seeded with
+/// `seed`, with the punctuation, quotes and newlines real prompts carry.
 pub fn prose(seed: u64, bytes: usize) -> String {
     const WORDS: [&str; 24] = [
         "the",
@@ -32,14 +32,11 @@ pub fn prose(seed: u64, bytes: usize) -> String {
         "is",
         "a",
     ];
-    let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    let mut words = fastrand::Rng::with_seed(seed);
     let mut out = String::with_capacity(bytes + 16);
     let mut words_in_line = 0;
     while out.len() < bytes {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        out.push_str(WORDS[(state >> 33) as usize % WORDS.len()]);
+        out.push_str(WORDS[words.usize(..WORDS.len())]);
         words_in_line += 1;
         if words_in_line == 14 {
             out.push_str(".\n");
@@ -314,22 +311,9 @@ pub fn chat_20m() -> Vec<u8> {
     .expect("serialising a Value")
 }
 
-/// splitmix64: a step of a generator whose outputs are as uniformly spread as the keyed
-/// hashes the index gets as keys.
-pub fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// A chain of `len` unrelated synthetic keys, seeded by `seed`.
+/// A chain of `len` unrelated synthetic keys, seeded by `seed`: uniformly spread 64-bit
+/// values, like the keyed hashes the index gets as keys.
 pub fn synthetic_keys(seed: u64, len: usize) -> Vec<u64> {
-    let mut key = mix(seed);
-    (0..len)
-        .map(|_| {
-            key = mix(key);
-            key
-        })
-        .collect()
+    let mut keys = fastrand::Rng::with_seed(seed);
+    (0..len).map(|_| keys.u64(..)).collect()
 }

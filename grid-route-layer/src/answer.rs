@@ -65,6 +65,14 @@ impl ErrorAnswer {
         self
     }
 
+    /// Sets the error `type` where the status class does not name it (OpenAI answers a 429
+    /// with `rate_limit_error`).
+    #[must_use]
+    pub fn kind(mut self, kind: &'static str) -> Self {
+        self.kind = kind;
+        self
+    }
+
     /// Adds a `Retry-After` header of `secs` seconds.
     #[must_use]
     pub fn retry_after(mut self, secs: u64) -> Self {
@@ -75,6 +83,11 @@ impl ErrorAnswer {
     /// The status of the answer.
     pub fn status(&self) -> StatusCode {
         self.status
+    }
+
+    /// The human-readable message.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 
     /// The JSON body.

@@ -217,10 +217,12 @@ pub fn record_grid_gauges(view: &GridView, index: &PrefixIndex, now: Instant) {
 // Tests compare values that are stored and read back, not computed: exactly equal.
 #[allow(clippy::float_cmp)]
 mod tests {
+    use metrics_util::MetricKind;
+
     use super::*;
     use crate::grid::{Grid, GridSettings};
     use crate::index::IndexSettings;
-    use crate::test_support::{CountingRecorder, grid_spec};
+    use crate::test_support::{TestRecorder, grid_spec};
 
     #[test]
     fn grid_gauges_show_queue_depth_and_index_entries() {
@@ -240,7 +242,7 @@ mod tests {
         view.clusters()[0]
             .load()
             .record_queue("http://east-a", Some(4.0), now);
-        let recorder = CountingRecorder::default();
+        let recorder = TestRecorder::default();
         metrics::with_local_recorder(&recorder, || {
             describe_metrics();
             record_grid_gauges(&view, &index, now);
@@ -261,5 +263,51 @@ mod tests {
             recorder.gauge(INDEX_ENTRIES, "cluster=west/west-a"),
             Some(0.0)
         );
+        let (kind, unit, help) = recorder.described(QUEUE_DEPTH).unwrap();
+        assert_eq!((kind, unit), (MetricKind::Gauge, Some(Unit::Count)));
+        assert!(help.unwrap().contains("worst queue depth"));
+    }
+
+    #[test]
+    fn every_metric_is_described_as_the_kind_the_table_names() {
+        // The module table, row by row: a counter described as a gauge would be exported
+        // with the wrong TYPE line, and dashboards would rate() a gauge.
+        let table = [
+            (PREFIX_AFFINITY_TOTAL, MetricKind::Counter),
+            (PIN_TOTAL, MetricKind::Counter),
+            (DECISIONS_TOTAL, MetricKind::Counter),
+            (PROMPT_TOKENS_TOTAL, MetricKind::Counter),
+            (CACHED_PROMPT_TOKENS_TOTAL, MetricKind::Counter),
+            (PREDICTED_CACHED_TOKENS_TOTAL, MetricKind::Counter),
+            (DELIVERED_CACHED_TOKENS_TOTAL, MetricKind::Counter),
+            (PREFILL_TOKENS_PER_SECOND, MetricKind::Gauge),
+            (KEYING_SECONDS, MetricKind::Histogram),
+            (KEYS_PER_REQUEST, MetricKind::Histogram),
+            (INDEX_ENTRIES, MetricKind::Gauge),
+            (QUEUE_DEPTH, MetricKind::Gauge),
+            (CONFIG_RELOAD_TOTAL, MetricKind::Counter),
+            (SHARED_INDEX_EVENTS_TOTAL, MetricKind::Counter),
+            (SHARED_INDEX_ERRORS_TOTAL, MetricKind::Counter),
+        ];
+        let recorder = TestRecorder::default();
+        metrics::with_local_recorder(&recorder, || {
+            describe_metrics();
+            // A snapshot lists registered metrics only: register each as the table says.
+            for (name, kind) in table {
+                match kind {
+                    MetricKind::Counter => metrics::counter!(name).increment(1),
+                    MetricKind::Gauge => metrics::gauge!(name).set(1.0),
+                    MetricKind::Histogram => metrics::histogram!(name).record(1.0),
+                }
+            }
+        });
+        for (name, kind) in table {
+            let (described_as, _, help) = recorder.described(name).unwrap();
+            assert_eq!(described_as, kind, "{name}");
+            let help = help.unwrap_or_else(|| panic!("{name} is not described as a {kind:?}"));
+            assert!(help.len() > 20, "{name}: {help:?}");
+        }
+        let (_, unit, _) = recorder.described(KEYING_SECONDS).unwrap();
+        assert_eq!(unit, Some(Unit::Seconds));
     }
 }

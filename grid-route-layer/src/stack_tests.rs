@@ -22,7 +22,7 @@ use crate::keying::KeySeed;
 use crate::metrics::{DECISIONS_TOTAL, PREFIX_AFFINITY_TOTAL};
 use crate::route::{DispatchError, Prompt, Served};
 use crate::select::Select;
-use crate::test_support::{CountingRecorder, chat, grid_spec, poll_once, prompt_of, text};
+use crate::test_support::{TestRecorder, chat, grid_spec, poll_once, prompt_of, text};
 
 type Mock = mock::Mock<Request<String>, Response<String>>;
 type Handle = mock::Handle<Request<String>, Response<String>>;
@@ -34,7 +34,7 @@ struct Gateway {
     index: Arc<PrefixIndex>,
     stack: Stack,
     handles: HashMap<String, Handle>,
-    recorder: CountingRecorder,
+    recorder: TestRecorder,
     seed: KeySeed,
 }
 
@@ -71,7 +71,7 @@ fn gateway(sites: &[(&str, &[&str])]) -> Gateway {
         index,
         stack,
         handles,
-        recorder: CountingRecorder::default(),
+        recorder: TestRecorder::default(),
         seed: KeySeed::random(),
     }
 }

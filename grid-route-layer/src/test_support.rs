@@ -1,14 +1,15 @@
-//! Helpers shared by the unit tests: small grids, real prompt keys, a counting recorder.
+//! Helpers shared by the unit tests: small grids, real prompt keys, a metrics recorder.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics::{
+    Counter, Gauge, Histogram, Key, KeyName, Level, Metadata, Recorder, SharedString, Unit,
+};
+use metrics_util::MetricKind;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 use crate::grid::{ClusterSpec, GridSpec, SiteSpec};
 use crate::keying::{Api, KeySeed, key_body};
@@ -71,69 +72,135 @@ pub(crate) fn prompt_of(seed: &KeySeed, body: &[u8]) -> Prompt {
     key_body(seed, Api::ChatCompletions, body).unwrap()
 }
 
-/// A recorder that keeps every counter and gauge by name and sorted labels, so tests can
-/// read what the layers counted. Install it with `metrics::with_local_recorder`.
-#[derive(Clone, Default)]
-pub(crate) struct CountingRecorder {
-    values: Arc<Mutex<BTreeMap<String, Arc<AtomicU64>>>>,
+/// The test recorder: metrics-util's [`DebuggingRecorder`], read back by name and sorted
+/// labels, with each metric's kind and help text. Install it with
+/// `metrics::with_local_recorder`.
+#[derive(Default)]
+pub(crate) struct TestRecorder {
+    recorder: DebuggingRecorder,
 }
 
-impl CountingRecorder {
-    fn slot(&self, key: &Key) -> Arc<AtomicU64> {
-        let mut labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        labels.sort();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        Arc::clone(self.values.lock().unwrap().entry(name).or_default())
+/// One recorded metric as a test reads it.
+struct Recorded {
+    kind: MetricKind,
+    /// `name{label=value,...}`, labels sorted.
+    series: String,
+    name: String,
+    unit: Option<Unit>,
+    help: Option<String>,
+    value: DebugValue,
+}
+
+impl TestRecorder {
+    /// Every registered metric, now. A debugging snapshot drains what it reads (counters
+    /// and gauges to zero, histograms empty), so the values are written back: a test may
+    /// read as often as it likes and always sees totals since the recorder was made.
+    fn read(&self) -> Vec<Recorded> {
+        let metadata = Metadata::new(module_path!(), Level::TRACE, None);
+        let snapshot = self.recorder.snapshotter().snapshot().into_vec();
+        snapshot
+            .into_iter()
+            .map(|(key, unit, help, value)| {
+                let (kind, key) = key.into_parts();
+                match &value {
+                    DebugValue::Counter(n) => {
+                        self.recorder
+                            .register_counter(&key, &metadata)
+                            .increment(*n);
+                    }
+                    DebugValue::Gauge(v) => self.recorder.register_gauge(&key, &metadata).set(v.0),
+                    DebugValue::Histogram(values) => {
+                        let histogram = self.recorder.register_histogram(&key, &metadata);
+                        for v in values {
+                            histogram.record(v.0);
+                        }
+                    }
+                }
+                let mut labels: Vec<String> = key
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                labels.sort();
+                Recorded {
+                    kind,
+                    series: format!("{}{{{}}}", key.name(), labels.join(",")),
+                    name: key.name().to_owned(),
+                    unit,
+                    help: help.map(SharedString::into_owned),
+                    value,
+                }
+            })
+            .collect()
     }
 
     /// The counter `name` with `labels` (`"outcome=sticky"`, sorted, comma-separated); 0
     /// when never counted.
     pub(crate) fn counter(&self, name: &str, labels: &str) -> u64 {
-        self.values
-            .lock()
-            .unwrap()
-            .get(&format!("{name}{{{labels}}}"))
-            .map_or(0, |v| v.load(Ordering::Relaxed))
+        let series = format!("{name}{{{labels}}}");
+        self.read()
+            .iter()
+            .find_map(|m| match m.value {
+                DebugValue::Counter(n) if m.series == series => Some(n),
+                _ => None,
+            })
+            .unwrap_or(0)
     }
 
     /// The sum of every series of the counter `name`.
     pub(crate) fn total(&self, name: &str) -> u64 {
-        self.values
-            .lock()
-            .unwrap()
+        self.read()
             .iter()
-            .filter(|(k, _)| k.starts_with(&format!("{name}{{")))
-            .map(|(_, v)| v.load(Ordering::Relaxed))
+            .filter_map(|m| match m.value {
+                DebugValue::Counter(n) if m.name == name => Some(n),
+                _ => None,
+            })
             .sum()
     }
 
     /// The gauge `name` with `labels`.
     pub(crate) fn gauge(&self, name: &str, labels: &str) -> Option<f64> {
-        self.values
-            .lock()
-            .unwrap()
-            .get(&format!("{name}{{{labels}}}"))
-            .map(|v| f64::from_bits(v.load(Ordering::Relaxed)))
+        let series = format!("{name}{{{labels}}}");
+        self.read().iter().find_map(|m| match &m.value {
+            DebugValue::Gauge(v) if m.series == series => Some(v.0),
+            _ => None,
+        })
+    }
+
+    /// How the metric `name` was registered and described: its kind, unit and help text
+    /// (`None` when it was never registered).
+    pub(crate) fn described(
+        &self,
+        name: &str,
+    ) -> Option<(MetricKind, Option<Unit>, Option<String>)> {
+        self.read()
+            .into_iter()
+            .find(|m| m.name == name)
+            .map(|m| (m.kind, m.unit, m.help))
     }
 }
 
-impl Recorder for CountingRecorder {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(self.slot(key))
+impl Recorder for TestRecorder {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.recorder.describe_counter(key, unit, help);
     }
 
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(self.slot(key))
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.recorder.describe_gauge(key, unit, help);
     }
 
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.recorder.describe_histogram(key, unit, help);
+    }
+
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        self.recorder.register_counter(key, metadata)
+    }
+
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        self.recorder.register_gauge(key, metadata)
+    }
+
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+        self.recorder.register_histogram(key, metadata)
     }
 }

@@ -16,18 +16,10 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 const PROMPT_KEYS: usize = 512;
 
+/// The keys of a prompt: uniformly spread, like the keyed SipHash keys the index gets.
 fn prompt(seed: u64) -> Vec<u64> {
-    // splitmix64, spread like the keyed SipHash keys the index gets.
-    let mut z = seed;
-    (0..PROMPT_KEYS)
-        .map(|_| {
-            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut x = z;
-            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            x ^ (x >> 31)
-        })
-        .collect()
+    let mut keys = fastrand::Rng::with_seed(seed);
+    (0..PROMPT_KEYS).map(|_| keys.u64(..)).collect()
 }
 
 #[test]

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use grid_route_mock_engine::sse::{SseError, SseStream};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -200,25 +202,18 @@ impl DemoClient {
                 error: None,
                 done: false,
             };
-            let mut body = response.into_body();
-            let mut pending = BytesMut::new();
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|error| format!("{path}: {error}"))?;
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                pending.extend_from_slice(&data);
-                if !status.is_success() {
-                    continue;
-                }
-                // Events end with a blank line; chunk boundaries fall anywhere.
-                while let Some(end) = find_event_end(&pending) {
-                    let event = pending.split_to(end + 2);
-                    read_event(&event, sent, &mut answer);
-                }
-            }
-            if !status.is_success() {
-                let json: Option<Value> = serde_json::from_slice(&pending).ok();
+            let body = response.into_body();
+            if status.is_success() {
+                read_stream(body, sent, &mut answer)
+                    .await
+                    .map_err(|error| format!("{path}: {error}"))?;
+            } else {
+                let body = body
+                    .collect()
+                    .await
+                    .map_err(|error| format!("{path}: {error}"))?
+                    .to_bytes();
+                let json: Option<Value> = serde_json::from_slice(&body).ok();
                 let message = json
                     .as_ref()
                     .and_then(|json| json.pointer("/error/message"))
@@ -240,54 +235,59 @@ fn engine_name(headers: &http::HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Where the first event of `buffer` ends: the index of its `\n\n`.
-fn find_event_end(buffer: &[u8]) -> Option<usize> {
-    buffer.windows(2).position(|pair| pair == b"\n\n")
+/// Reads an OpenAI chat event stream into `answer` as its events arrive (chunk boundaries
+/// fall anywhere; the shared reader finds the events).
+async fn read_stream<B>(body: B, sent: Instant, answer: &mut ChatAnswer) -> Result<(), SseError>
+where
+    B: http_body::Body,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let mut events = std::pin::pin!(SseStream::new(body));
+    while let Some(event) = events.next().await {
+        if let Some(data) = event?.data {
+            read_data(&data, sent, answer);
+        }
+    }
+    Ok(())
 }
 
-/// Reads one `data:` event of an OpenAI chat stream into `answer`.
-fn read_event(event: &[u8], sent: Instant, answer: &mut ChatAnswer) {
-    let text = String::from_utf8_lossy(event);
-    for line in text.lines() {
-        let Some(data) = line.strip_prefix("data:") else {
-            continue;
-        };
-        let data = data.trim();
-        if data == "[DONE]" {
-            answer.done = true;
-            continue;
-        }
-        let Ok(chunk) = serde_json::from_str::<Value>(data) else {
-            answer.error = Some(format!("unreadable event {data:?}"));
-            continue;
-        };
-        if let Some(error) = chunk.get("error") {
-            let message = error.get("message").and_then(Value::as_str).unwrap_or("");
-            answer.error = Some(message.to_owned());
-            continue;
-        }
-        if let Some(content) = chunk
-            .pointer("/choices/0/delta/content")
-            .and_then(Value::as_str)
-            .filter(|content| !content.is_empty())
-        {
-            answer
-                .time_to_first_token
-                .get_or_insert_with(|| sent.elapsed());
-            answer.reply.push_str(content);
-        }
-        if let Some(usage) = chunk.get("usage").filter(|usage| !usage.is_null()) {
-            answer.usage = Some(PromptUsage {
-                prompt_tokens: usage
-                    .get("prompt_tokens")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0),
-                cached_tokens: usage
-                    .pointer("/prompt_tokens_details/cached_tokens")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0),
-            });
-        }
+/// Reads the data of one event of an OpenAI chat stream into `answer`.
+fn read_data(data: &str, sent: Instant, answer: &mut ChatAnswer) {
+    let data = data.trim();
+    if data == "[DONE]" {
+        answer.done = true;
+        return;
+    }
+    let Ok(chunk) = serde_json::from_str::<Value>(data) else {
+        answer.error = Some(format!("unreadable event {data:?}"));
+        return;
+    };
+    if let Some(error) = chunk.get("error") {
+        let message = error.get("message").and_then(Value::as_str).unwrap_or("");
+        answer.error = Some(message.to_owned());
+        return;
+    }
+    if let Some(content) = chunk
+        .pointer("/choices/0/delta/content")
+        .and_then(Value::as_str)
+        .filter(|content| !content.is_empty())
+    {
+        answer
+            .time_to_first_token
+            .get_or_insert_with(|| sent.elapsed());
+        answer.reply.push_str(content);
+    }
+    if let Some(usage) = chunk.get("usage").filter(|usage| !usage.is_null()) {
+        answer.usage = Some(PromptUsage {
+            prompt_tokens: usage
+                .get("prompt_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            cached_tokens: usage
+                .pointer("/prompt_tokens_details/cached_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+        });
     }
 }
 
@@ -312,14 +312,14 @@ mod tests {
         let mut answer = empty();
         let sent = Instant::now();
         let events = [
-            r#"data: {"choices":[{"delta":{"role":"assistant","content":""}}],"usage":null}"#,
-            r#"data: {"choices":[{"delta":{"content":"[a]"}}],"usage":null}"#,
-            r#"data: {"choices":[{"delta":{"content":" hi"}}],"usage":null}"#,
-            r#"data: {"choices":[],"usage":{"prompt_tokens":100,"prompt_tokens_details":{"cached_tokens":64}}}"#,
-            "data: [DONE]",
+            r#"{"choices":[{"delta":{"role":"assistant","content":""}}],"usage":null}"#,
+            r#"{"choices":[{"delta":{"content":"[a]"}}],"usage":null}"#,
+            r#"{"choices":[{"delta":{"content":" hi"}}],"usage":null}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":100,"prompt_tokens_details":{"cached_tokens":64}}}"#,
+            "[DONE]",
         ];
-        for event in events {
-            read_event(format!("{event}\n\n").as_bytes(), sent, &mut answer);
+        for data in events {
+            read_data(data, sent, &mut answer);
         }
         assert!(answer.ok());
         assert_eq!(answer.reply, "[a] hi");
@@ -331,16 +331,30 @@ mod tests {
     #[test]
     fn an_error_event_fails_the_answer() {
         let mut answer = empty();
-        let event = b"data: {\"error\":{\"message\":\"engine is stopping\"}}\n\n";
-        read_event(event, Instant::now(), &mut answer);
-        read_event(b"data: [DONE]\n\n", Instant::now(), &mut answer);
+        let event = r#"{"error":{"message":"engine is stopping"}}"#;
+        read_data(event, Instant::now(), &mut answer);
+        read_data("[DONE]", Instant::now(), &mut answer);
         assert!(!answer.ok());
         assert!(answer.failure().contains("engine is stopping"));
     }
 
-    #[test]
-    fn events_split_across_chunks_are_found_whole() {
-        assert_eq!(find_event_end(b"data: {}\n"), None);
-        assert_eq!(find_event_end(b"data: {}\n\ndata"), Some(8));
+    #[tokio::test]
+    async fn a_crlf_stream_reads_like_an_lf_one() {
+        let lf = concat!(
+            "data: {\"choices\":[{\"delta\":{\"content\":\"[a]\"}}]}\n\n",
+            ": a comment\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\" hi\"}}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        for body in [lf.to_owned(), lf.replace('\n', "\r\n")] {
+            let mut answer = empty();
+            read_stream(Full::new(Bytes::from(body)), Instant::now(), &mut answer)
+                .await
+                .unwrap();
+            assert!(answer.ok(), "{}", answer.failure());
+            assert_eq!(answer.reply, "[a] hi");
+            assert_eq!(answer.usage.unwrap_or_default().prompt_tokens, 9);
+        }
     }
 }

@@ -242,27 +242,21 @@ const OPENERS: [&str; 8] = [
     "When should I",
 ];
 
-/// Deterministic text from a SplitMix64 stream: varied enough that distinct prompts never
+/// Deterministic text from a seeded generator: varied enough that distinct prompts never
 /// share a cache block by accident, and the same on every run.
 struct TextSource {
-    state: u64,
+    draws: fastrand::Rng,
 }
 
 impl TextSource {
     fn new(seed: u64) -> Self {
-        Self { state: seed }
-    }
-
-    fn next(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        Self {
+            draws: fastrand::Rng::with_seed(seed),
+        }
     }
 
     fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[(self.next() % from.len() as u64) as usize]
+        from[self.draws.usize(..from.len())]
     }
 
     /// Appends a sentence of `words` words.
@@ -290,7 +284,7 @@ impl TextSource {
         let mut rule = 1;
         while prompt.len() < bytes {
             let _ = write!(prompt, "Rule {rule}: ");
-            let words = 6 + (self.next() % 10) as usize;
+            let words = self.draws.usize(6..16);
             self.sentence(&mut prompt, words);
             rule += 1;
         }
@@ -306,7 +300,7 @@ impl TextSource {
                 let mut question =
                     format!("{opener} {} my {}? ", self.pick(&WORDS), self.pick(&WORDS));
                 while question.len() < bytes {
-                    let words = 5 + (self.next() % 8) as usize;
+                    let words = self.draws.usize(5..13);
                     self.sentence(&mut question, words);
                 }
                 question.truncate(bytes);

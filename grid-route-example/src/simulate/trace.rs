@@ -146,14 +146,22 @@ impl TraceRequest {
     }
 }
 
-/// The digest of keying block `part` of trace block `id`: a splitmix64 finaliser over both,
-/// so different ids or parts give unrelated 64-bit values (the index's hasher passes keys
-/// through and wants them spread), the same on every run.
+/// The digest of keying block `part` of trace block `id`: [`mix64`] over both, so different
+/// ids or parts give unrelated 64-bit values (the index's hasher passes keys through and
+/// wants them spread), the same on every run.
 fn block_digest(id: u64, part: u64) -> u64 {
-    let mut z = id
-        .wrapping_mul(KEY_BLOCKS_PER_TRACE_BLOCK)
-        .wrapping_add(part)
-        .wrapping_add(0x9e37_79b9_7f4a_7c15);
+    mix64(
+        id.wrapping_mul(KEY_BLOCKS_PER_TRACE_BLOCK)
+            .wrapping_add(part),
+    )
+}
+
+/// splitmix64's output function (Steele, Lea and Flood 2014; constants from Vigna's
+/// reference), used as a hash: a bijection on 64 bits whose outputs look unrelated for
+/// neighbouring inputs. Not a random stream: the simulator draws those from seeded
+/// `fastrand::Rng`s.
+pub(crate) fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)

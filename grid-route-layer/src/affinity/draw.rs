@@ -1,45 +1,15 @@
-//! The random draw behind the exploration share: a per-thread splitmix64.
+//! The random draw behind the exploration share: `fastrand`'s per-thread generator.
 //!
 //! Exploration needs a fair coin, not secrecy: a client that could predict the draw could
-//! only make its own request skip affinity. So a splitmix64 per thread, seeded once from
-//! the standard library's per-process random hasher keys, costs a few nanoseconds and no
-//! dependency.
-
-use std::cell::Cell;
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-
-/// One splitmix64 step: advances `state` and returns the next output.
-fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn seed() -> u64 {
-    // `RandomState::new` draws fresh keys per thread (incremented per call), so every
-    // thread gets its own sequence.
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u64(0x5eed);
-    hasher.finish()
-}
-
-thread_local! {
-    static STATE: Cell<u64> = Cell::new(seed());
-}
+//! only make its own request skip affinity. `fastrand` keeps a wyrand generator per thread,
+//! seeded by hashing the thread's id and the time, so a draw costs a few nanoseconds, takes
+//! no lock, and the crate has no dependencies of its own (the workspace already builds it
+//! for `tempfile` and the simulator). The cores take the draw as an argument; only the layer
+//! calls this.
 
 /// A uniform draw in `[0, 1)` from this thread's generator.
 pub(crate) fn random_draw() -> f64 {
-    STATE.with(|state| {
-        let mut s = state.get();
-        let bits = splitmix64(&mut s);
-        state.set(s);
-        // The top 53 bits make every representable multiple of 2^-53 in [0, 1) equally
-        // likely.
-        (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    })
+    fastrand::f64()
 }
 
 #[cfg(test)]
@@ -60,9 +30,11 @@ mod tests {
     }
 
     #[test]
-    fn splitmix64_matches_its_reference_output() {
-        // The first output for seed 0 of the reference implementation (Vigna).
-        let mut s = 0;
-        assert_eq!(splitmix64(&mut s), 0xe220_a839_7b1d_cdaf);
+    fn threads_draw_different_sequences() {
+        let here: Vec<f64> = (0..4).map(|_| random_draw()).collect();
+        let there = std::thread::spawn(|| (0..4).map(|_| random_draw()).collect::<Vec<f64>>())
+            .join()
+            .unwrap();
+        assert_ne!(here, there);
     }
 }

@@ -14,7 +14,7 @@ use crate::index::{IndexSettings, PrefixIndex};
 use crate::keying::{KeySeed, NoKeys, PrefixKeys};
 use crate::metrics::PREFIX_AFFINITY_TOTAL;
 use crate::route::{Candidates, Pinned, Prompt};
-use crate::test_support::{CountingRecorder, MODEL, chat, grid_spec, poll_once, prompt_of, text};
+use crate::test_support::{MODEL, TestRecorder, chat, grid_spec, poll_once, prompt_of, text};
 
 /// A draw that never explores, whatever the share.
 const NO_EXPLORATION: f64 = 0.999;
@@ -549,7 +549,7 @@ fn layer_over(f: &Fixture) -> (AffinityService<Mock>, Handle) {
 fn candidates_seen(
     service: &mut AffinityService<Mock>,
     handle: &mut Handle,
-    recorder: &CountingRecorder,
+    recorder: &TestRecorder,
     req: Request<String>,
 ) -> Vec<String> {
     let ready = std::future::poll_fn(|cx| service.poll_ready(cx));
@@ -578,7 +578,7 @@ fn request_with(prompt: Option<&Prompt>) -> Request<String> {
     req
 }
 
-fn outcome_count(recorder: &CountingRecorder, outcome: Outcome) -> u64 {
+fn outcome_count(recorder: &TestRecorder, outcome: Outcome) -> u64 {
     recorder.counter(PREFIX_AFFINITY_TOTAL, &format!("outcome={outcome}"))
 }
 
@@ -590,7 +590,7 @@ fn the_layer_writes_the_sticky_candidates_and_counts_the_outcome() {
     ));
     let (first, next) = turn_and_follow_up(&f, 40 * 256);
     let (mut service, mut handle) = layer_over(&f);
-    let recorder = CountingRecorder::default();
+    let recorder = TestRecorder::default();
 
     let seen = candidates_seen(
         &mut service,
@@ -658,7 +658,7 @@ fn the_layer_leaves_the_counted_outcome_on_the_request_and_none_otherwise() {
 fn the_layer_counts_a_prompt_without_keys_as_not_applicable() {
     let f = two_sites();
     let (mut service, mut handle) = layer_over(&f);
-    let recorder = CountingRecorder::default();
+    let recorder = TestRecorder::default();
     let unkeyed = Prompt::new(Some(MODEL.into()), Err(NoKeys::TokenIds));
     let seen = candidates_seen(
         &mut service,
@@ -677,7 +677,7 @@ fn an_unread_request_routes_on_every_admitted_cluster_and_counts_nothing() {
     let f = two_sites();
     f.grid.reconfigure(&spec, GridSettings::default()).unwrap();
     let (mut service, mut handle) = layer_over(&f);
-    let recorder = CountingRecorder::default();
+    let recorder = TestRecorder::default();
     let seen = candidates_seen(&mut service, &mut handle, &recorder, request_with(None));
     assert_eq!(seen, ["east-a", "west-a"]);
     assert_eq!(recorder.total(PREFIX_AFFINITY_TOTAL), 0);
@@ -691,7 +691,7 @@ fn the_layer_offers_only_clusters_serving_the_model() {
     f.grid.reconfigure(&spec, GridSettings::default()).unwrap();
     let (first, _) = turn_and_follow_up(&f, 40 * 256);
     let (mut service, mut handle) = layer_over(&f);
-    let recorder = CountingRecorder::default();
+    let recorder = TestRecorder::default();
     let seen = candidates_seen(
         &mut service,
         &mut handle,
@@ -709,7 +709,7 @@ fn a_pinned_request_gets_its_cluster_alone_and_counts_nothing() {
     let (first, next) = turn_and_follow_up(&f, 40 * 256);
     f.confirm("east-a", &first);
     let (mut service, mut handle) = layer_over(&f);
-    let recorder = CountingRecorder::default();
+    let recorder = TestRecorder::default();
     let mut req = request_with(Some(&next));
     req.extensions_mut().insert(Pinned::new(f.id("west-a")));
     let seen = candidates_seen(&mut service, &mut handle, &recorder, req);
@@ -723,7 +723,7 @@ fn disabling_affinity_at_runtime_stops_narrowing_and_counting() {
     let (first, next) = turn_and_follow_up(&f, 40 * 256);
     f.confirm("east-a", &first);
     let (mut service, mut handle) = layer_over(&f);
-    let recorder = CountingRecorder::default();
+    let recorder = TestRecorder::default();
     f.affinity.set_settings(settings(
         &PrefixAffinityConfig::default().with_enabled(false),
     ));

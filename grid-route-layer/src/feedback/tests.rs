@@ -14,7 +14,7 @@ use super::*;
 use crate::grid::{ClusterId, SiteName};
 use crate::metrics::{CACHED_PROMPT_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL};
 use crate::route::Served;
-use crate::test_support::{CountingRecorder, poll_once};
+use crate::test_support::{TestRecorder, poll_once};
 
 #[allow(clippy::unnecessary_wraps)] // Compared with what the readers return.
 fn usage(prompt_tokens: u64, cached_tokens: u64) -> Option<PromptUsage> {
@@ -213,7 +213,7 @@ fn the_layer_forwards_every_byte_and_counts_the_usage_per_cluster() {
     let answer =
         json!({"usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 8}}})
             .to_string();
-    let recorder = CountingRecorder::default();
+    let recorder = TestRecorder::default();
     metrics::with_local_recorder(&recorder, || {
         assert_eq!(
             through_the_layer(StatusCode::OK, &stream, true, true),
@@ -415,7 +415,7 @@ mod teaching {
         f.confirm_ago(&f.prompt, "east-a", 40);
         f.confirm_ago(&third, "east-a", 20);
         let full = f.prompt.keys().unwrap().len();
-        let recorder = CountingRecorder::default();
+        let recorder = TestRecorder::default();
         // east-a's engine reports none of this prompt cached: it evicted it, and with it
         // what it held from before.
         let (at_head, after) = metrics::with_local_recorder(&recorder, || f.send(0));
@@ -458,7 +458,7 @@ mod teaching {
         let keys = f.prompt.keys().unwrap().as_slice();
         f.confirm_ago(&f.other, "east-a", 60);
         f.confirm_ago(&f.prompt, "east-a", 40);
-        let recorder = CountingRecorder::default();
+        let recorder = TestRecorder::default();
         let predicted = predicted_tokens(f.prompt.keys().unwrap().total_covered_bytes());
         let (_, after) = metrics::with_local_recorder(&recorder, || f.send(predicted));
         assert_eq!(after, keys.len());
@@ -480,7 +480,7 @@ mod teaching {
         let keys = f.prompt.keys().unwrap().as_slice();
         f.confirm_ago(&f.other, "east-a", 60);
         f.confirm_ago(&f.prompt, "east-a", 40);
-        let recorder = CountingRecorder::default();
+        let recorder = TestRecorder::default();
         let (_, after) = metrics::with_local_recorder(&recorder, || f.send(0));
         assert_eq!(after, keys.len());
         assert_eq!(
@@ -495,7 +495,7 @@ mod teaching {
     fn a_request_affinity_did_not_make_sticky_predicts_nothing() {
         // Nothing confirmed anywhere: no match, so no prediction to weigh or count.
         let f = fixture(true);
-        let recorder = CountingRecorder::default();
+        let recorder = TestRecorder::default();
         let (at_head, after) = metrics::with_local_recorder(&recorder, || f.send(0));
         // The confirmation at the head stands: the engine was never expected to hold it.
         assert_eq!(

@@ -15,23 +15,11 @@ fn settings(capacity: usize, ttl_secs: u64) -> IndexSettings {
     IndexSettings::new(capacity, Duration::from_secs(ttl_secs)).unwrap()
 }
 
-/// splitmix64: uniformly spread keys, like the keyed SipHash output the index gets.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// The keys of a prompt of `len` blocks; different seeds give unrelated prompts.
+/// The keys of a prompt of `len` blocks: uniformly spread, like the keyed SipHash output
+/// the index gets; different seeds give unrelated prompts.
 fn chain(seed: u64, len: usize) -> Vec<u64> {
-    let mut key = mix(seed);
-    (0..len)
-        .map(|_| {
-            key = mix(key);
-            key
-        })
-        .collect()
+    let mut keys = fastrand::Rng::with_seed(seed);
+    (0..len).map(|_| keys.u64(..)).collect()
 }
 
 #[test]
@@ -350,18 +338,6 @@ fn debug_prints_no_keys() {
     }
 }
 
-/// A small xorshift so the stress threads do not need a random-number crate.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n as u64) as usize
-    }
-}
-
 #[test]
 fn concurrent_confirms_drops_reads_and_reloads_leave_a_consistent_index() {
     let clusters: Vec<_> = ["a", "b", "c", "d"]
@@ -375,18 +351,18 @@ fn concurrent_confirms_drops_reads_and_reloads_leave_a_consistent_index() {
         for thread in 0..4_u64 {
             let (index, clusters, prompts, stop) = (&index, &clusters, &prompts, &stop);
             scope.spawn(move || {
-                let mut rng = Rng(mix(thread) | 1);
+                let mut rng = fastrand::Rng::with_seed(thread);
                 while !stop.load(Ordering::Relaxed) {
                     let now = Instant::now();
-                    let at = &clusters[rng.below(clusters.len())];
-                    let prompt = &prompts[rng.below(prompts.len())];
-                    let keys = &prompt[..=rng.below(prompt.len())];
-                    match rng.below(10) {
+                    let at = &clusters[rng.usize(..clusters.len())];
+                    let prompt = &prompts[rng.usize(..prompts.len())];
+                    let keys = &prompt[..=rng.usize(..prompt.len())];
+                    match rng.usize(..10) {
                         0..=3 => index.confirm(at, keys, now),
                         4 => index.drop_keys(at, keys),
                         5 if thread == 0 => {
-                            let capacity = [64, 2_048][rng.below(2)];
-                            let kept = 3 + rng.below(2);
+                            let capacity = [64, 2_048][rng.usize(..2)];
+                            let kept = 3 + rng.usize(..2);
                             index.reconfigure(
                                 settings(capacity, 600),
                                 clusters[..kept].iter().cloned(),

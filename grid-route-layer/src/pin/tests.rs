@@ -25,7 +25,7 @@ use crate::grid::{ClusterId, Grid, GridSettings, GridSpec};
 use crate::keying::{KeySeed, KeyedBody, KeyingLayer};
 use crate::metrics::PIN_TOTAL;
 use crate::route::{BufferedBody, Pinned, Served};
-use crate::test_support::{CountingRecorder, grid_spec, poll_once};
+use crate::test_support::{TestRecorder, grid_spec, poll_once};
 
 const KEY: &[u8] = b"pin layer tests: a key of 32 bytes or more";
 const NEXT_KEY: &[u8] = b"pin layer tests: the key after the reload";
@@ -96,7 +96,7 @@ struct Fixture {
     keys: PinKeys,
     service: PinService<Mock>,
     handle: Handle,
-    recorder: CountingRecorder,
+    recorder: TestRecorder,
 }
 
 /// Two sites of two clusters each; this replica runs at `east`.
@@ -120,7 +120,7 @@ fn fixture() -> Fixture {
         keys,
         service,
         handle,
-        recorder: CountingRecorder::default(),
+        recorder: TestRecorder::default(),
     }
 }
 

@@ -14,7 +14,7 @@ use crate::grid::{Cluster, ClusterId, Grid, GridSettings, GridSpec};
 use crate::keying::NoKeys;
 use crate::metrics::DECISIONS_TOTAL;
 use crate::route::{BoxError, Candidates, DispatchError, NoCandidate, Pinned, Prompt, Served};
-use crate::test_support::{CountingRecorder, MODEL, grid_spec, poll_once};
+use crate::test_support::{MODEL, TestRecorder, grid_spec, poll_once};
 
 type Mock = mock::Mock<Request<String>, Response<String>>;
 type Handle = mock::Handle<Request<String>, Response<String>>;
@@ -342,8 +342,9 @@ fn a_cluster_that_is_not_ready_fails_as_a_dispatch_error_too() {
 fn each_dispatch_counts_a_decision_for_its_site_and_cluster() {
     let mut f = three_clusters();
     f.set_queue("east-b", 0.0);
-    let recorder = CountingRecorder::default();
+    let recorder = TestRecorder::default();
     metrics::with_local_recorder(&recorder, || {
+        crate::metrics::describe_metrics();
         f.route(plain());
         f.route(plain());
     });
@@ -352,6 +353,9 @@ fn each_dispatch_counts_a_decision_for_its_site_and_cluster() {
         2
     );
     assert_eq!(recorder.total(DECISIONS_TOTAL), 2);
+    let (kind, _, help) = recorder.described(DECISIONS_TOTAL).unwrap();
+    assert_eq!(kind, metrics_util::MetricKind::Counter);
+    assert!(help.unwrap().starts_with("Requests dispatched"));
 }
 
 #[test]

@@ -104,7 +104,7 @@ mod openai;
 mod prompt;
 mod request;
 mod responses;
-mod sse;
+pub mod sse;
 mod store;
 
 use std::collections::BTreeMap;

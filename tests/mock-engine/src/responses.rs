@@ -359,7 +359,7 @@ fn start_background(engine: &Arc<Engine>, draft: Draft) -> Value {
             }
             Err(error) => {
                 let mut failed = draft.object("failed", Vec::new(), None);
-                failed["error"] = json!({"code": "server_error", "message": error.message});
+                failed["error"] = json!({"code": "server_error", "message": error.message()});
                 failed
             }
         };
@@ -419,7 +419,7 @@ async fn stream_events(
         Ok(running) => running,
         Err(error) => {
             let mut failed = draft.object("failed", Vec::new(), None);
-            failed["error"] = json!({"code": "server_error", "message": error.message});
+            failed["error"] = json!({"code": "server_error", "message": error.message()});
             draft.record_finished(engine, &failed);
             return out
                 .emit("response.failed", json!({"response": failed}))

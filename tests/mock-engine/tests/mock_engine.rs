@@ -6,6 +6,8 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::StreamExt as _;
+use grid_route_mock_engine::sse::{SseStream, read_events};
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use http_body_util::{BodyExt, Full};
 use hyper::header::HeaderMap;
@@ -43,20 +45,14 @@ impl Answer {
 
     /// The server-sent events of a stream: (event name or "", data).
     fn events(&self) -> Vec<(String, String)> {
-        self.text()
-            .split("\n\n")
-            .filter(|event| !event.trim().is_empty())
+        read_events(&self.body)
+            .unwrap()
+            .into_iter()
             .map(|event| {
-                let mut name = String::new();
-                let mut data = String::new();
-                for line in event.lines() {
-                    if let Some(value) = line.strip_prefix("event: ") {
-                        value.clone_into(&mut name);
-                    } else if let Some(value) = line.strip_prefix("data: ") {
-                        value.clone_into(&mut data);
-                    }
-                }
-                (name, data)
+                (
+                    event.event.unwrap_or_default(),
+                    event.data.unwrap_or_default(),
+                )
             })
             .collect()
     }
@@ -436,6 +432,42 @@ async fn a_client_that_gives_up_stops_counting_as_waiting() {
         quitter.await.unwrap();
     }
     holder.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_flushes_each_event_and_a_client_that_leaves_frees_its_running_slot() {
+    // Seven reply tokens 2 s apart: the whole stream would take 14 s.
+    let decode_delay = Duration::from_secs(2);
+    let engine = start(MockEngineConfig {
+        decode_delay_per_token: decode_delay,
+        ..MockEngineConfig::named("east-a")
+    })
+    .await;
+    let mut body = chat("one two three four five six");
+    body["stream"] = true.into();
+    let request = Request::post(format!("{}/v1/chat/completions", engine.url()))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let sent = Instant::now();
+    let response = client().request(request).await.unwrap();
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut events = SseStream::new(response.into_body());
+    let first = events.next().await.unwrap().unwrap();
+    let first: Value = serde_json::from_str(first.data.as_deref().unwrap()).unwrap();
+    // The role chunk arrives on its own, before the first token is decoded: the body is
+    // not held back until the stream ends.
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(metric(&engine, "vllm:num_requests_running").await, 1);
+
+    drop(events);
+    let full_stream = sent + decode_delay * 7;
+    while metric(&engine, "vllm:num_requests_running").await != 0 {
+        assert!(
+            Instant::now() < full_stream,
+            "the abandoned stream kept its running slot to the end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

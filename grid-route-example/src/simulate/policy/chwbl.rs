@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Route, Router, Setup};
+use crate::simulate::trace::mix64;
 
 /// How far above the mean load an engine may go: the SGLang gateway's default.
 pub const CHWBL_LOAD_FACTOR: f64 = 1.25;
@@ -39,7 +40,7 @@ impl Chwbl {
     pub(super) fn new(setup: &Setup) -> Self {
         let mut ring: Vec<(u64, usize)> = (0..setup.engines())
             .flat_map(|engine| {
-                (0..VIRTUAL_NODES).map(move |v| (mix(mix(engine as u64) ^ v), engine))
+                (0..VIRTUAL_NODES).map(move |v| (mix64(mix64(engine as u64) ^ v), engine))
             })
             .collect();
         ring.sort_unstable();
@@ -59,7 +60,7 @@ impl Router for Chwbl {
             .blocks
             .iter()
             .take(CHWBL_PREFIX_BLOCKS)
-            .fold(0x6368_7762_6c00_0000_u64, |h, &id| mix(h ^ id));
+            .fold(0x6368_7762_6c00_0000_u64, |h, &id| mix64(h ^ id));
         let loads = &mut self.loads[route.replica];
         let total: usize = loads.iter().sum();
         let bound = (CHWBL_LOAD_FACTOR * (total + 1) as f64 / loads.len() as f64).ceil() as usize;
@@ -91,12 +92,4 @@ impl Router for Chwbl {
     fn outcomes(&self) -> BTreeMap<&'static str, u64> {
         self.outcomes.clone()
     }
-}
-
-/// splitmix64's finaliser: spreads ids and ring points over 64 bits.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
