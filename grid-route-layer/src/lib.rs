@@ -17,6 +17,13 @@
 //!
 //! [`select`] shows a cluster service built from `tower::balance` p2c over its endpoints,
 //! and a balancer of your own in place of [`select::Select`].
+//!
+//! # Cargo features
+//!
+//! - `serde` (off by default): `Deserialize` for the config and spec types
+//!   ([`config::PrefixAffinityConfig`], [`grid::GridSpec`] and its sites and clusters), so
+//!   a gateway reads its config file straight into them and their defaults live here
+//!   alone. The example gateway turns it on.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
