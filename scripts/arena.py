@@ -355,6 +355,8 @@ class RouterConfig:
     priced: bool = False
     # prefill_tokens_per_second: auto from the measured rate, and engine_feedback: true
     learned: bool = False
+    # engine_feedback: false (it is on by default)
+    no_feedback: bool = False
 
 
 # The prior of grid-learned when no prefill rate was measured or given.
@@ -375,6 +377,9 @@ def router_configs(prefill_rate: float | None) -> dict[str, RouterConfig]:
         "grid-t0.6": RouterConfig(
             "grid-t0.6", f"grid-route, {recommended}, threshold 0.6", "grid",
             count_in_flight=True, priced=True, threshold=0.6),
+        "grid-nofeedback": RouterConfig(
+            "grid-nofeedback", f"grid-route, {recommended}, engine_feedback off", "grid",
+            count_in_flight=True, priced=True, no_feedback=True),
         "grid-learned": RouterConfig(
             "grid-learned", f"grid-route, count_in_flight, prefill learned (auto) from {prior}, "
             "engine_feedback", "grid", count_in_flight=True, learned=True),
@@ -400,6 +405,8 @@ def start_router(procs: Procs, cfg: RouterConfig, engines: list[str], args, out:
             prior = args.prefill_rate if args.prefill_rate else LEARNED_PRIOR_FALLBACK
             affinity += ["prefill_tokens_per_second: auto",
                          f"prefill_prior_tokens_per_second: {prior:.0f}", "engine_feedback: true"]
+        if cfg.no_feedback:
+            affinity.append("engine_feedback: false")
         if cfg.threshold is not None:
             affinity.append(f"threshold: {cfg.threshold}")
         yaml = f"listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\nqueue: {queue}\n"
@@ -509,6 +516,9 @@ def scrape_decisions(admin: str) -> dict[str, float]:
             labels, value = line.rsplit(" ", 1)
             outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
             counts[outcome] = counts.get(outcome, 0) + float(value)
+        elif line.startswith("grid_route_index_forgotten_total{"):
+            # Index entries engine feedback forgot, over every cluster.
+            counts["forgotten"] = counts.get("forgotten", 0) + float(line.rsplit(" ", 1)[1])
     return counts
 
 
