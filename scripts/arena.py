@@ -374,6 +374,9 @@ def router_configs(prefill_rate: float | None) -> dict[str, RouterConfig]:
         "grid-t0.5": RouterConfig(
             "grid-t0.5", f"grid-route, {recommended}, threshold 0.5", "grid",
             count_in_flight=True, priced=True, threshold=0.5),
+        "grid-t0.3": RouterConfig(
+            "grid-t0.3", f"grid-route, {recommended}, threshold 0.3", "grid",
+            count_in_flight=True, priced=True, threshold=0.3),
         "grid-t0.6": RouterConfig(
             "grid-t0.6", f"grid-route, {recommended}, threshold 0.6", "grid",
             count_in_flight=True, priced=True, threshold=0.6),
