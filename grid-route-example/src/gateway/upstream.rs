@@ -64,8 +64,16 @@ pub const EJECTIONS_TOTAL: &str = "grid_route_ejections_total";
 
 /// How long connecting to an engine may take by default (`timeouts.upstream_connect_ms`).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long an idle pooled connection is kept.
-pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long an idle pooled connection to an engine is kept for reuse.
+///
+/// Below the 5 s after which the engines' HTTP servers close an idle keep-alive connection
+/// (uvicorn's `timeout_keep_alive`, which vLLM's and SGLang's servers run with, and
+/// cpp-httplib's keep-alive timeout in llama.cpp's `llama-server`). A connection the server
+/// is closing at the moment the gateway reuses it fails the request after its bytes were
+/// written, and such a request is never retried (the engine may have read it), so the
+/// gateway must not hold connections that long: the real-engine arena saw one such 502
+/// with the 90 s this used to be.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// Requests a cluster's balancer queues while it picks endpoints.
 pub const CLUSTER_QUEUE_CAPACITY: usize = 1024;
 
@@ -497,6 +505,60 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An engine whose server closes a keep-alive connection idle for `keep_alive` when its
+    /// next request arrives, without answering it: the moment a real server's idle close
+    /// crosses the client's reuse. Answers every other request with a small 200.
+    async fn closing_engine(keep_alive: Duration) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            loop {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut answered: Option<std::time::Instant> = None;
+                    let mut buffer = [0_u8; 4096];
+                    // Each test request is one small GET: a read holds it whole.
+                    while socket.read(&mut buffer).await.is_ok_and(|n| n > 0) {
+                        if answered.is_some_and(|at| at.elapsed() >= keep_alive) {
+                            return;
+                        }
+                        let answer = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+                        if socket.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        answered = Some(std::time::Instant::now());
+                    }
+                });
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_is_not_reused_once_an_engine_may_be_closing_it() {
+        let engine = closing_engine(Duration::from_secs(5)).await;
+        let client = http_client(CONNECT_TIMEOUT);
+        let get = || {
+            let request = http::Request::get(format!("{engine}/health"))
+                .body(Body::empty())
+                .unwrap();
+            client.request(request)
+        };
+        assert_eq!(get().await.unwrap().status(), http::StatusCode::OK);
+        // Idle past the engine's keep-alive: reusing the pooled connection would be
+        // refused mid-request; a fresh one is answered.
+        tokio::time::sleep(Duration::from_millis(5_200)).await;
+        let answer = get().await;
+        assert!(
+            answer
+                .as_ref()
+                .is_ok_and(|a| a.status() == http::StatusCode::OK),
+            "{:?}",
+            answer.err()
+        );
+    }
 
     #[test]
     fn request_paths_join_under_the_endpoints_prefix() {
