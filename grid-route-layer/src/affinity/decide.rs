@@ -257,12 +257,54 @@ impl Affinity {
         });
         let mut depth = depths.iter();
         candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
+        if narrowing.outcome == Outcome::NoMatch {
+            candidates = self.roomiest(candidates, now);
+        }
         Decision {
             outcome: Some(narrowing.outcome),
             deepest: narrowing.deepest,
             covered_bytes: keys.covered_bytes(narrowing.deepest),
             clusters: candidates,
         }
+    }
+}
+
+impl Affinity {
+    /// Where a request that matches nothing may go: the least loaded of `candidates` (as
+    /// [`least_loaded`](crate::select::least_loaded) ranks them), and among those the ones
+    /// whose index holds the fewest entries.
+    ///
+    /// Between its turns a conversation is in no cluster's load, so by load alone a new
+    /// conversation lands as often on an engine whose cache is full of others (which it
+    /// then evicts) as on one with room. The fewest entries stand for the most room, as
+    /// the smallest radix tree does in SGLang's and vLLM's cache-aware routers. Load
+    /// still comes first: this only breaks ties.
+    fn roomiest(&self, candidates: Vec<Arc<Cluster>>, now: Instant) -> Vec<Arc<Cluster>> {
+        let ranked: Vec<((f64, usize, usize), Arc<Cluster>)> = candidates
+            .into_iter()
+            .map(|c| {
+                let load = c.load();
+                let rank = (
+                    load.routing_load(now),
+                    load.in_flight(),
+                    self.index.entries(c.id()),
+                );
+                (rank, c)
+            })
+            .collect();
+        let best = ranked
+            .iter()
+            .map(|(rank, _)| *rank)
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        ranked
+            .into_iter()
+            .filter(|(rank, _)| {
+                best.is_some_and(|b| {
+                    rank.0.total_cmp(&b.0).is_eq() && rank.1 == b.1 && rank.2 == b.2
+                })
+            })
+            .map(|(_, c)| c)
+            .collect()
     }
 }
 

@@ -16,7 +16,13 @@
 //! 2. `deepest` is the largest depth. It sticks when it covers at least
 //!    [`STICKY_MATCH_BYTES`] (32 blocks, 8 KiB) or at least `threshold` (default 0.8) of
 //!    the bytes the prompt's keys cover; never when `deepest <` [`MIN_STICKY_DEPTH`] (4),
-//!    so identical short prompts spread by load. Otherwise → [`Outcome::NoMatch`].
+//!    so identical short prompts spread by load. Otherwise → [`Outcome::NoMatch`]: the
+//!    least loaded candidates stay (as [`least_loaded`](crate::select::least_loaded)
+//!    ranks them), and among those the ones whose index holds the fewest entries, the
+//!    most room. Between its turns a conversation weighs on no cluster's load, so by load
+//!    alone a new one lands as often on an engine whose cache is full of others (which it
+//!    then evicts) as on one with room; SGLang's and vLLM's cache-aware routers send such
+//!    a request to the worker with the smallest tree for the same reason.
 //! 3. The load gate prices the match by the prefill it saves: covered bytes / 4 bytes a
 //!    token / `prefill_tokens_per_second` (default 10000) seconds, worth that many
 //!    seconds / `queued_request_seconds` (default 2) queued requests. If the least queue

@@ -322,7 +322,37 @@ fn identical_short_prompts_never_stick() {
     // The whole prompt is held, far above the threshold, but under the floor.
     assert_eq!(decision.deepest(), keys.len());
     assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
-    assert_eq!(names(&decision), ["east-a", "west-a"]);
+    // Matching nothing, it goes where the index holds least.
+    assert_eq!(names(&decision), ["west-a"]);
+}
+
+#[test]
+fn a_request_matching_nothing_goes_to_the_roomiest_of_the_least_loaded() {
+    let f = three_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    let other = f.prompt(&[
+        ("system", &text("another conversation", 40 * 256)),
+        ("user", "hi"),
+    ]);
+    // east-a holds two conversations, west-a one, north-a none; all idle.
+    f.confirm("east-a", &first);
+    f.confirm("east-a", &other);
+    f.confirm("west-a", &other);
+    for name in ["east-a", "west-a", "north-a"] {
+        f.set_queue(name, Some(0.0));
+    }
+    let stranger = f.prompt(&[("system", &text("a stranger", 40 * 256)), ("user", "hi")]);
+    let decision = f.decide(&stranger);
+    assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+    assert_eq!(names(&decision), ["north-a"]);
+    // Equal room: every least-loaded one stays, for Select to take turns among.
+    f.confirm("north-a", &other);
+    assert_eq!(names(&f.decide(&stranger)), ["west-a", "north-a"]);
+    // Load comes first: with north-a busier, the roomiest of the other two.
+    f.set_queue("north-a", Some(3.0));
+    assert_eq!(names(&f.decide(&stranger)), ["west-a"]);
+    // A request that matches still sticks to the full one.
+    assert_eq!(names(&f.decide(&next)), ["east-a"]);
 }
 
 #[test]
