@@ -280,6 +280,7 @@ mod tests {
             (CACHED_PROMPT_TOKENS_TOTAL, MetricKind::Counter),
             (PREDICTED_CACHED_TOKENS_TOTAL, MetricKind::Counter),
             (DELIVERED_CACHED_TOKENS_TOTAL, MetricKind::Counter),
+            (INDEX_FORGOTTEN_TOTAL, MetricKind::Counter),
             (PREFILL_TOKENS_PER_SECOND, MetricKind::Gauge),
             (KEYING_SECONDS, MetricKind::Histogram),
             (KEYS_PER_REQUEST, MetricKind::Histogram),
