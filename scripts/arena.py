@@ -377,6 +377,9 @@ def router_configs(prefill_rate: float | None) -> dict[str, RouterConfig]:
         "grid-t0.3": RouterConfig(
             "grid-t0.3", f"grid-route, {recommended}, threshold 0.3", "grid",
             count_in_flight=True, priced=True, threshold=0.3),
+        "grid-t0.3-nofeedback": RouterConfig(
+            "grid-t0.3-nofeedback", f"grid-route, {recommended}, threshold 0.3, engine_feedback off",
+            "grid", count_in_flight=True, priced=True, threshold=0.3, no_feedback=True),
         "grid-t0.6": RouterConfig(
             "grid-t0.6", f"grid-route, {recommended}, threshold 0.6", "grid",
             count_in_flight=True, priced=True, threshold=0.6),
