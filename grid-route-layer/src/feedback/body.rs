@@ -9,11 +9,10 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::forget::{fell_short, predicted_tokens};
+use super::forget::{EvictionMarks, predicted_tokens};
 use super::usage::{PromptUsage, UsageReader};
 use crate::affinity::Affinity;
 use crate::grid::ClusterId;
-use crate::index::Confirmation;
 use crate::metrics::{
     CACHED_PROMPT_TOKENS_TOTAL, CLUSTER_LABEL, DELIVERED_CACHED_TOKENS_TOTAL,
     INDEX_FORGOTTEN_TOTAL, PREDICTED_CACHED_TOKENS_TOTAL, PREFILL_TOKENS_PER_SECOND,
@@ -57,11 +56,11 @@ pub(super) struct Prediction {
     pub(super) teach: Option<Teach>,
 }
 
-/// The affinity whose index forgets what an engine no longer holds, and when each
-/// candidate was last confirmed for the prompt's deepest matched key.
+/// The affinity whose index forgets what an engine no longer holds, and the marks it
+/// forgets by.
 pub(super) struct Teach {
     pub(super) affinity: Affinity,
-    pub(super) marks: Vec<(ClusterId, Confirmation)>,
+    pub(super) marks: EvictionMarks,
 }
 
 impl Drop for Tally {
@@ -120,18 +119,20 @@ impl Prediction {
     /// Runs when the answer's body is done, after confirmation refreshed the prompt at the
     /// response head, so the prompt itself (which the engine now holds) stays.
     fn weigh(self, cluster: &ClusterId, usage: PromptUsage) {
-        let Some(teach) = self.teach else {
+        // Checked again here: a reload may have turned feedback off while the answer ran.
+        let Some(teach) = self
+            .teach
+            .filter(|t| t.affinity.settings().engine_feedback())
+        else {
             return;
         };
-        if !teach.affinity.settings().engine_feedback()
-            || !fell_short(self.matched, usage.cached_tokens)
-        {
-            return;
-        }
-        let Some(&(_, mark)) = teach.marks.iter().find(|(id, _)| id == cluster) else {
+        let index = teach.affinity.index();
+        let Some(forgotten) = teach
+            .marks
+            .weigh(index, cluster, self.matched, usage.cached_tokens)
+        else {
             return;
         };
-        let forgotten = teach.affinity.index().forget_older(cluster, mark);
         metrics::counter!(
             INDEX_FORGOTTEN_TOTAL,
             SITE_LABEL => Arc::clone(cluster.site().as_arc()),

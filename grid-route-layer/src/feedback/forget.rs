@@ -1,7 +1,12 @@
 //! The forget rule as plain code: what the index predicted against what the engine
 //! delivered.
 
+use std::time::Instant;
+
 use crate::affinity::BYTES_PER_TOKEN;
+use crate::grid::ClusterId;
+use crate::index::{Confirmation, PrefixIndex};
+use crate::keying::PrefixKeys;
 use crate::route::PredictedMatch;
 
 /// The index forgets when an engine delivers less than this share of the cached prompt it
@@ -47,4 +52,86 @@ pub fn predicted_tokens(covered_bytes: u64) -> u64 {
 pub fn fell_short(predicted: PredictedMatch, delivered_tokens: u64) -> bool {
     let predicted_tokens = predicted_tokens(predicted.covered_bytes());
     predicted_tokens > 0 && (delivered_tokens as f64) < FORGET_BELOW_SHARE * predicted_tokens as f64
+}
+
+/// When each sticky candidate was last confirmed for the prompt's deepest matched key, read
+/// as the request goes out (before confirmation refreshes it), and the forget rule applied
+/// to the engine's report once the answer ends.
+///
+/// The one implementation of the rule: [`FeedbackLayer`](super::FeedbackLayer) uses it,
+/// and so does the example gateway's simulator.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+///
+/// use grid_route_layer::feedback::EvictionMarks;
+/// use grid_route_layer::grid::{ClusterId, SiteName};
+/// use grid_route_layer::index::{IndexSettings, PrefixIndex};
+/// use grid_route_layer::keying::PrefixKeys;
+/// use grid_route_layer::route::PredictedMatch;
+///
+/// let east = ClusterId::new(SiteName::new("east").unwrap(), "east-a");
+/// let base = Instant::now();
+/// let index = PrefixIndex::starting_at(IndexSettings::default(), [east.clone()], base);
+/// let older = [0xaa, 0xbb];
+/// let keys = PrefixKeys::from_block_digests(&(0..40).collect::<Vec<u64>>()).unwrap();
+/// index.confirm(&east, &older, base);
+/// index.confirm(&east, keys.as_slice(), base + Duration::from_secs(5));
+/// let matched = PredictedMatch::new(keys.len(), keys.total_covered_bytes());
+/// let at = base + Duration::from_secs(9);
+/// let marks = EvictionMarks::read(&index, [&east], &keys, matched, at);
+/// // The engine served the whole prediction: nothing to forget.
+/// assert_eq!(marks.weigh(&index, &east, matched, 2560), None);
+/// // It served none of it: what was recorded there before the prompt goes.
+/// assert_eq!(marks.weigh(&index, &east, matched, 0), Some(2));
+/// assert_eq!(index.depth(&east, &older, at), 0);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct EvictionMarks {
+    marks: Vec<(ClusterId, Confirmation)>,
+}
+
+impl EvictionMarks {
+    /// Reads, in `index` at `now`, when each of `candidates` was last confirmed for the
+    /// last of `keys` that `matched` covers. Empty when nothing matched.
+    pub fn read<'a>(
+        index: &PrefixIndex,
+        candidates: impl IntoIterator<Item = &'a ClusterId>,
+        keys: &PrefixKeys,
+        matched: PredictedMatch,
+        now: Instant,
+    ) -> Self {
+        let Some(&deepest) = matched
+            .depth()
+            .checked_sub(1)
+            .and_then(|last| keys.as_slice().get(last))
+        else {
+            return Self::default();
+        };
+        let marks = candidates
+            .into_iter()
+            .filter_map(|cluster| {
+                let mark = index.confirmation(cluster, deepest, now)?;
+                Some((cluster.clone(), mark))
+            })
+            .collect();
+        Self { marks }
+    }
+
+    /// Applies an engine's report from `served`: when it [`fell_short`] of `matched`,
+    /// forgets what `index` recorded at `served` before the prompt and returns how many
+    /// entries went; `None` when it did not fall short or `served` had no mark.
+    pub fn weigh(
+        &self,
+        index: &PrefixIndex,
+        served: &ClusterId,
+        matched: PredictedMatch,
+        delivered_tokens: u64,
+    ) -> Option<usize> {
+        if !fell_short(matched, delivered_tokens) {
+            return None;
+        }
+        let &(_, mark) = self.marks.iter().find(|(id, _)| id == served)?;
+        Some(index.forget_older(served, mark))
+    }
 }

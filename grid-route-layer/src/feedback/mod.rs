@@ -51,7 +51,7 @@ mod service;
 mod usage;
 
 pub use body::FeedbackBody;
-pub use forget::{FORGET_BELOW_SHARE, fell_short, predicted_tokens};
+pub use forget::{EvictionMarks, FORGET_BELOW_SHARE, fell_short, predicted_tokens};
 pub use layer::FeedbackLayer;
 pub use service::{FeedbackService, ResponseFuture};
 pub use usage::{MAX_EVENT_LINE_BYTES, MAX_JSON_BYTES, PromptUsage, UsageReader};

@@ -11,6 +11,7 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use super::body::{FeedbackBody, Prediction, PrefillTiming, Teach};
+use super::forget::EvictionMarks;
 use super::usage::UsageReader;
 use crate::affinity::Affinity;
 use crate::route::{Candidates, PredictedMatch, Prompt, Served};
@@ -68,19 +69,15 @@ impl<S> FeedbackService<S> {
     /// prompt's deepest matched key (read now, before confirmation refreshes it).
     fn prediction<B>(&self, request: &Request<B>, now: Instant) -> Option<Prediction> {
         let matched = *request.extensions().get::<PredictedMatch>()?;
+        // Marks are read only while engine feedback is on: nothing would use them.
         let teach = self.teach.as_ref().and_then(|affinity| {
+            if !affinity.settings().engine_feedback() {
+                return None;
+            }
             let keys = request.extensions().get::<Prompt>()?.keys().ok()?;
-            let deepest = *keys.as_slice().get(matched.depth().checked_sub(1)?)?;
             let candidates = request.extensions().get::<Candidates>()?;
-            let index = affinity.index();
-            let marks = candidates
-                .as_slice()
-                .iter()
-                .filter_map(|cluster| {
-                    let mark = index.confirmation(cluster, deepest, now)?;
-                    Some((cluster.clone(), mark))
-                })
-                .collect();
+            let marks =
+                EvictionMarks::read(affinity.index(), candidates.as_slice(), keys, matched, now);
             Some(Teach {
                 affinity: affinity.clone(),
                 marks,

@@ -9,8 +9,8 @@
 //! refusing, `--fail-share`) drops them. When the answer ends, engine feedback weighs
 //! what the engine served from its cache against a sticky request's predicted match, as
 //! `FeedbackLayer` does with `engine_feedback` on: an engine that fell short
-//! ([`fell_short`]) evicted the prompt, and the index forgets what it recorded at that
-//! cluster before it ([`PrefixIndex::forget_older`]).
+//! evicted the prompt, and the index forgets what it recorded at that cluster before it:
+//! the library's [`EvictionMarks`], as in `serve`.
 //!
 //! [`least_loaded`]: grid_route_layer::select::least_loaded
 
@@ -19,9 +19,9 @@ use std::sync::Arc;
 
 use grid_route_layer::affinity::{Affinity, Outcome};
 use grid_route_layer::confirm::Verdict;
-use grid_route_layer::feedback::fell_short;
+use grid_route_layer::feedback::EvictionMarks;
 use grid_route_layer::grid::ClusterId;
-use grid_route_layer::index::{Confirmation, PrefixIndex};
+use grid_route_layer::index::PrefixIndex;
 use grid_route_layer::keying::PrefixKeys;
 use grid_route_layer::route::PredictedMatch;
 
@@ -50,7 +50,7 @@ struct Prediction {
     replica: usize,
     matched: PredictedMatch,
     /// When each sticky candidate was last confirmed for the deepest matched key.
-    marks: Vec<(ClusterId, Confirmation)>,
+    marks: EvictionMarks,
     /// The cluster that answered, from the answer's head.
     served: Option<ClusterId>,
 }
@@ -103,24 +103,17 @@ impl Router for GridRoute {
         if let Some(keys) = route.keys {
             self.keys.insert(route.id, keys.clone());
             let affinity = &self.affinity[route.replica];
-            if decision.outcome() == Some(Outcome::Sticky)
-                && affinity.settings().engine_feedback()
-                && let Some(&deepest) = keys.as_slice().get(decision.deepest().wrapping_sub(1))
+            if decision.outcome() == Some(Outcome::Sticky) && affinity.settings().engine_feedback()
             {
                 // What FeedbackService reads when the request goes out.
-                let marks = decision
-                    .clusters()
-                    .iter()
-                    .filter_map(|cluster| {
-                        let mark = affinity.index().confirmation(cluster.id(), deepest, now)?;
-                        Some((cluster.id().clone(), mark))
-                    })
-                    .collect();
+                let matched = PredictedMatch::new(decision.deepest(), decision.covered_bytes());
+                let candidates = decision.clusters().iter().map(|c| c.id());
+                let marks = EvictionMarks::read(affinity.index(), candidates, keys, matched, now);
                 self.predictions.insert(
                     route.id,
                     Prediction {
                         replica: route.replica,
-                        matched: PredictedMatch::new(decision.deepest(), decision.covered_bytes()),
+                        matched,
                         marks,
                         served: None,
                     },
@@ -152,16 +145,11 @@ impl Router for GridRoute {
         let Some(prediction) = self.predictions.remove(&id) else {
             return;
         };
-        let Some(served) = prediction.served else {
-            return;
-        };
-        if !fell_short(prediction.matched, cached_tokens) {
-            return;
-        }
-        if let Some((_, mark)) = prediction.marks.iter().find(|(id, _)| *id == served) {
-            self.affinity[prediction.replica]
-                .index()
-                .forget_older(&served, *mark);
+        if let Some(served) = prediction.served {
+            let index = self.affinity[prediction.replica].index();
+            prediction
+                .marks
+                .weigh(index, &served, prediction.matched, cached_tokens);
         }
     }
 
