@@ -11,6 +11,7 @@ use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
 use crate::keying::PrefixKeys;
+use crate::select::load_rank;
 
 /// What affinity decided for a request, the `outcome` label of
 /// `grid_route_prefix_affinity_total`.
@@ -280,29 +281,20 @@ impl Affinity {
     /// the smallest radix tree does in SGLang's and vLLM's cache-aware routers. Load
     /// still comes first: this only breaks ties.
     fn roomiest(&self, candidates: Vec<Arc<Cluster>>, now: Instant) -> Vec<Arc<Cluster>> {
-        let ranked: Vec<((f64, usize, usize), Arc<Cluster>)> = candidates
-            .into_iter()
-            .map(|c| {
-                let load = c.load();
-                let rank = (
-                    load.routing_load(now),
-                    load.in_flight(),
-                    self.index.entries(c.id()),
-                );
-                (rank, c)
-            })
-            .collect();
-        let best = ranked
-            .iter()
-            .map(|(rank, _)| *rank)
-            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let rank = |c: &Cluster| {
+            let (load, in_flight) = load_rank(c, now);
+            (load, in_flight, self.index.entries(c.id()))
+        };
+        let order = |a: &(f64, usize, usize), b: &(f64, usize, usize)| {
+            a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2))
+        };
+        let ranked: Vec<_> = candidates.into_iter().map(|c| (rank(&c), c)).collect();
+        let Some(best) = ranked.iter().map(|(r, _)| *r).min_by(order) else {
+            return Vec::new();
+        };
         ranked
             .into_iter()
-            .filter(|(rank, _)| {
-                best.is_some_and(|b| {
-                    rank.0.total_cmp(&b.0).is_eq() && rank.1 == b.1 && rank.2 == b.2
-                })
-            })
+            .filter(|(r, _)| order(r, &best).is_eq())
             .map(|(_, c)| c)
             .collect()
     }

@@ -102,6 +102,7 @@ mod service;
 
 pub use future::ResponseFuture;
 pub use pick::least_loaded;
+pub(crate) use pick::load_rank;
 pub use service::Select;
 
 #[cfg(test)]

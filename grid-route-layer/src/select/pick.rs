@@ -20,7 +20,10 @@ pub fn least_loaded<'a>(
 ) -> Option<&'a Arc<Cluster>> {
     let loads: Vec<(f64, usize, &Arc<Cluster>)> = candidates
         .into_iter()
-        .map(|c| (c.load().routing_load(now), c.load().in_flight(), c))
+        .map(|c| {
+            let (load, in_flight) = load_rank(c, now);
+            (load, in_flight, c)
+        })
         .collect();
     let (queue, in_flight) = loads
         .iter()
@@ -34,4 +37,11 @@ pub fn least_loaded<'a>(
         .filter(is_best)
         .nth(turn % best)
         .map(|&(_, _, c)| c)
+}
+
+/// What [`least_loaded`] ranks a cluster by at `now`, lowest first (compare the load with
+/// `total_cmp`): its routing load, then its requests in flight from this replica.
+pub(crate) fn load_rank(cluster: &Cluster, now: Instant) -> (f64, usize) {
+    let load = cluster.load();
+    (load.routing_load(now), load.in_flight())
 }
