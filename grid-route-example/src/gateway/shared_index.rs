@@ -634,9 +634,7 @@ impl Publisher {
                     return; // The outbox let go of the queue: sharing stopped.
                 }
                 // Entries older than the TTL can no longer count anywhere.
-                let ttl_ms =
-                    u64::try_from(self.index.settings().ttl().as_millis()).unwrap_or(u64::MAX);
-                let min_id = unix_ms(SystemTime::now()).saturating_sub(ttl_ms);
+                let min_id = oldest_live_ms(&self.index);
                 let mut pipe = redis::pipe();
                 for event in &batch {
                     pipe.cmd("XADD")
@@ -668,6 +666,12 @@ impl Publisher {
     }
 }
 
+/// The unix time in ms before which no event can still count: now − the index's TTL.
+fn oldest_live_ms(index: &PrefixIndex) -> u64 {
+    let ttl_ms = u64::try_from(index.settings().ttl().as_millis()).unwrap_or(u64::MAX);
+    unix_ms(SystemTime::now()).saturating_sub(ttl_ms)
+}
+
 /// Follows the stream and applies peers' events.
 struct Follower {
     client: Client,
@@ -683,8 +687,7 @@ impl Follower {
     async fn run(self) {
         // Replay: everything that can still count, i.e. newer than now − TTL. Stream ids
         // are `MILLISECONDS-SEQUENCE` on the Redis server's clock.
-        let ttl_ms = u64::try_from(self.index.settings().ttl().as_millis()).unwrap_or(u64::MAX);
-        let mut last_id = format!("{}-0", unix_ms(SystemTime::now()).saturating_sub(ttl_ms));
+        let mut last_id = format!("{}-0", oldest_live_ms(&self.index));
         let mut backoff = Backoff::new();
         loop {
             let Ok(mut connection) = connect(&self.client, &self.errors).await else {
