@@ -452,6 +452,11 @@ class Turn:
     ttft: float
     prompt_tokens: int
     cached_tokens: int
+    # Which conversation and turn, and when it was sent (Unix seconds): lets a reader line
+    # the turns up with the gateway's access log. Runs recorded before these existed lack them.
+    conversation: str = ""
+    turn: int = 0
+    sent_at: float = 0.0
 
 
 @dataclass
@@ -475,8 +480,9 @@ def replay(base: str, conv: Conversation, args, result: RunResult, lock: threadi
 
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="arena", max_retries=0, timeout=900)
     messages = [{"role": "system", "content": conv.system}] if conv.system else []
-    for question, answer in conv.turns:
+    for index, (question, answer) in enumerate(conv.turns):
         messages.append({"role": "user", "content": question})
+        sent_at = time.time()
         t0 = time.perf_counter()
         first_chunk = first_token = None
         usage = timings = None
@@ -508,7 +514,8 @@ def replay(base: str, conv: Conversation, args, result: RunResult, lock: threadi
                 result.errors.append(f"{conv.id}: no usage with cached tokens in the answer")
             return
         with lock:
-            result.turns.append(Turn((first_token or first_chunk or t0) - t0, usage.prompt_tokens, cached))
+            result.turns.append(Turn(
+                (first_token or first_chunk or t0) - t0, usage.prompt_tokens, cached, conv.id, index, sent_at))
         messages.append({"role": "assistant", "content": answer})
 
 

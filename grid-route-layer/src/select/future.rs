@@ -9,6 +9,7 @@ use pin_project_lite::pin_project;
 use tower::Service;
 use tower::util::Oneshot;
 
+use super::InFlightBody;
 use crate::grid::{ClusterId, InFlight};
 use crate::route::{BoxError, DispatchError, NoCandidate, Served};
 
@@ -16,11 +17,9 @@ pin_project! {
     /// The future of [`Select`](super::Select): waits for the chosen cluster's service to
     /// be ready, calls it, and sets [`Served`] on its answer.
     ///
-    /// The request counts as in flight at its cluster until the answer's head arrives
-    /// (or the request fails or is dropped): for streamed answers that is the time to
-    /// first token, which is when the engine has queued and prefilled it — the load the
-    /// queue signal measures. An error of the cluster's service is returned as a
-    /// [`DispatchError`] naming the cluster.
+    /// The request counts as in flight at its cluster from dispatch until its answer's
+    /// body ends ([`InFlightBody`]), or until the request fails or is dropped. An error of
+    /// the cluster's service is returned as a [`DispatchError`] naming the cluster.
     pub struct ResponseFuture<S, R>
     where
         S: Service<R>,
@@ -71,7 +70,7 @@ where
     S: Service<R, Response = Response<ResB>>,
     S::Error: Into<BoxError>,
 {
-    type Output = Result<Response<ResB>, BoxError>;
+    type Output = Result<Response<InFlightBody<ResB>>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
@@ -85,13 +84,13 @@ where
                 in_flight,
             } => {
                 let result = ready!(call.poll(cx));
-                // The head (or the failure) is here: the request no longer counts.
-                in_flight.take();
-                let Some(cluster) = cluster.take() else {
+                // A failure ends the request here; an answer hands its count to its body.
+                let (Some(cluster), Some(in_flight)) = (cluster.take(), in_flight.take()) else {
                     return Poll::Ready(Err("select future polled after completion".into()));
                 };
                 Poll::Ready(match result {
-                    Ok(mut response) => {
+                    Ok(response) => {
+                        let mut response = response.map(|body| InFlightBody::new(body, in_flight));
                         response.extensions_mut().insert(Served::new(cluster));
                         Ok(response)
                     }

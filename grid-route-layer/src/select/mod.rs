@@ -17,7 +17,8 @@
 //! - No candidate left: a [`NoCandidate`] error, which a gateway answers with a 404 when no
 //!   cluster of the grid serves the request's model, else with a 503.
 //! - `poll_ready` is always ready; the response future waits for the chosen cluster's
-//!   service. The request counts in flight until its answer's head.
+//!   service. The request counts in flight until its answer's body ends
+//!   ([`InFlightBody`]): engines send a stream's head before they prefill it.
 //!
 //! # Example: p2c over each cluster's endpoints
 //!
@@ -57,7 +58,7 @@
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! let response = select.oneshot(Request::new(String::from("{}"))).await.unwrap();
 //! assert_eq!(response.extensions().get::<Served>().unwrap().cluster().name(), "east-a");
-//! assert!(response.body().starts_with("from http://10.0.0."));
+//! assert!(response.into_body().into_inner().starts_with("from http://10.0.0."));
 //! # });
 //! ```
 //!
@@ -96,10 +97,12 @@
 //! [`DispatchError`]: crate::route::DispatchError
 //! [`NoCandidate`]: crate::route::NoCandidate
 
+mod body;
 mod future;
 mod pick;
 mod service;
 
+pub use body::InFlightBody;
 pub use future::ResponseFuture;
 pub use pick::least_loaded;
 pub(crate) use pick::load_rank;

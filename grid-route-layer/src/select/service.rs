@@ -12,6 +12,7 @@ use http::{Request, Response};
 use tower::Service;
 use tower::util::Oneshot;
 
+use super::InFlightBody;
 use super::future::ResponseFuture;
 use super::pick::least_loaded;
 use crate::grid::{Cluster, Grid, GridView};
@@ -170,7 +171,7 @@ where
     S: Service<Request<B>, Response = Response<ResB>> + Clone,
     S::Error: Into<BoxError>,
 {
-    type Response = Response<ResB>;
+    type Response = Response<InFlightBody<ResB>>;
     type Error = BoxError;
     type Future = ResponseFuture<S, Request<B>>;
 

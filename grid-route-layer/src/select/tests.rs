@@ -6,6 +6,7 @@ use std::task::Poll;
 use std::time::Instant;
 
 use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use tower::{Service, ServiceExt};
 use tower_test::mock;
 
@@ -116,7 +117,7 @@ impl Fixture {
         };
         let served = response.extensions().get::<Served>().unwrap();
         assert_eq!(served.cluster().name(), name);
-        assert_eq!(*response.body(), format!("from {name}"));
+        assert_eq!(*response.body().get_ref(), format!("from {name}"));
         name
     }
 }
@@ -287,16 +288,91 @@ fn a_pinned_request_without_candidates_goes_to_its_cluster() {
 }
 
 #[test]
-fn a_request_counts_in_flight_until_its_answers_head() {
+fn a_request_counts_in_flight_until_its_answers_body_ends() {
     let mut f = three_clusters();
     let (mut future, name) = f.send(plain());
+    let in_flight = |f: &Fixture| f.cluster(&name).load().in_flight();
+    assert_eq!(in_flight(&f), 1);
+    let Poll::Ready(Ok(response)) = poll_once(&mut future) else {
+        panic!("answered");
+    };
+    // The head is in but not the body: engines send a stream's head before prefilling.
+    assert_eq!(in_flight(&f), 1);
+    let mut body = response.into_body();
+    assert!(body.counts_in_flight());
+    let Poll::Ready(Some(Ok(frame))) = poll_once(&mut body.frame()) else {
+        panic!("the body's one frame");
+    };
+    assert_eq!(frame.into_data().unwrap(), format!("from {name}"));
+    // That frame was its last: the request no longer counts.
+    assert_eq!(in_flight(&f), 0);
+    assert!(!body.counts_in_flight());
+
+    // A body dropped before its end (a client that left) stops counting too.
+    let (mut future, name) = f.send(plain());
+    let Poll::Ready(Ok(response)) = poll_once(&mut future) else {
+        panic!("answered");
+    };
     assert_eq!(f.cluster(&name).load().in_flight(), 1);
-    assert!(poll_once(&mut future).is_ready());
+    drop(response);
     assert_eq!(f.cluster(&name).load().in_flight(), 0);
-    // A dropped request stops counting too.
+
+    // So does a request dropped before its head.
     let (future, name) = f.send(plain());
     drop(future);
     assert_eq!(f.cluster(&name).load().in_flight(), 0);
+}
+
+/// A body of `frames` data frames, then an error when `fails`.
+struct Frames {
+    frames: std::collections::VecDeque<&'static str>,
+    fails: bool,
+}
+
+impl http_body::Body for Frames {
+    type Data = bytes::Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, BoxError>>> {
+        Poll::Ready(match self.frames.pop_front() {
+            Some(data) => Some(Ok(http_body::Frame::data(bytes::Bytes::from_static(
+                data.as_bytes(),
+            )))),
+            None if self.fails => Some(Err("the engine went away".into())),
+            None => None,
+        })
+    }
+}
+
+#[test]
+fn a_stream_counts_in_flight_through_every_frame_until_its_end_or_error() {
+    for fails in [false, true] {
+        let f = three_clusters();
+        let cluster = f.cluster("east-a");
+        let frames = Frames {
+            frames: ["data: 1\n\n", "data: 2\n\n"].into(),
+            fails,
+        };
+        let mut body = InFlightBody::new(frames, cluster.load().start_request());
+        for _ in 0..2 {
+            assert!(matches!(
+                poll_once(&mut body.frame()),
+                Poll::Ready(Some(Ok(_)))
+            ));
+            assert_eq!(cluster.load().in_flight(), 1, "mid-stream (fails: {fails})");
+        }
+        let last = poll_once(&mut body.frame());
+        assert_eq!(matches!(last, Poll::Ready(Some(Err(_)))), fails);
+        assert_eq!(
+            cluster.load().in_flight(),
+            0,
+            "after the end (fails: {fails})"
+        );
+        assert!(!body.counts_in_flight());
+    }
 }
 
 #[test]
@@ -503,7 +579,7 @@ async fn a_cluster_service_can_be_p2c_over_its_endpoints() {
         let response = select.clone().oneshot(plain()).await.unwrap();
         let served = response.extensions().get::<Served>().unwrap();
         assert_eq!(served.cluster().name(), "east-a");
-        endpoints_seen.insert(response.into_body());
+        endpoints_seen.insert(response.into_body().into_inner());
     }
     assert_eq!(endpoints_seen.len(), 3, "{endpoints_seen:?}");
 }

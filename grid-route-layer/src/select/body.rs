@@ -1,0 +1,86 @@
+//! [`InFlightBody`]: the answer's body, which keeps its request counted in flight.
+
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::grid::InFlight;
+
+pin_project! {
+    /// The chosen cluster's answer body, frame for frame and unchanged, which keeps the
+    /// request counted in its cluster's
+    /// [`in_flight`](crate::grid::ClusterLoad::in_flight) until the body ends: its last
+    /// frame, an error, or the body being dropped (a client that left).
+    ///
+    /// Why the end and not the head: vLLM, SGLang and llama.cpp send a stream's head
+    /// before they prefill, so a request that counted only until its head stopped
+    /// counting while its engine was still working on it, and a cluster busy with long
+    /// streams looked idle.
+    pub struct InFlightBody<B> {
+        #[pin]
+        body: B,
+        in_flight: Option<InFlight>,
+    }
+}
+
+impl<B> InFlightBody<B> {
+    pub(super) fn new(body: B, in_flight: InFlight) -> Self {
+        Self {
+            body,
+            in_flight: Some(in_flight),
+        }
+    }
+
+    /// Whether the request still counts in flight (its body has not ended).
+    pub fn counts_in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// The inner body, by reference.
+    pub fn get_ref(&self) -> &B {
+        &self.body
+    }
+
+    /// The inner body.
+    pub fn into_inner(self) -> B {
+        self.body
+    }
+}
+
+impl<B: Body> Body for InFlightBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let mut this = self.project();
+        let frame = ready!(this.body.as_mut().poll_frame(cx));
+        if !matches!(frame, Some(Ok(_))) || this.body.is_end_stream() {
+            // The end, or an error the body will not recover from: the engine is done.
+            this.in_flight.take();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for InFlightBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlightBody")
+            .field("body", &self.body)
+            .field("counts_in_flight", &self.counts_in_flight())
+            .finish()
+    }
+}
