@@ -13,6 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -539,6 +541,58 @@ async fn counting_in_flight_a_burst_between_two_polls_spreads_over_the_sites() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_in_flight_a_stream_counts_until_its_last_token_not_its_head() {
+    let (_east, _west, gateway) = two_slow_sites_read_once(true).await;
+    let in_flight = |name: &str| {
+        let view = gateway.grid().view();
+        view.cluster(&cluster_id(&gateway, name))
+            .unwrap()
+            .load()
+            .in_flight()
+    };
+    // Queues read east 0, west 1: a first request goes east. Its head comes at once and
+    // its tokens 300 ms apart, as llama.cpp and vLLM stream.
+    let body = json!({
+        "model": MODEL,
+        "stream": true,
+        "messages": [{"role": "user", "content": "tell me a story in seven words"}],
+    });
+    let request = Request::post(format!("{}/v1/chat/completions", gateway.url()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["x-mock-engine"], "east-a");
+    // The head is in and the engine is still generating: the stream counts at east, which
+    // now ties west (1|1) and loses on requests in flight.
+    assert_eq!(in_flight("east-a"), 1);
+    let second = post(
+        &gateway,
+        "/v1/chat/completions",
+        chat("something else entirely"),
+    )
+    .await;
+    assert_eq!(second.engine(), "west-a");
+    // Read to its end, the stream stops counting, and east is the lighter again.
+    let mut stream = response.into_body();
+    let mut text = Vec::new();
+    while let Some(frame) = stream.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            text.extend_from_slice(&data);
+        }
+    }
+    assert!(text.ends_with(b"data: [DONE]\n\n"));
+    eventually("the stream stopped counting", || async {
+        in_flight("east-a") == 0
+    })
+    .await;
+    assert_eq!(in_flight("west-a"), 0);
+    let third = post(&gateway, "/v1/chat/completions", chat("a third thing")).await;
+    assert_eq!(third.engine(), "east-a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counting_in_flight_a_burst_of_follow_ups_spills_past_the_sticky_site() {
     for (count_in_flight, spills) in [(false, false), (true, true)] {
         let (_east, _west, gateway) = two_slow_sites_read_once(count_in_flight).await;
@@ -562,6 +616,124 @@ async fn counting_in_flight_a_burst_of_follow_ups_spills_past_the_sticky_site() 
             assert_eq!(seen, BTreeMap::from([(home.clone(), 4)]));
         }
     }
+}
+
+// ---- engines that close a kept-alive connection (llama.cpp) ----------------------------
+
+/// An engine that behaves as llama.cpp's `llama-server` does after a streamed answer: its
+/// headers promise keep-alive, yet it never reads another request on that connection. Here
+/// it reads the next one and closes without answering, which is what the gateway sees when
+/// its reuse of the connection crosses the engine's close. Answers `/metrics` with an
+/// empty queue. Returns its URL and how many requests it dropped so.
+async fn closes_after_each_stream() -> (String, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&dropped);
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let dropped = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let mut streamed = false;
+                let mut buffer = Vec::new();
+                loop {
+                    // One request: its head, then `content-length` bytes of body.
+                    let head_end = loop {
+                        if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break at + 4;
+                        }
+                        let mut chunk = [0_u8; 4096];
+                        match socket.read(&mut chunk).await {
+                            Ok(n) if n > 0 => buffer.extend_from_slice(&chunk[..n]),
+                            _ => return,
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buffer[..head_end]).to_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|line| line.strip_prefix("content-length:"))
+                        .map_or(0, |n| n.trim().parse().unwrap());
+                    while buffer.len() < head_end + length {
+                        let mut chunk = [0_u8; 4096];
+                        match socket.read(&mut chunk).await {
+                            Ok(n) if n > 0 => buffer.extend_from_slice(&chunk[..n]),
+                            _ => return,
+                        }
+                    }
+                    buffer.drain(..head_end + length);
+                    if streamed {
+                        dropped.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    let answer = if head.starts_with("get /metrics") {
+                        let text = "vllm:num_requests_waiting 0\n";
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{text}",
+                            text.len()
+                        )
+                    } else {
+                        streamed = true;
+                        let event = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+                        let done = "data: [DONE]\n\n";
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                             keep-alive: timeout=5, max=100\r\ntransfer-encoding: chunked\r\n\r\n\
+                             {:x}\r\n{event}\r\n{:x}\r\n{done}\r\n0\r\n\r\n",
+                            event.len(),
+                            done.len()
+                        )
+                    };
+                    if socket.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, dropped)
+}
+
+#[tokio::test]
+async fn a_request_the_engine_dropped_with_its_connection_after_a_stream_is_sent_again() {
+    let (url, dropped) = closes_after_each_stream().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n\
+         queue: {{ poll_interval_ms: 600000 }}\n\
+         sites:\n  - name: east\n    clusters:\n\
+         \x20     - {{ name: east-a, models: [{MODEL}], endpoints: [{url}] }}\n"
+    );
+    let gateway = gateway(&yaml).await;
+    let streamed = |content: &str| {
+        json!({"model": MODEL, "stream": true, "messages": [{"role": "user", "content": content}]})
+            .to_string()
+    };
+    // Each turn goes out on the connection the last stream left in the pool; the engine
+    // drops it unanswered, and the gateway sends the (buffered) request again on a new one.
+    for turn in 0..4 {
+        let answer = post(
+            &gateway,
+            "/v1/chat/completions",
+            streamed(&format!("turn {turn}")),
+        )
+        .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::OK,
+            "turn {turn}: {}",
+            answer.text()
+        );
+        assert!(
+            answer.text().ends_with("data: [DONE]\n\n"),
+            "{}",
+            answer.text()
+        );
+    }
+    assert!(
+        dropped.load(Ordering::SeqCst) >= 1,
+        "no request went out on a closing connection"
+    );
 }
 
 #[tokio::test]

@@ -120,9 +120,11 @@ impl ClusterLoad {
     /// ```
     ///
     /// Both terms count requests: the engines' waiting requests (the worst of the window)
-    /// and this replica's requests that have not had their answer's head. The second can
-    /// count a request twice once the engine reports it waiting, which errs towards
-    /// spreading; it is what stops a burst piling onto one cluster between two polls.
+    /// and this replica's requests whose answer has not ended (queued, prefilling or
+    /// streaming: [`InFlightBody`](crate::select::InFlightBody)). The second counts a
+    /// waiting request twice, which errs towards spreading; it is what stops a burst
+    /// piling onto one cluster between two polls, and what tells an engine running two
+    /// streams from an idle one, since engines count only waiting requests.
     /// `f64::INFINITY` when unmeasured, either way.
     pub fn routing_load(&self, now: Instant) -> f64 {
         let queue = self.queue_depth(now);
@@ -168,7 +170,8 @@ impl ClusterLoad {
             .any(|e| e.healthy.load(Ordering::Relaxed))
     }
 
-    /// Requests this replica sent to the cluster that have not had their answer's head.
+    /// Requests this replica sent to the cluster whose answer has not ended: from dispatch
+    /// to the end of the answer's body (or a failure, or the client leaving).
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
     }

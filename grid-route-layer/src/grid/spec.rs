@@ -159,8 +159,8 @@ pub struct GridSettings {
     /// How far back a cluster's queue depth looks (`queue.window_secs`, default 10 s): the
     /// depth is the worst sample seen in this window.
     pub queue_window: Duration,
-    /// Whether a cluster's load also counts the requests this replica sent it that have
-    /// not had their answer's head (`queue.count_in_flight`, default `false`). See
+    /// Whether a cluster's load also counts the requests this replica sent it whose answer
+    /// has not ended (`queue.count_in_flight`, default `false`). See
     /// [`ClusterLoad::routing_load`](crate::grid::ClusterLoad::routing_load).
     pub count_in_flight: bool,
 }

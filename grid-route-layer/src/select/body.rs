@@ -80,7 +80,7 @@ impl<B: fmt::Debug> fmt::Debug for InFlightBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InFlightBody")
             .field("body", &self.body)
-            .field("counts_in_flight", &self.counts_in_flight())
+            .field("in_flight", &self.in_flight)
             .finish()
     }
 }
