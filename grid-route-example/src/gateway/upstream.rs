@@ -39,7 +39,7 @@ use arc_swap::ArcSwap;
 use axum::body::Body;
 use grid_route_layer::grid::{Cluster, ClusterId, Grid};
 use grid_route_layer::metrics::{CLUSTER_LABEL, SITE_LABEL};
-use grid_route_layer::route::BoxError;
+use grid_route_layer::route::{BoxError, BufferedBody};
 use grid_route_layer::select::Select;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
@@ -338,7 +338,8 @@ impl Service<Request<Body>> for Endpoint {
         Box::pin(async move {
             let request = to_engine(request, &base)?;
             let first_byte = timeouts.upstream_first_byte;
-            match tokio::time::timeout(first_byte, client.request(request)).await {
+            let send = send_through_closing_connections(&client, request, &base.url);
+            match tokio::time::timeout(first_byte, send).await {
                 Ok(Ok(response)) => {
                     let status = response.status();
                     watch.report_head(status, response.headers());
@@ -458,6 +459,79 @@ pub(crate) struct ConnectFailed(#[source] hyper_util::client::legacy::Error);
 #[error("no response head within {} s", after.as_secs())]
 pub(crate) struct UpstreamTimeout {
     after: Duration,
+}
+
+/// How many times a request is sent in all when the engine keeps closing the pooled
+/// connection it went out on before answering (see [`send_through_closing_connections`]).
+const CLOSED_CONNECTION_ATTEMPTS: usize = 3;
+
+/// Sends `request`, and sends it again on another connection when the engine closed the
+/// pooled one before answering, if the body is held whole ([`BufferedBody`]: every keyed
+/// request) — at most [`CLOSED_CONNECTION_ATTEMPTS`] times in all.
+///
+/// Why: llama.cpp's `llama-server` closes the connection after every streamed answer
+/// while its headers promise keep-alive (`Keep-Alive: timeout=5, max=100`, no
+/// `Connection: close`). A request the pool puts on that connection before it has seen the
+/// close is written into a socket the engine will never read: the engine closes (or
+/// resets) it without an answer. hyper-util resends a request only when the connection was
+/// seen closed before writing, so this catches the rest. The engine read none of it, so
+/// sending it again is safe; a streamed body cannot be sent again and gets the 502.
+async fn send_through_closing_connections(
+    client: &HttpClient,
+    request: Request<Body>,
+    url: &str,
+) -> Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
+    let (parts, body) = request.into_parts();
+    let again = (parts.extensions.get::<BufferedBody>())
+        .map(|buffered| (parts.clone(), buffered.bytes().clone()));
+    let mut result = client.request(Request::from_parts(parts, body)).await;
+    let Some((parts, bytes)) = again else {
+        return result;
+    };
+    for attempt in 2..=CLOSED_CONNECTION_ATTEMPTS {
+        match &result {
+            Err(error) if closed_before_answering(error) => {
+                tracing::info!(
+                    endpoint = url,
+                    attempt,
+                    %error,
+                    "engine closed the connection before answering; sending the request again"
+                );
+            }
+            _ => return result,
+        }
+        let request = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
+        result = client.request(request).await;
+    }
+    result
+}
+
+/// Whether `error` says the connection closed (or was reset) after the request went out
+/// and before any of the answer came back, rather than a failure to connect.
+fn closed_before_answering(error: &hyper_util::client::legacy::Error) -> bool {
+    if error.is_connect() {
+        return false;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(hyper) = cause.downcast_ref::<hyper::Error>()
+            && (hyper.is_incomplete_message() || hyper.is_canceled())
+        {
+            return true;
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            )
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// The request as the engine gets it: its URI, HTTP/1.1, hop-by-hop headers dropped and
