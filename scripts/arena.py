@@ -357,6 +357,8 @@ class RouterConfig:
     learned: bool = False
     # engine_feedback: false (it is on by default)
     no_feedback: bool = False
+    # prefix_affinity.queued_request_seconds, when not the default
+    queued_seconds: float | None = None
 
 
 # The prior of grid-learned when no prefill rate was measured or given.
@@ -380,6 +382,12 @@ def router_configs(prefill_rate: float | None) -> dict[str, RouterConfig]:
         "grid-t0.3-nofeedback": RouterConfig(
             "grid-t0.3-nofeedback", f"grid-route, {recommended}, threshold 0.3, engine_feedback off",
             "grid", count_in_flight=True, priced=True, threshold=0.3, no_feedback=True),
+        "grid-t0.3-q6": RouterConfig(
+            "grid-t0.3-q6", f"grid-route, {recommended}, threshold 0.3, a queued request priced at 6 s",
+            "grid", count_in_flight=True, priced=True, threshold=0.3, queued_seconds=6),
+        "grid-t0.3-q8": RouterConfig(
+            "grid-t0.3-q8", f"grid-route, {recommended}, threshold 0.3, a queued request priced at 8 s",
+            "grid", count_in_flight=True, priced=True, threshold=0.3, queued_seconds=8),
         "grid-t0.6": RouterConfig(
             "grid-t0.6", f"grid-route, {recommended}, threshold 0.6", "grid",
             count_in_flight=True, priced=True, threshold=0.6),
@@ -415,6 +423,8 @@ def start_router(procs: Procs, cfg: RouterConfig, engines: list[str], args, out:
             affinity.append("engine_feedback: false")
         if cfg.threshold is not None:
             affinity.append(f"threshold: {cfg.threshold}")
+        if cfg.queued_seconds is not None:
+            affinity.append(f"queued_request_seconds: {cfg.queued_seconds}")
         yaml = f"listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\nqueue: {queue}\n"
         if affinity:
             yaml += "grid_site_route: { prefix_affinity: { " + ", ".join(affinity) + " } }\n"

@@ -202,6 +202,15 @@ pub struct GatewayArgs {
         value_parser = clap::value_parser!(u64).range(1..),
     )]
     pub queue_window_secs: u64,
+    /// queue.count_in_flight: a cluster's load is its queue plus this replica's requests
+    /// whose answer has not ended
+    #[arg(
+        long,
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        default_value_t = QueueConfig::default().count_in_flight,
+    )]
+    pub count_in_flight: bool,
     /// prefix_affinity.threshold
     #[arg(
         long,
@@ -251,6 +260,7 @@ impl Default for GatewayArgs {
         Self {
             poll_interval_ms: queue.poll_interval_ms,
             queue_window_secs: queue.window_secs,
+            count_in_flight: queue.count_in_flight,
             threshold: affinity.threshold,
             exploration: affinity.exploration,
             prefill_price: AffinitySettings::DEFAULT_PREFILL_TOKENS_PER_SECOND,

@@ -119,6 +119,7 @@ pub fn simulate(
             affinity: prefix_affinity.affinity,
             index: prefix_affinity.index,
             queue_window: args.gateway.queue_window(),
+            count_in_flight: args.gateway.count_in_flight,
             seed: args.seed,
             base: Instant::now(),
         },

@@ -18,12 +18,15 @@ use crate::simulate::engine::Engine;
 /// The model every simulated engine serves.
 pub(super) const MODEL: &str = "m";
 
-/// A request between dispatch and its answer's head.
+/// A request between dispatch and the end of its answer.
 struct Open {
     replica: usize,
     engine: usize,
     cluster: ClusterId,
-    /// Counts in the cluster's in-flight load until the head, as in `Select`.
+    /// Whether its answer's head came back (p2c stops counting it then).
+    headed: bool,
+    /// Counts in the cluster's in-flight load until the answer ends, as `Select`'s
+    /// `InFlightBody` does.
     _in_flight: InFlight,
 }
 
@@ -48,7 +51,9 @@ pub(super) struct Gateways {
 impl Gateways {
     pub(super) fn new(setup: &Setup) -> Self {
         let spec = grid_spec(setup.sites, setup.engines_per_site);
-        let settings = GridSettings::default().with_queue_window(setup.queue_window);
+        let settings = GridSettings::default()
+            .with_queue_window(setup.queue_window)
+            .with_count_in_flight(setup.count_in_flight);
         let replicas: Vec<Replica> = (0..setup.replicas)
             .map(|_| Replica {
                 // The spec is built valid (DNS-label names, one cluster a site, endpoints
@@ -119,18 +124,31 @@ impl Gateways {
                 replica,
                 engine,
                 cluster: cluster.id().clone(),
+                headed: false,
                 _in_flight: cluster.load().start_request(),
             },
         );
         engine
     }
 
-    /// Request `id`'s answer head came back: it stops counting in flight. Returns the
-    /// replica and the cluster that served it, for confirmation.
+    /// Request `id`'s answer head came back: it stops counting for p2c (the example
+    /// gateway's `PendingRequests` counts to the head) but still counts in its cluster's
+    /// in-flight load. Returns the replica and the cluster that served it, for
+    /// confirmation.
     pub(super) fn head(&mut self, id: usize) -> Option<(usize, ClusterId)> {
-        let open = self.open.remove(&id)?;
+        let open = self.open.get_mut(&id).filter(|open| !open.headed)?;
+        open.headed = true;
         self.replicas[open.replica].pending[open.engine] -= 1;
-        Some((open.replica, open.cluster))
+        Some((open.replica, open.cluster.clone()))
+    }
+
+    /// Request `id`'s answer ended: it stops counting in its cluster's in-flight load.
+    pub(super) fn finished(&mut self, id: usize) {
+        if let Some(open) = self.open.remove(&id)
+            && !open.headed
+        {
+            self.replicas[open.replica].pending[open.engine] -= 1;
+        }
     }
 
     /// Every replica reads every engine's waiting queue at `now`.

@@ -153,6 +153,10 @@ impl Router for GridRoute {
         }
     }
 
+    fn finished(&mut self, id: usize, _now: f64) {
+        self.gateways.finished(id);
+    }
+
     fn poll(&mut self, now: f64, engines: &[Engine]) {
         self.gateways.poll(now, engines);
     }

@@ -33,6 +33,10 @@ impl Router for LeastQueue {
         self.gateways.head(id);
     }
 
+    fn finished(&mut self, id: usize, _now: f64) {
+        self.gateways.finished(id);
+    }
+
     fn poll(&mut self, now: f64, engines: &[Engine]) {
         self.gateways.poll(now, engines);
     }

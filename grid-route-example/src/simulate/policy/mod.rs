@@ -93,6 +93,9 @@ pub struct Setup {
     pub index: IndexSettings,
     /// The queue window of the gateway's load signal.
     pub queue_window: std::time::Duration,
+    /// Whether a cluster's load counts this replica's requests in flight
+    /// (`queue.count_in_flight`).
+    pub count_in_flight: bool,
     /// The seed of every random draw.
     pub seed: u64,
     /// Virtual time zero.
