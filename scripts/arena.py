@@ -359,20 +359,26 @@ class RouterConfig:
     no_feedback: bool = False
     # prefix_affinity.queued_request_seconds, when not the default
     queued_seconds: float | None = None
+    # prefix_affinity.queued_request_seconds at the measured (or given) request time
+    queued_measured: bool = False
 
 
 # The prior of grid-learned when no prefill rate was measured or given.
 LEARNED_PRIOR_FALLBACK = 100.0
 
 
-def router_configs(prefill_rate: float | None) -> dict[str, RouterConfig]:
+def router_configs(prefill_rate: float | None, request_seconds: float | None) -> dict[str, RouterConfig]:
     rate = f"{prefill_rate:.0f} tok/s" if prefill_rate else "this CPU's rate"
     recommended = f"count_in_flight, prefill priced at {rate}"
     prior = f"{prefill_rate:.0f} tok/s" if prefill_rate else f"{LEARNED_PRIOR_FALLBACK:.0f} tok/s"
+    held = f"{request_seconds:.0f} s" if request_seconds else "this CPU's request time"
     return {
         "grid-defaults": RouterConfig("grid-defaults", "grid-route, defaults", "grid"),
         "grid-recommended": RouterConfig(
-            "grid-recommended", f"grid-route, {recommended}", "grid", count_in_flight=True, priced=True),
+            "grid-recommended", f"grid-route, {recommended}, threshold 0.3, a queued request priced at {held}",
+            "grid", count_in_flight=True, priced=True, threshold=0.3, queued_measured=True),
+        "grid-priced": RouterConfig(
+            "grid-priced", f"grid-route, {recommended}", "grid", count_in_flight=True, priced=True),
         "grid-t0.5": RouterConfig(
             "grid-t0.5", f"grid-route, {recommended}, threshold 0.5", "grid",
             count_in_flight=True, priced=True, threshold=0.5),
@@ -425,6 +431,8 @@ def start_router(procs: Procs, cfg: RouterConfig, engines: list[str], args, out:
             affinity.append(f"threshold: {cfg.threshold}")
         if cfg.queued_seconds is not None:
             affinity.append(f"queued_request_seconds: {cfg.queued_seconds}")
+        if cfg.queued_measured:
+            affinity.append(f"queued_request_seconds: {args.request_seconds:.0f}")
         yaml = f"listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\nqueue: {queue}\n"
         if affinity:
             yaml += "grid_site_route: { prefix_affinity: { " + ", ".join(affinity) + " } }\n"
@@ -571,22 +579,26 @@ def run_once(cfg: RouterConfig, repeat: int, conversations, args) -> RunResult:
     return result
 
 
-def calibrate_prefill(conversations, systems, args) -> float:
-    """This CPU's prefill rate: one fresh engine, one ~1k-token uncached prompt, the
-    engine's own `timings.prompt_per_second`."""
+def calibrate(conversations, systems, args) -> tuple[float, float]:
+    """This CPU's prefill rate and request time: one fresh engine, one ~1k-token uncached
+    prompt answered with `--max-tokens` tokens; the engine's own
+    `timings.prompt_per_second`, and its `prompt_ms + predicted_ms` (how long one request
+    holds a slot, alone on the engine)."""
     out = args.out / "calibrate"
     out.mkdir(parents=True, exist_ok=True)
     procs = Procs(out)
     try:
         (url,) = start_engines(procs, args, n=1)
         body = json.dumps({
-            "model": MODEL, "max_tokens": 1, "temperature": 0,
+            "model": MODEL, "max_tokens": args.max_tokens, "temperature": 0,
             "messages": [{"role": "system", "content": systems[0]}, {"role": "user", "content": "Hello"}],
         }).encode()
         req = urllib.request.Request(f"{url}/v1/chat/completions", body, {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=300) as r:
             answer = json.load(r)
-        return float(answer["timings"]["prompt_per_second"])
+        timings = answer["timings"]
+        held = (float(timings["prompt_ms"]) + float(timings["predicted_ms"])) / 1000
+        return float(timings["prompt_per_second"]), held
     finally:
         procs.stop()
 
@@ -630,7 +642,7 @@ def main() -> None:
         pass
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
-    parser.add_argument("--routers", default="vllm-cache_aware,grid-recommended,grid-defaults,"
+    parser.add_argument("--routers", default="vllm-cache_aware,grid-recommended,grid-defaults,grid-priced,"
                         "sglang-cache_aware,sglang-round_robin,grid-t0.5,grid-t0.6",
                         help="comma-separated, run in this order")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each router, interleaved")
@@ -646,6 +658,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=14, help="shuffles the conversations' order")
     parser.add_argument("--prefill-rate", type=float, default=None,
                         help="tok/s for the priced grid-route runs; default: measured on a fresh engine")
+    parser.add_argument("--request-seconds", type=float, default=None,
+                        help="queued_request_seconds of grid-recommended: how long one request holds "
+                        "an engine slot; default: measured on a fresh engine with the prefill rate")
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--llama-server", required=True)
     parser.add_argument("--llama-model", required=True)
@@ -654,7 +669,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    configs = router_configs(None)
+    configs = router_configs(None, None)
     order = [name.strip() for name in args.routers.split(",") if name.strip()]
     requested = set(order)
     unknown = [name for name in order if name not in configs]
@@ -669,10 +684,17 @@ def main() -> None:
     log(f"workload: {len(conversations)} conversations, {turns} turns, {args.shared} behind 3 shared "
         f"system prompts of {args.system_chars} chars, {args.concurrency} at a time")
 
-    if any(configs[n].priced or configs[n].learned for n in requested) and args.prefill_rate is None:
-        args.prefill_rate = calibrate_prefill(conversations, systems, args)
-        log(f"prefill rate of one engine on this CPU: {args.prefill_rate:.0f} tok/s")
-    configs = router_configs(args.prefill_rate)
+    needs_rate = any(configs[n].priced or configs[n].learned for n in requested) and args.prefill_rate is None
+    needs_time = any(configs[n].queued_measured for n in requested) and args.request_seconds is None
+    if needs_rate or needs_time:
+        rate, held = calibrate(conversations, systems, args)
+        if args.prefill_rate is None:
+            args.prefill_rate = rate
+        if args.request_seconds is None:
+            args.request_seconds = held
+        log(f"one engine on this CPU: prefill {rate:.0f} tok/s, one ~1k-token request held "
+            f"its slot {held:.1f} s")
+    configs = router_configs(args.prefill_rate, args.request_seconds)
 
     # Runs already in OUT (an earlier invocation with the same workload) join the table, so
     # that a session can be run in parts; a different workload in OUT is refused.

@@ -242,6 +242,17 @@ pub struct GatewayArgs {
         },
     )]
     pub prefill_price: f64,
+    /// prefix_affinity.queued_request_seconds: what one queued request costs
+    #[arg(
+        long,
+        value_name = "X",
+        allow_negative_numbers = true,
+        default_value_t = PrefixAffinityConfig::default().queued_request_seconds,
+        value_parser = |value: &str| {
+            affinity_setting(value, |config, x| config.queued_request_seconds = x)
+        },
+    )]
+    pub queued_request_seconds: f64,
     /// prefix_affinity.engine_feedback: an engine's reported miss makes the index forget
     /// what it no longer holds
     #[arg(
@@ -264,6 +275,7 @@ impl Default for GatewayArgs {
             threshold: affinity.threshold,
             exploration: affinity.exploration,
             prefill_price: AffinitySettings::DEFAULT_PREFILL_TOKENS_PER_SECOND,
+            queued_request_seconds: affinity.queued_request_seconds,
             engine_feedback: affinity.engine_feedback,
         }
     }
@@ -279,6 +291,7 @@ impl GatewayArgs {
         config.threshold = self.threshold;
         config.exploration = self.exploration;
         config.prefill_tokens_per_second = PrefillPrice::Fixed(self.prefill_price);
+        config.queued_request_seconds = self.queued_request_seconds;
         config.engine_feedback = self.engine_feedback;
         config
     }
