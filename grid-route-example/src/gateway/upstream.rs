@@ -70,9 +70,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// (uvicorn's `timeout_keep_alive`, which vLLM's and SGLang's servers run with, and
 /// cpp-httplib's keep-alive timeout in llama.cpp's `llama-server`). A connection the server
 /// is closing at the moment the gateway reuses it fails the request after its bytes were
-/// written, and such a request is never retried (the engine may have read it), so the
-/// gateway must not hold connections that long: the real-engine arena saw one such 502
-/// with the 90 s this used to be.
+/// written, so the gateway must not hold connections that long (this used to be 90 s).
+/// `llama-server` also closes a connection right after each streamed answer, whatever
+/// its headers say; the engine client sends a buffered request again in that case.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// Requests a cluster's balancer queues while it picks endpoints.
 pub const CLUSTER_QUEUE_CAPACITY: usize = 1024;
