@@ -44,7 +44,7 @@ impl<B> InFlightBody<B> {
         &self.body
     }
 
-    /// The inner body.
+    /// The inner body; the request stops counting in flight.
     pub fn into_inner(self) -> B {
         self.body
     }
