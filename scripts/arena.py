@@ -486,6 +486,8 @@ class RunResult:
     errors: list[str] = field(default_factory=list)
     decisions: dict[str, float] = field(default_factory=dict)
     sockets: int = 0
+    # The router's settings as run (a later invocation may calibrate other figures).
+    label: str = ""
 
     @property
     def cached_share(self) -> float:
@@ -629,7 +631,9 @@ def table(results: list[RunResult], configs: dict[str, RouterConfig], order: lis
         decisions = "; ".join(
             ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.decisions.items()) if v) for r in runs if r.decisions)
         errors = sum(len(r.errors) for r in runs)
-        label = configs[name].label + (f" **{errors} failed**" if errors else "")
+        # The labels its runs were made with (runs recorded before labels were, take today's).
+        labels = list(dict.fromkeys(r.label or configs[name].label for r in runs))
+        label = " / ".join(labels) + (f" **{errors} failed**" if errors else "")
         rows.append(
             f"| {label} | {shares} | {pct(ttfts, 50):.1f} / {pct(ttfts, 90):.1f} / {pct(ttfts, 99):.1f} s "
             f"| {p99s} s | {wall} | {decisions or '—'} |")
@@ -711,7 +715,7 @@ def main() -> None:
         for line in results_file.read_text().splitlines():
             d = json.loads(line)
             earlier = RunResult(d["router"], d["repeat"], d["wall"], [Turn(**t) for t in d["turns"]],
-                                d["errors"], d["decisions"], d["sockets"])
+                                d["errors"], d["decisions"], d["sockets"], d.get("label", ""))
             results.append(earlier)
             if earlier.router not in order:
                 order.append(earlier.router)
@@ -721,6 +725,7 @@ def main() -> None:
                 continue
             repeat = 1 + sum(r.router == name for r in results)
             result = run_once(configs[name], repeat, conversations, args)
+            result.label = configs[name].label
             results.append(result)
             ttfts = [t.ttft for t in result.turns]
             log(f"{name} #{repeat}: cached {100 * result.cached_share:.1f}%, TTFT p50/p90/p99 "
@@ -733,7 +738,7 @@ def main() -> None:
                 f.write(json.dumps({
                     "router": name, "repeat": repeat, "wall": result.wall,
                     "cached_share": result.cached_share, "errors": result.errors,
-                    "decisions": result.decisions, "sockets": result.sockets,
+                    "decisions": result.decisions, "sockets": result.sockets, "label": result.label,
                     "turns": [t.__dict__ for t in result.turns],
                 }) + "\n")
             (args.out / "table.md").write_text(table(results, configs, order) + "\n")
