@@ -377,6 +377,11 @@ def router_configs(prefill_rate: float | None, request_seconds: float | None) ->
         "grid-recommended": RouterConfig(
             "grid-recommended", f"grid-route, {recommended}, threshold 0.3, a queued request priced at {held}",
             "grid", count_in_flight=True, priced=True, threshold=0.3, queued_measured=True),
+        "grid-recommended-auto": RouterConfig(
+            "grid-recommended-auto",
+            f"grid-route, count_in_flight, prefill learned (auto) from {prior}, threshold 0.3, "
+            f"a queued request priced at {held}",
+            "grid", count_in_flight=True, learned=True, threshold=0.3, queued_measured=True),
         "grid-priced": RouterConfig(
             "grid-priced", f"grid-route, {recommended}", "grid", count_in_flight=True, priced=True),
         "grid-t0.5": RouterConfig(
