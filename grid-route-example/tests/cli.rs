@@ -84,6 +84,8 @@ const SUBCOMMANDS: [(&str, &[&str]); 5] = [
             "--threshold",
             "--exploration",
             "--prefill-price",
+            "--queued-request-seconds",
+            "--count-in-flight",
             "--engine-feedback",
         ],
     ),

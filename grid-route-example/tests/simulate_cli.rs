@@ -201,34 +201,45 @@ fn the_table_and_the_chart_name_every_policy() {
 }
 
 #[test]
-fn help_lists_every_flag_with_its_default() {
-    let output = simulate(&["--help"]);
-    assert!(output.status.success());
-    let help = String::from_utf8(output.stdout).unwrap();
-    for flag in [
-        "--trace",
-        "--sites",
-        "--engines-per-site",
-        "--replicas",
-        "--shared-index",
-        "--policies",
-        "--seed",
-        "--json",
-        "--plot",
-        "--kv-tokens",
-        "--max-running",
-        "--prefill-tps",
-        "--prefill-overhead-ms",
-        "--decode-tps",
-        "--poll-interval-ms",
-        "--queue-window-secs",
-        "--threshold",
-        "--exploration",
-        "--prefill-price",
-        "--fail-share",
-    ] {
-        assert!(help.contains(flag), "{flag}");
-    }
+fn a_flag_without_its_value_exits_2() {
+    // Every flag and its default in `--help`: tests/cli.rs.
     let bad = simulate(&["--trace"]);
     assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn the_gateway_load_flags_reach_the_run() {
+    let (_dir, trace) = head_of_trace(800);
+    let trace = trace.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let base = [
+            "--trace",
+            trace,
+            "--sites",
+            "4",
+            "--policies",
+            "grid-route",
+            "--json",
+        ];
+        let output = simulate(&[&base[..], extra].concat());
+        assert!(output.status.success(), "{extra:?}");
+        output.stdout
+    };
+    let defaults = run(&[]);
+    // Written out at their defaults, the flags change nothing; set, they change the run.
+    assert_eq!(
+        run(&[
+            "--count-in-flight",
+            "false",
+            "--queued-request-seconds",
+            "2"
+        ]),
+        defaults
+    );
+    let counted = run(&["--count-in-flight", "true"]);
+    assert_ne!(counted, defaults);
+    assert_ne!(
+        run(&["--count-in-flight", "true", "--queued-request-seconds", "8"]),
+        counted
+    );
 }

@@ -265,7 +265,8 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
          --policies grid-route,oracle --seed 7 --json --plot c.svg --kv-tokens 1000 \
          --max-running 8 --prefill-tps 5000 --prefill-overhead-ms 30 --decode-tps 50 \
          --poll-interval-ms 250 --queue-window-secs=3 --threshold 0.6 --exploration 0.1 \
-         --prefill-price 20000 --engine-feedback false --fail-share 0.25",
+         --prefill-price 20000 --queued-request-seconds 6 --count-in-flight true \
+         --engine-feedback false --fail-share 0.25",
     )
     .unwrap();
     assert_eq!(parsed.sites, 8);
@@ -285,6 +286,8 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
         affinity.prefill_tokens_per_second,
         PrefillPrice::Fixed(20_000.0)
     );
+    assert_eq!(affinity.queued_request_seconds, 6.0);
+    assert!(parsed.gateway.count_in_flight);
     assert!(!affinity.engine_feedback);
     assert_eq!(parsed.fail_share, 0.25);
     for (bad, error) in [
@@ -308,6 +311,14 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
         ),
         ("--trace t --bogus 1", "unexpected argument '--bogus'"),
         ("--trace t --fail-share 1", "must be in [0, 1)"),
+        (
+            "--trace t --queued-request-seconds 0",
+            "prefix_affinity.queued_request_seconds must be a finite number greater",
+        ),
+        (
+            "--trace t --count-in-flight yes",
+            "invalid value 'yes' for '--count-in-flight <BOOL>'",
+        ),
         ("--trace", "a value is required for '--trace <FILE>'"),
     ] {
         let got = parse_line(bad).unwrap_err();
