@@ -92,7 +92,7 @@ fn setup_file(var: &str, default: &str) -> PathBuf {
 /// A running `llama-server`, killed when dropped.
 struct Engine {
     url: String,
-    _process: tokio::process::Child,
+    process: tokio::process::Child,
     log: PathBuf,
 }
 
@@ -100,6 +100,13 @@ impl Engine {
     async fn start(name: &str) -> Self {
         let server = setup_file("GRID_ROUTE_LLAMA_SERVER", "bin/llama-server");
         let model = setup_file("GRID_ROUTE_LLAMA_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf");
+        Self::launch(&server, &model, name)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts `server` on `model` and waits until it is healthy, or says why it is not.
+    async fn launch(server: &Path, model: &Path, name: &str) -> Result<Self, String> {
         // The port is free when asked for; llama-server binds it moments later.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -111,10 +118,10 @@ impl Engine {
             std::process::id()
         ));
         let log_file = std::fs::File::create(&log).unwrap();
-        let process = tokio::process::Command::new(&server)
+        let process = tokio::process::Command::new(server)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .arg("--model")
-            .arg(&model)
+            .arg(model)
             .args(["--alias", MODEL, "--metrics"])
             // One thread and one slot each: the engines of the issue's measurements, and
             // two of them fit on a 2-core machine beside the build.
@@ -125,31 +132,44 @@ impl Engine {
             .stderr(log_file)
             .kill_on_drop(true)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", server.display()));
-        let engine = Self {
+            .map_err(|e| format!("cannot run {}: {e}", server.display()))?;
+        let mut engine = Self {
             url: format!("http://127.0.0.1:{port}"),
-            _process: process,
+            process,
             log,
         };
-        engine.wait_healthy().await;
-        engine
+        engine.wait_healthy().await?;
+        Ok(engine)
     }
 
-    /// Waits until `/health` says the model is loaded.
-    async fn wait_healthy(&self) {
+    /// Waits until `/health` says the model is loaded; fails at once, with the engine's last
+    /// log lines, when the process exits first.
+    async fn wait_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + ENGINE_START;
         loop {
             if let Ok(answer) = try_send(Method::GET, &format!("{}/health", self.url), "").await
                 && answer.status == StatusCode::OK
             {
-                return;
+                return Ok(());
             }
-            assert!(
-                Instant::now() < deadline,
-                "llama-server at {} did not become healthy in {ENGINE_START:?}; its log:\n{}",
-                self.url,
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
+            if let Some(status) = self.process.try_wait().unwrap() {
+                return Err(format!(
+                    "llama-server at {} exited before it was healthy ({}); run \
+                     tests/llama/setup, which checks the binary on this CPU; the engine's \
+                     last log lines:\n{}",
+                    self.url,
+                    describe_exit(status),
+                    last_lines(&self.log, 20)
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "llama-server at {} did not become healthy in {ENGINE_START:?}; its last \
+                     log lines:\n{}",
+                    self.url,
+                    last_lines(&self.log, 20)
+                ));
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -165,6 +185,27 @@ impl Engine {
             .trim()
             .parse()
             .unwrap()
+    }
+}
+
+/// How a process ended: its exit status, or the signal that killed it.
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => status.to_string(),
+    }
+}
+
+/// The last `count` lines of the file at `path`, or why there are none.
+fn last_lines(path: &Path, count: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(count)..].join("\n")
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
     }
 }
 
@@ -572,4 +613,32 @@ async fn streamed_responses_arrive_whole() {
         "store": false,
     });
     assert_streams_through_whole("/v1/responses", body).await;
+}
+
+/// An engine that dies while loading (as a native build did on Intel CPUs with AMX) fails its
+/// test at once, with its own last log lines, instead of waiting out `ENGINE_START`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_dies_while_loading_fails_its_test_at_once_with_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = dir.path().join("llama-server");
+    std::fs::write(
+        &server,
+        "#!/bin/sh\necho 'llama threadpool init, n_threads = 1'\nkill -SEGV $$\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&server, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let model = dir.path().join("model.gguf");
+    std::fs::write(&model, b"not a model").unwrap();
+
+    let started = Instant::now();
+    let Err(why) = Engine::launch(&server, &model, "dying").await else {
+        panic!("a server that kills itself was taken for healthy");
+    };
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?} to notice the engine had died",
+        started.elapsed()
+    );
+    assert!(why.contains("killed by signal 11"), "{why}");
+    assert!(why.contains("llama threadpool init"), "{why}");
 }
