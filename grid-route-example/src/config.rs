@@ -27,7 +27,7 @@
 //!   upstream_first_byte_secs: 600   # request sent -> response head: 504
 //!   upstream_idle_secs: 120     # between two chunks of an answer: the stream is aborted
 //! retries: { max_attempts: 3 }  # only requests that never reached an engine
-//! outlier: { consecutive_failures: 5, ejection_secs: 30 }
+//! outlier: { consecutive_failures: 5, ejection_secs: 30, stall_min_secs: 5 }
 //! queue: { metric: "vllm:num_requests_waiting", poll_interval_ms: 500, window_secs: 10,
 //!          count_in_flight: false }
 //! sites:
@@ -66,8 +66,11 @@
 //! - Endpoints are `http://` base URLs, optionally with a path prefix that requests are
 //!   appended to (`http://10.0.0.7:8000/engine-a` sends `/v1/chat/completions` to
 //!   `/engine-a/v1/chat/completions`); no query, no fragment, no TLS.
-//! - `queue.metric` must be a valid Prometheus metric name; `queue.poll_interval_ms` at
-//!   least 10; `max_body_bytes` at least 1.
+//! - `queue.metric` must be a valid Prometheus metric name; `queue.poll_interval_ms` from
+//!   10 ms to a day and `queue.window_secs` at most a day; `max_body_bytes` at least 1.
+//! - Every `timeouts`, `retries` and `outlier` value is at least 1 and at most a day (in
+//!   its own unit: 86,400,000 for `upstream_connect_ms`), 100 attempts, or 10,000
+//!   failures in a row: bounds that keep the time arithmetic they feed from overflowing.
 //! - `provider_allowed_paths` are exact paths: each starts with `/` and holds no `?` or
 //!   `#`.
 //! - `prefix_affinity.shared_index` needs `prefix_affinity.tag_key_path`: replicas derive
@@ -258,7 +261,14 @@ pub struct OutlierConfig {
     /// Default 5.
     pub consecutive_failures: u32,
     /// How long a first ejection lasts; each repeat doubles it, up to 10×. Default 30 s.
+    /// A 429's `Retry-After` holds an endpoint out for at most the longest ejection.
     pub ejection_secs: u64,
+    /// The least time a request may wait for its answer's head before its endpoint counts
+    /// as wedged: once the grid has seen 4 answer heads, an endpoint whose request has
+    /// waited this long and 8× the slowest of the grid's last 64 heads, with no waiting
+    /// request on its own queue gauge, is ejected at once and stays out until it answers
+    /// (see `gateway/outlier.rs`). Default 5 s.
+    pub stall_min_secs: u64,
 }
 
 impl Default for OutlierConfig {
@@ -266,6 +276,7 @@ impl Default for OutlierConfig {
         Self {
             consecutive_failures: 5,
             ejection_secs: 30,
+            stall_min_secs: 5,
         }
     }
 }
@@ -435,15 +446,23 @@ pub struct OutlierSettings {
     pub consecutive_failures: u32,
     /// The first ejection's length.
     pub ejection: Duration,
+    /// `stall_min_secs`.
+    pub stall_min: Duration,
+}
+
+impl From<&OutlierConfig> for OutlierSettings {
+    fn from(config: &OutlierConfig) -> Self {
+        Self {
+            consecutive_failures: config.consecutive_failures,
+            ejection: Duration::from_secs(config.ejection_secs),
+            stall_min: Duration::from_secs(config.stall_min_secs),
+        }
+    }
 }
 
 impl Default for OutlierSettings {
     fn default() -> Self {
-        let d = OutlierConfig::default();
-        Self {
-            consecutive_failures: d.consecutive_failures,
-            ejection: Duration::from_secs(d.ejection_secs),
-        }
+        Self::from(&OutlierConfig::default())
     }
 }
 
@@ -504,6 +523,22 @@ impl GatewayConfig {
                 "must be at least 10",
             ));
         }
+        // The poller adds the interval to the clock, and the grid the window: a day is
+        // more than anyone means and far from overflowing either.
+        if self.queue.poll_interval_ms > 86_400_000 {
+            return Err(invalid_number(
+                "queue.poll_interval_ms",
+                self.queue.poll_interval_ms,
+                "must be at most 86400000 (a day)",
+            ));
+        }
+        if self.queue.window_secs > 86_400 {
+            return Err(invalid_number(
+                "queue.window_secs",
+                self.queue.window_secs,
+                "must be at most 86400 (a day)",
+            ));
+        }
         let grid_spec = GridSpec::new(self.sites.iter().cloned());
         let mut grid_settings = GridSettings::default()
             .with_queue_window(Duration::from_secs(self.queue.window_secs))
@@ -540,10 +575,7 @@ impl GatewayConfig {
             forward_paths: Arc::new(forward_paths),
             timeouts,
             max_attempts: self.retries.max_attempts,
-            outlier: OutlierSettings {
-                consecutive_failures: self.outlier.consecutive_failures,
-                ejection: Duration::from_secs(self.outlier.ejection_secs),
-            },
+            outlier: OutlierSettings::from(&self.outlier),
             queue_metric: self.queue.metric.as_str().into(),
             poll_interval: Duration::from_millis(self.queue.poll_interval_ms),
             grid_spec,
@@ -599,54 +631,60 @@ impl GatewayConfig {
         })
     }
 
-    /// `timeouts`, `retries` and `outlier`: every value at least 1.
+    /// `timeouts`, `retries` and `outlier`: every value in its range. The upper bounds
+    /// keep the time arithmetic they feed far from overflow (the longest ejection is
+    /// [`MAX_EJECTION_FACTOR`](crate::gateway::MAX_EJECTION_FACTOR) × a day) and refuse
+    /// values no operator means (a timeout of more than a day, a thousand attempts).
     fn check_failure_handling(&self) -> Result<(), ConfigError> {
-        for (field, value) in [
+        const DAY_SECS: u64 = 86_400;
+        let t = &self.timeouts;
+        let o = &self.outlier;
+        for (field, value, max) in [
             (
                 "timeouts.client_header_secs",
-                self.timeouts.client_header_secs,
+                t.client_header_secs,
+                DAY_SECS,
             ),
             (
                 "timeouts.client_body_idle_secs",
-                self.timeouts.client_body_idle_secs,
+                t.client_body_idle_secs,
+                DAY_SECS,
             ),
             (
                 "timeouts.upstream_connect_ms",
-                self.timeouts.upstream_connect_ms,
+                t.upstream_connect_ms,
+                DAY_SECS * 1000,
             ),
             (
                 "timeouts.upstream_first_byte_secs",
-                self.timeouts.upstream_first_byte_secs,
+                t.upstream_first_byte_secs,
+                DAY_SECS,
             ),
             (
                 "timeouts.upstream_idle_secs",
-                self.timeouts.upstream_idle_secs,
+                t.upstream_idle_secs,
+                DAY_SECS,
             ),
-        ] {
-            if value == 0 {
-                return Err(invalid_number(field, 0, "must be at least 1"));
-            }
-        }
-        if self.retries.max_attempts == 0 {
-            return Err(invalid_number(
+            (
                 "retries.max_attempts",
-                0,
-                "must be at least 1",
-            ));
-        }
-        if self.outlier.consecutive_failures == 0 {
-            return Err(invalid_number(
+                u64::from(self.retries.max_attempts),
+                100,
+            ),
+            (
                 "outlier.consecutive_failures",
-                0,
-                "must be at least 1",
-            ));
-        }
-        if self.outlier.ejection_secs == 0 {
-            return Err(invalid_number(
-                "outlier.ejection_secs",
-                0,
-                "must be at least 1",
-            ));
+                u64::from(o.consecutive_failures),
+                10_000,
+            ),
+            ("outlier.ejection_secs", o.ejection_secs, DAY_SECS),
+            ("outlier.stall_min_secs", o.stall_min_secs, DAY_SECS),
+        ] {
+            if !(1..=max).contains(&value) {
+                return Err(invalid_number(
+                    field,
+                    value,
+                    &format!("must be from 1 to {max}"),
+                ));
+            }
         }
         Ok(())
     }
@@ -803,6 +841,7 @@ sites:
         assert_eq!(config.retries.max_attempts, 3);
         assert_eq!(config.outlier.consecutive_failures, 5);
         assert_eq!(config.outlier.ejection_secs, 30);
+        assert_eq!(config.outlier.stall_min_secs, 5);
         assert_eq!(config.queue.metric, "vllm:num_requests_waiting");
         assert_eq!(config.queue.poll_interval_ms, 500);
         assert_eq!(config.queue.window_secs, 10);
@@ -974,6 +1013,15 @@ grid_site_route:
                 "queue.poll_interval_ms must be at least 10, got 5".to_owned(),
             ),
             (
+                format!("{MINIMAL}queue: {{ poll_interval_ms: 18446744073709551615 }}\n"),
+                "queue.poll_interval_ms must be at most 86400000 (a day), got 18446744073709551615"
+                    .to_owned(),
+            ),
+            (
+                format!("{MINIMAL}queue: {{ window_secs: 86401 }}\n"),
+                "queue.window_secs must be at most 86400 (a day), got 86401".to_owned(),
+            ),
+            (
                 format!("{MINIMAL}queue: {{ metric: \"vllm num\" }}\n"),
                 r#"queue.metric must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*), got "vllm num""#.to_owned(),
             ),
@@ -1015,15 +1063,29 @@ grid_site_route:
             ),
             (
                 format!("{MINIMAL}timeouts: {{ upstream_idle_secs: 0 }}\n"),
-                "timeouts.upstream_idle_secs must be at least 1, got 0".to_owned(),
+                "timeouts.upstream_idle_secs must be from 1 to 86400, got 0".to_owned(),
             ),
             (
                 format!("{MINIMAL}retries: {{ max_attempts: 0 }}\n"),
-                "retries.max_attempts must be at least 1, got 0".to_owned(),
+                "retries.max_attempts must be from 1 to 100, got 0".to_owned(),
             ),
             (
                 format!("{MINIMAL}outlier: {{ consecutive_failures: 0 }}\n"),
-                "outlier.consecutive_failures must be at least 1, got 0".to_owned(),
+                "outlier.consecutive_failures must be from 1 to 10000, got 0".to_owned(),
+            ),
+            (
+                format!("{MINIMAL}outlier: {{ ejection_secs: 18446744073709551615 }}\n"),
+                "outlier.ejection_secs must be from 1 to 86400, got 18446744073709551615"
+                    .to_owned(),
+            ),
+            (
+                format!("{MINIMAL}outlier: {{ stall_min_secs: 0 }}\n"),
+                "outlier.stall_min_secs must be from 1 to 86400, got 0".to_owned(),
+            ),
+            (
+                format!("{MINIMAL}timeouts: {{ upstream_first_byte_secs: 86401 }}\n"),
+                "timeouts.upstream_first_byte_secs must be from 1 to 86400, got 86401"
+                    .to_owned(),
             ),
         ];
         for (yaml, message) in cases {

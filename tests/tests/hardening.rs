@@ -638,6 +638,220 @@ async fn a_429_with_retry_after_holds_the_endpoint_out_that_long() {
     assert!(held >= Duration::from_millis(1900), "back after {held:?}");
 }
 
+/// A gateway with every default but the listen addresses: `(site, cluster, engine URL)`s.
+fn default_yaml(clusters: &[(&str, &str, String)]) -> String {
+    let mut yaml = String::from("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nsites:\n");
+    for (site, cluster, url) in clusters {
+        let _ = writeln!(
+            yaml,
+            "  - {{ name: {site}, clusters: [{{ name: {cluster}, models: [{MODEL}], \
+             endpoints: [{url}] }}] }}"
+        );
+    }
+    yaml
+}
+
+/// Sends `body` and waits at most `patience` for the whole answer: `None` when the client
+/// gave up (and dropped the connection), as an impatient client does.
+async fn send_within(url: &str, body: String, patience: Duration) -> Option<Answer> {
+    tokio::time::timeout(patience, send(Method::POST, url, body))
+        .await
+        .ok()
+}
+
+#[tokio::test]
+async fn a_retry_after_past_any_clock_answers_every_request_at_the_defaults() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let gateway = gateway(&default_yaml(&[
+        ("east", "east-a", east.url()),
+        ("west", "west-a", west.url()),
+    ]))
+    .await;
+    // u64::MAX seconds: added to the clock as it was, it overflowed and the panic dropped
+    // the client's connection.
+    let fail = format!("{}/mock/fail", east.url());
+    let plan = r#"{"status":429,"count":6,"retry_after":18446744073709551615}"#;
+    assert_eq!(send(Method::POST, &fail, plan).await.status, StatusCode::OK);
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut throttled = 0;
+    for i in 0..6 {
+        // `send` fails the test on a dropped connection: every request has an answer.
+        let answer = send(Method::POST, &url, chat(&format!("retry after {i}"))).await;
+        match answer.status {
+            StatusCode::OK => {}
+            StatusCode::TOO_MANY_REQUESTS => throttled += 1,
+            other => panic!("answered {other}: {:?}", answer.body),
+        }
+    }
+    // East is held out after its first 429, so at most that one reached the client.
+    assert!(throttled <= 1, "{throttled} requests answered 429");
+    assert_eq!(
+        endpoint_healthy(&gateway, "east-a", &east.url()),
+        Some(false)
+    );
+}
+
+#[tokio::test]
+async fn a_huge_retry_after_holds_an_endpoint_out_for_at_most_the_longest_ejection() {
+    let east = engine("east-a").await;
+    let spare = engine("east-a").await;
+    // The longest ejection: 10 × 1 s.
+    let gateway = gateway(&config_yaml(
+        &[("east", "east-a", vec![east.url(), spare.url()])],
+        "outlier: { ejection_secs: 1 }\n",
+    ))
+    .await;
+    let fail = format!("{}/mock/fail", east.url());
+    let year = 365 * 24 * 3600;
+    let plan = format!(r#"{{"status":429,"count":1,"retry_after":{year}}}"#);
+    assert_eq!(send(Method::POST, &fail, plan).await.status, StatusCode::OK);
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut throttled_at = None;
+    for i in 0..40 {
+        let answer = send(Method::POST, &url, chat(&format!("a year {i}"))).await;
+        if answer.status == StatusCode::TOO_MANY_REQUESTS {
+            throttled_at = Some(Instant::now());
+            break;
+        }
+    }
+    let throttled_at = throttled_at.expect("the 429 never came");
+    let deadline = throttled_at + Duration::from_secs(15);
+    while endpoint_healthy(&gateway, "east-a", &east.url()) != Some(true) {
+        assert!(
+            Instant::now() < deadline,
+            "the endpoint asked to be left alone for a year is still out after 15 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let held = throttled_at.elapsed();
+    assert!(held >= Duration::from_secs(9), "back after only {held:?}");
+}
+
+/// An engine that takes requests and never answers them while its `/metrics` says its
+/// queue is empty (a hung worker behind a live HTTP server), at the gateway's defaults.
+#[tokio::test]
+async fn a_wedged_engine_costs_at_most_one_request_at_the_defaults() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let gateway = gateway(&default_yaml(&[
+        ("east", "east-a", east.url()),
+        ("west", "west-a", west.url()),
+    ]))
+    .await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // Both engines serve, so the grid has seen how long answers take.
+    for i in 0..4 {
+        let answer = send(Method::POST, &url, chat(&format!("warm up {i}"))).await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+    east.stall(Duration::from_secs(3600), Duration::ZERO);
+    east.override_waiting(grid_route_mock_engine::WaitingOverride::Set(0));
+
+    // Clients that give up after 8 s, one request after another.
+    let patience = Duration::from_secs(8);
+    let mut waited_on_the_wedge = 0;
+    for i in 0..20 {
+        let body = chat(&format!("after the wedge {i}"));
+        match send_within(&url, body, patience).await {
+            Some(answer) => {
+                assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+                assert_eq!(answer.engine(), Some("west-a"));
+            }
+            None => waited_on_the_wedge += 1,
+        }
+    }
+    assert!(
+        waited_on_the_wedge <= 1,
+        "{waited_on_the_wedge} of 20 requests waited on the wedged engine"
+    );
+    let ejections = metric(
+        &gateway,
+        r#"grid_route_ejections_total{site="east",cluster="east-a"}"#,
+    )
+    .await;
+    assert!(ejections.is_some_and(|n| n >= 1.0), "{ejections:?}");
+}
+
+#[tokio::test]
+async fn an_engine_that_stalled_comes_back_as_soon_as_it_answers() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let gateway = gateway(&default_yaml(&[
+        ("east", "east-a", east.url()),
+        ("west", "west-a", west.url()),
+    ]))
+    .await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // The grid sees how long answers take before it calls any request stalled.
+    for i in 0..4 {
+        let answer = send(Method::POST, &url, chat(&format!("warm up {i}"))).await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+    // A head that takes 7 s, past the 5 s the grid waits before calling an engine wedged.
+    east.stall(Duration::from_secs(7), Duration::ZERO);
+    east.override_waiting(grid_route_mock_engine::WaitingOverride::Set(0));
+    let east_took = || {
+        east.stats()
+            .requests
+            .get("POST /v1/chat/completions")
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = east_took();
+    let mut slow = None;
+    let started = Instant::now();
+    'requests: for i in 0..40 {
+        let url = url.clone();
+        let request =
+            tokio::spawn(async move { send(Method::POST, &url, chat(&format!("slow {i}"))).await });
+        // Each request either reaches east (the slow one, kept) or is answered by west.
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if east_took() > before {
+                slow = Some(request);
+                break 'requests;
+            }
+            if request.is_finished() {
+                assert_eq!(request.await.unwrap().status, StatusCode::OK);
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "request {i} neither reached east nor ended"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let slow = slow.expect("east never took a request");
+    east.stall(Duration::ZERO, Duration::ZERO);
+    let deadline = started + Duration::from_secs(20);
+    while endpoint_healthy(&gateway, "east-a", &east.url()) != Some(false) {
+        assert!(Instant::now() < deadline, "the stall was never noticed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let noticed = started.elapsed();
+    assert!(
+        noticed >= Duration::from_secs(4),
+        "ejected after only {noticed:?}"
+    );
+    let answer = slow.await.unwrap();
+    assert_eq!(
+        answer.status,
+        StatusCode::OK,
+        "the slow request is answered"
+    );
+    // Its answer ends the ejection well before the 30 s it would last.
+    let answered = Instant::now();
+    while endpoint_healthy(&gateway, "east-a", &east.url()) != Some(true) {
+        assert!(
+            answered.elapsed() < Duration::from_secs(5),
+            "east still out 5 s after it answered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 // ---- metrics of removed clusters ----------------------------------------------------
 
 #[tokio::test]

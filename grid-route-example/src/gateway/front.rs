@@ -20,7 +20,12 @@
 //!   head. It never holds prompt text, keys, or the values of credential headers
 //!   (`Authorization`, `x-api-key`, `api-key`, `Proxy-Authorization`, `Cookie`: marked
 //!   sensitive before any layer sees the request).
+//! - **A panic** anywhere below the request log (a bug: nothing a client or an engine sends
+//!   should cause one) becomes a 500 `internal_error` OpenAI-style answer and an `error`
+//!   log line, and the request log records the 500; the connection and every other
+//!   request go on. A panic while the answer's body streams ends that stream early.
 
+use std::any::Any;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -38,6 +43,7 @@ use http::{Method, StatusCode};
 use serde_json::json;
 use tower::Service;
 use tower::util::Oneshot;
+use tower_http::catch_panic::CatchPanicLayer;
 
 use super::Live;
 use super::access;
@@ -59,11 +65,30 @@ pub(crate) fn router(live: Arc<Live>) -> Router {
             client_body_timeout,
         ))
         .layer(middleware::from_fn_with_state(Arc::clone(&live), path_gate))
+        .layer(catch_panics())
         .layer(access::sensitive_response_headers())
         .layer(middleware::from_fn(access::keep_request_line))
         .layer(access::access_log())
         .layer(access::sensitive_request_headers())
         .with_state(live)
+}
+
+/// The layer that turns a panic into a 500 answer (tower-http's `CatchPanicLayer`).
+pub(crate) fn catch_panics() -> CatchPanicLayer<fn(Box<dyn Any + Send + 'static>) -> Response> {
+    CatchPanicLayer::custom(answer_panic as fn(Box<dyn Any + Send + 'static>) -> Response)
+}
+
+/// The answer to a request whose handling panicked. The payload is not logged: it may
+/// quote a request, and the panic hook has already printed it with its location.
+fn answer_panic(_payload: Box<dyn Any + Send + 'static>) -> Response {
+    tracing::error!("a request's handling panicked (a bug); answered 500");
+    ErrorAnswer::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the gateway failed while handling this request",
+    )
+    .code("internal_error")
+    .into_response()
+    .into_response()
 }
 
 /// Sends each request through the routing stack of the current configuration.
@@ -193,4 +218,42 @@ async fn client_body_timeout(
         .into_response();
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::Json;
+    use axum::routing::post;
+    use http_body_util::BodyExt as _;
+    use tower::ServiceExt as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_while_handling_a_request_is_a_500_json_answer() {
+        let router = Router::new()
+            .route(
+                "/v1/chat/completions",
+                post(|body: String| async move {
+                    // What an unchecked engine value did before: a panic mid-request.
+                    let depth: u64 = body.parse().expect("a bug on the request path");
+                    Json(depth)
+                }),
+            )
+            .route("/ok", get(|| async { "ok" }))
+            .layer(catch_panics());
+        let request = http::Request::post("/v1/chat/completions")
+            .body(Body::from("not a number"))
+            .unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["code"], "internal_error");
+        assert_eq!(body["error"]["type"], "server_error");
+        // The router serves the next request as before.
+        let request = http::Request::get("/ok").body(Body::empty()).unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
 }

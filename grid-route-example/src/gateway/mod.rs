@@ -147,7 +147,7 @@ use tokio::task::JoinHandle;
 
 pub use access::{ACCESS_TARGET, SENSITIVE_REQUEST_HEADERS};
 pub use admin::METRICS_UPKEEP_INTERVAL;
-pub use outlier::MAX_EJECTION_FACTOR;
+pub use outlier::{HEAD_SAMPLES, MAX_EJECTION_FACTOR, MIN_HEAD_SAMPLES, STALL_FACTOR};
 pub use queue::{MAX_METRICS_BYTES, POLL_TIMEOUT, queue_sample};
 pub use serve::serve;
 pub use stack::RETRY_AFTER_SECS;

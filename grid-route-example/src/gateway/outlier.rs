@@ -1,5 +1,6 @@
 //! Outlier ejection: an endpoint that keeps failing is taken out of new selections for a
-//! while, and one that answers 429 with `Retry-After` for as long as it asks.
+//! while, one that answers 429 with `Retry-After` for as long as it asks (within bounds),
+//! and one that takes requests and answers none until it answers again.
 //!
 //! - **Failures** are 5xx answers, failed connects, timeouts (no head in time, a stream
 //!   gone quiet) and answers that die mid-stream. A clean answer to its end resets the
@@ -8,15 +9,31 @@
 //!   `outlier.ejection_secs`; each repeat ejection doubles that, up to
 //!   [`MAX_EJECTION_FACTOR`] times. An endpoint that stays in for
 //!   [`MAX_EJECTION_FACTOR`] × `ejection_secs` after an ejection ends starts over at one.
-//! - **429 + `Retry-After: N`** (seconds) holds the endpoint out for N seconds; it is not
-//!   an ejection and not a failure.
+//! - **429 + `Retry-After`** (seconds, or an HTTP date) holds the endpoint out that long,
+//!   at most the longest ejection ([`MAX_EJECTION_FACTOR`] × `ejection_secs`, 300 s by
+//!   default); it is not an ejection and not a failure.
+//! - **A wedged endpoint** (a live HTTP server in front of a hung worker: requests go in,
+//!   nothing comes out, and its `/metrics` may still say the queue is empty): a request
+//!   that has waited for its answer's head longer than [`Outliers::stall_after`] — 8× the
+//!   slowest of the grid's last [`HEAD_SAMPLES`] answer heads, at least
+//!   `outlier.stall_min_secs` (5 s), and only once the grid has seen
+//!   [`MIN_HEAD_SAMPLES`] heads — ejects its endpoint at once, as a burst of failures
+//!   would, unless the endpoint's own queue gauge read a waiting request in the queue
+//!   window (then its queue explains the wait, and the load gate deals with it). The endpoint stays out
+//!   while that request waits, and for the ejection's length after (a client that gave
+//!   up); the first head it sends ends the ejection, so the next request after it (the
+//!   probe) brings it back or, still wedged, ejects it for twice as long. The request
+//!   itself goes on waiting for its head until its own timeout: the engine may yet answer.
 //!
 //! Held out, the endpoint is marked unhealthy in its cluster's load (the queue poller
 //! marks it healthy again at its first good read after the time is up), so the cluster's
 //! p2c balancer avoids it while a sibling is healthy, and a cluster whose every endpoint
-//! is out is not admitted. [`Record`] is the decision as plain code, driven by `now`.
+//! is out is not admitted. Inside a cluster, p2c already weighs each endpoint by its
+//! requests sent and not yet answered (tower's `PendingRequests`, to the head).
+//! [`Record`] is the decision as plain code, driven by `now`; every sum of an instant and
+//! a duration here saturates rather than overflow.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -26,6 +43,15 @@ use crate::config::OutlierSettings;
 
 /// The longest ejection, in multiples of `outlier.ejection_secs`.
 pub const MAX_EJECTION_FACTOR: u32 = 10;
+/// How many of the grid's latest answer heads the stall threshold looks at.
+pub const HEAD_SAMPLES: usize = 64;
+/// How much longer than the slowest recent answer head a request must wait before its
+/// endpoint counts as wedged.
+pub const STALL_FACTOR: u32 = 8;
+/// Answer heads the grid must have seen before any request counts as stalled: until then
+/// nothing says how long answers take here (a CPU engine's first long prompt can take
+/// many seconds).
+pub const MIN_HEAD_SAMPLES: usize = 4;
 
 /// What an endpoint just did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,8 +60,15 @@ pub(crate) enum Event {
     Success,
     /// A 5xx, a failed connect, a timeout or an answer that died mid-stream.
     Failure,
-    /// A 429 asking to come back after this long.
+    /// A 429 asking to come back after this long (bounded when recorded).
     Throttled(Duration),
+    /// A request has waited for its answer's head past the stall threshold.
+    Stalled,
+    /// A request that [stalled](Self::Stalled) ended (answered, failed or dropped);
+    /// `epoch` is [`Record::stall_epoch`] when it stalled.
+    StallEnded { epoch: u64 },
+    /// The endpoint sent an answer's head.
+    Answered,
 }
 
 /// What recording an event changed.
@@ -45,6 +78,8 @@ pub(crate) enum Change {
     None,
     /// The endpoint is ejected for this long (the `nth` ejection in a row).
     Ejected { length: Duration, nth: u32 },
+    /// The endpoint is ejected as wedged: out while the request waits and this long after.
+    Stalled { length: Duration, nth: u32 },
     /// The endpoint is held out for this long (a 429).
     HeldOut(Duration),
 }
@@ -57,8 +92,21 @@ pub(crate) struct Record {
     ejections: u32,
     /// When the current (or last) ejection ends.
     ejected_until: Option<Instant>,
+    /// Whether that ejection was for a stall (an answer ends it).
+    ejected_for_stall: bool,
+    /// Requests that stalled and have not ended, counted in this epoch.
+    stalled_waiting: u32,
+    /// Bumped by every answer: stalls of an earlier epoch no longer hold the endpoint out.
+    stall_epoch: u64,
     /// When a 429's hold ends.
     held_until: Option<Instant>,
+}
+
+/// `now + length`, or the farthest instant it can say when that overflows.
+fn later(now: Instant, length: Duration) -> Instant {
+    now.checked_add(length)
+        .or_else(|| now.checked_add(Duration::from_secs(u64::from(u32::MAX))))
+        .unwrap_or(now)
 }
 
 impl Record {
@@ -73,47 +121,94 @@ impl Record {
                 self.failures_in_a_row = 0;
                 Change::None
             }
-            Event::Throttled(length) => {
-                let until = now + length;
+            Event::Throttled(asked) => {
+                let length = asked.min(longest_ejection(settings));
+                let until = later(now, length);
                 self.held_until = Some(self.held_until.map_or(until, |held| held.max(until)));
                 Change::HeldOut(length)
             }
             Event::Failure => {
-                self.failures_in_a_row += 1;
+                self.failures_in_a_row = self.failures_in_a_row.saturating_add(1);
                 if self.failures_in_a_row < settings.consecutive_failures {
                     return Change::None;
                 }
-                self.failures_in_a_row = 0;
-                let calm = settings.ejection * MAX_EJECTION_FACTOR;
-                if self.ejected_until.is_some_and(|ended| now >= ended + calm) {
-                    self.ejections = 0;
+                let (length, nth) = self.eject(now, settings);
+                self.ejected_for_stall = false;
+                Change::Ejected { length, nth }
+            }
+            Event::Stalled => {
+                self.stalled_waiting = self.stalled_waiting.saturating_add(1);
+                if self.stalled_waiting > 1 {
+                    // Already out for the first of them.
+                    return Change::None;
                 }
-                self.ejections = self.ejections.saturating_add(1);
-                let factor = 2u32
-                    .saturating_pow(self.ejections - 1)
-                    .min(MAX_EJECTION_FACTOR);
-                let length = settings.ejection * factor;
-                self.ejected_until = Some(now + length);
-                Change::Ejected {
-                    length,
-                    nth: self.ejections,
+                let (length, nth) = self.eject(now, settings);
+                self.ejected_for_stall = true;
+                Change::Stalled { length, nth }
+            }
+            Event::StallEnded { epoch } => {
+                if epoch == self.stall_epoch {
+                    self.stalled_waiting = self.stalled_waiting.saturating_sub(1);
                 }
+                Change::None
+            }
+            Event::Answered => {
+                self.stall_epoch = self.stall_epoch.wrapping_add(1);
+                self.stalled_waiting = 0;
+                if self.ejected_for_stall {
+                    self.ejected_for_stall = false;
+                    self.ejected_until = None;
+                }
+                Change::None
             }
         }
+    }
+
+    /// Starts an ejection: the next length of the doubling series. Returns it and how
+    /// many ejections in a row it makes.
+    fn eject(&mut self, now: Instant, settings: OutlierSettings) -> (Duration, u32) {
+        self.failures_in_a_row = 0;
+        let calm = longest_ejection(settings);
+        if self
+            .ejected_until
+            .is_some_and(|ended| now >= later(ended, calm))
+        {
+            self.ejections = 0;
+        }
+        self.ejections = self.ejections.saturating_add(1);
+        let factor = 2u32
+            .saturating_pow(self.ejections - 1)
+            .min(MAX_EJECTION_FACTOR);
+        let length = settings.ejection.saturating_mul(factor);
+        self.ejected_until = Some(later(now, length));
+        (length, self.ejections)
     }
 
     /// Whether the endpoint must stay out of new selections at `now`.
     pub(crate) fn is_out(&self, now: Instant) -> bool {
         self.ejected_until.is_some_and(|until| now < until)
             || self.held_until.is_some_and(|until| now < until)
+            || self.stalled_waiting > 0
+    }
+
+    /// The epoch a request that stalls now belongs to.
+    fn stall_epoch(&self) -> u64 {
+        self.stall_epoch
     }
 }
 
-/// Every endpoint's [`Record`], shared by the engine client and the queue poller.
+/// The longest ejection: [`MAX_EJECTION_FACTOR`] × the first one.
+fn longest_ejection(settings: OutlierSettings) -> Duration {
+    settings.ejection.saturating_mul(MAX_EJECTION_FACTOR)
+}
+
+/// Every endpoint's [`Record`], shared by the engine client and the queue poller, and the
+/// grid's latest answer-head times.
 #[derive(Debug)]
 pub(crate) struct Outliers {
     settings: Mutex<OutlierSettings>,
     records: Mutex<HashMap<(ClusterId, Arc<str>), Record>>,
+    heads: Mutex<VecDeque<Duration>>,
 }
 
 impl Outliers {
@@ -121,6 +216,7 @@ impl Outliers {
         Self {
             settings: Mutex::new(settings),
             records: Mutex::new(HashMap::new()),
+            heads: Mutex::new(VecDeque::with_capacity(HEAD_SAMPLES)),
         }
     }
 
@@ -159,6 +255,52 @@ impl Outliers {
             .iter()
             .any(|((c, u), record)| c == cluster && &**u == url && record.is_out(now))
     }
+
+    /// Records that a request of this endpoint stalled; returns the change and the epoch
+    /// its [`Event::StallEnded`] must name.
+    pub(crate) fn record_stall(
+        &self,
+        cluster: &ClusterId,
+        url: &Arc<str>,
+        now: Instant,
+    ) -> (Change, u64) {
+        let settings = *self.settings.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+        let record = records
+            .entry((cluster.clone(), Arc::clone(url)))
+            .or_default();
+        let epoch = record.stall_epoch();
+        (record.record(Event::Stalled, now, settings), epoch)
+    }
+
+    /// Notes that an answer's head came `took` after its request was sent.
+    pub(crate) fn head_took(&self, took: Duration) {
+        let mut heads = self.heads.lock().unwrap_or_else(PoisonError::into_inner);
+        if heads.len() == HEAD_SAMPLES {
+            heads.pop_front();
+        }
+        heads.push_back(took);
+    }
+
+    /// How long a request may wait for its head before its endpoint counts as wedged:
+    /// [`STALL_FACTOR`] × the slowest of the last [`HEAD_SAMPLES`] heads, at least
+    /// `outlier.stall_min_secs`. `None` while the grid has seen fewer than
+    /// [`MIN_HEAD_SAMPLES`] heads, or when that is not before `first_byte` (the request's
+    /// own timeout then comes first).
+    pub(crate) fn stall_after(&self, first_byte: Duration) -> Option<Duration> {
+        let stall_min = self
+            .settings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .stall_min;
+        let heads = self.heads.lock().unwrap_or_else(PoisonError::into_inner);
+        if heads.len() < MIN_HEAD_SAMPLES {
+            return None;
+        }
+        let slowest = heads.iter().copied().max().unwrap_or_default();
+        let after = slowest.saturating_mul(STALL_FACTOR).max(stall_min);
+        (after < first_byte).then_some(after)
+    }
 }
 
 #[cfg(test)]
@@ -169,6 +311,7 @@ mod tests {
         OutlierSettings {
             consecutive_failures: 3,
             ejection: Duration::from_secs(30),
+            stall_min: Duration::from_secs(10),
         }
     }
 
@@ -238,5 +381,130 @@ mod tests {
             record.record(Event::Failure, now, settings()),
             Change::Ejected { .. }
         ));
+    }
+
+    #[test]
+    fn a_retry_after_of_any_size_holds_at_most_the_longest_ejection_and_never_overflows() {
+        let now = Instant::now();
+        let mut record = Record::default();
+        let change = record.record(Event::Throttled(Duration::MAX), now, settings());
+        assert_eq!(change, Change::HeldOut(Duration::from_secs(300)));
+        assert!(record.is_out(now + Duration::from_secs(299)));
+        assert!(!record.is_out(now + Duration::from_secs(300)));
+    }
+
+    #[test]
+    fn ejection_arithmetic_saturates_instead_of_overflowing() {
+        let huge = OutlierSettings {
+            consecutive_failures: 1,
+            ejection: Duration::MAX,
+            stall_min: Duration::MAX,
+        };
+        let now = Instant::now();
+        let mut record = Record::default();
+        for _ in 0..3 {
+            assert!(matches!(
+                record.record(Event::Failure, now, huge),
+                Change::Ejected { .. }
+            ));
+            record.record(Event::Throttled(Duration::MAX), now, huge);
+        }
+        assert!(record.is_out(now + Duration::from_secs(86_400 * 365)));
+        assert!(later(now, Duration::MAX) > now + Duration::from_secs(86_400 * 365));
+    }
+
+    #[test]
+    fn a_stall_ejects_at_once_holds_while_the_request_waits_and_an_answer_ends_it() {
+        let now = Instant::now();
+        let mut record = Record::default();
+        let epoch = record.stall_epoch();
+        assert_eq!(
+            record.record(Event::Stalled, now, settings()),
+            Change::Stalled {
+                length: Duration::from_secs(30),
+                nth: 1
+            }
+        );
+        // A second stalled request while out changes nothing more.
+        assert_eq!(record.record(Event::Stalled, now, settings()), Change::None);
+        // Past the ejection, still out while the stalled requests wait.
+        let after = now + Duration::from_secs(31);
+        assert!(record.is_out(after));
+        record.record(Event::StallEnded { epoch }, after, settings());
+        assert!(record.is_out(after), "one stalled request still waits");
+        record.record(Event::StallEnded { epoch }, after, settings());
+        assert!(!record.is_out(after));
+
+        // A stall whose request the client gave up: out for the ejection, twice as long as
+        // the first since it followed it closely.
+        let again = after + Duration::from_secs(1);
+        let epoch = record.stall_epoch();
+        assert_eq!(
+            record.record(Event::Stalled, again, settings()),
+            Change::Stalled {
+                length: Duration::from_secs(60),
+                nth: 2
+            }
+        );
+        record.record(Event::StallEnded { epoch }, again, settings());
+        assert!(record.is_out(again + Duration::from_secs(59)));
+        // Its first head ends the ejection at once.
+        record.record(Event::Answered, again + Duration::from_secs(5), settings());
+        assert!(!record.is_out(again + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn an_answer_releases_stalls_of_its_epoch_and_their_late_ends_are_ignored() {
+        let now = Instant::now();
+        let mut record = Record::default();
+        let old = record.stall_epoch();
+        record.record(Event::Stalled, now, settings());
+        record.record(Event::Answered, now, settings());
+        assert!(!record.is_out(now));
+        // A new stall, then the old request's end: the new one still holds.
+        record.record(Event::Stalled, now, settings());
+        record.record(Event::StallEnded { epoch: old }, now, settings());
+        record.record(Event::Answered, now, settings());
+        assert!(!record.is_out(now), "an answer ends the stall ejection");
+    }
+
+    #[test]
+    fn a_failure_ejection_is_not_ended_by_an_answer() {
+        let now = Instant::now();
+        let mut record = Record::default();
+        fail_times(&mut record, 3, now);
+        record.record(Event::Answered, now, settings());
+        assert!(record.is_out(now + Duration::from_secs(29)));
+    }
+
+    #[test]
+    fn the_stall_threshold_is_eight_times_the_slowest_recent_head_within_its_bounds() {
+        let outliers = Outliers::new(settings());
+        let first_byte = Duration::from_secs(600);
+        // Nothing seen yet: no request can stall.
+        for _ in 1..MIN_HEAD_SAMPLES {
+            outliers.head_took(Duration::from_millis(300));
+            assert_eq!(outliers.stall_after(first_byte), None);
+        }
+        outliers.head_took(Duration::from_millis(300));
+        assert_eq!(
+            outliers.stall_after(first_byte),
+            Some(Duration::from_secs(10))
+        );
+        outliers.head_took(Duration::from_secs(5));
+        assert_eq!(
+            outliers.stall_after(first_byte),
+            Some(Duration::from_secs(40))
+        );
+        // Not before the request's own timeout: that comes first.
+        assert_eq!(outliers.stall_after(Duration::from_secs(40)), None);
+        // Only the last HEAD_SAMPLES count: the slow one ages out.
+        for _ in 0..HEAD_SAMPLES {
+            outliers.head_took(Duration::from_secs(2));
+        }
+        assert_eq!(
+            outliers.stall_after(first_byte),
+            Some(Duration::from_secs(16))
+        );
     }
 }

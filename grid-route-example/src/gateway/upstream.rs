@@ -33,7 +33,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
 use axum::body::Body;
@@ -236,15 +236,14 @@ impl EndpointWatch {
         let change = self
             .outliers
             .record(&self.cluster, &self.url, event, Instant::now());
+        self.act_on(change);
+    }
+
+    fn act_on(&self, change: Change) {
         match change {
             Change::None => return,
             Change::Ejected { length, nth } => {
-                metrics::counter!(
-                    EJECTIONS_TOTAL,
-                    SITE_LABEL => Arc::clone(self.cluster.site().as_arc()),
-                    CLUSTER_LABEL => Arc::clone(self.cluster.name_arc())
-                )
-                .increment(1);
+                self.count_ejection();
                 tracing::warn!(
                     site = %self.cluster.site(),
                     cluster = self.cluster.name(),
@@ -252,6 +251,18 @@ impl EndpointWatch {
                     secs = length.as_secs(),
                     nth,
                     "endpoint ejected after failures in a row"
+                );
+            }
+            Change::Stalled { length, nth } => {
+                self.count_ejection();
+                tracing::warn!(
+                    site = %self.cluster.site(),
+                    cluster = self.cluster.name(),
+                    endpoint = %self.url,
+                    secs = length.as_secs(),
+                    nth,
+                    "endpoint ejected as wedged: a request has waited far longer for its \
+                     answer than the grid's answers take; out until it answers"
                 );
             }
             Change::HeldOut(length) => {
@@ -269,19 +280,97 @@ impl EndpointWatch {
         }
     }
 
-    /// Reports what an answer's head says about the endpoint: 5xx a failure, 429 with
-    /// `Retry-After` seconds a hold; anything else waits for the body's end.
-    fn report_head(&self, status: StatusCode, headers: &HeaderMap) {
+    /// Whether the endpoint's own queue gauge read a waiting request in the queue window:
+    /// then a request waiting for its head is queued there, not lost.
+    fn queue_explains_wait(&self) -> bool {
+        self.grid
+            .view()
+            .cluster(&self.cluster)
+            .is_some_and(|cluster| {
+                cluster
+                    .load()
+                    .endpoint_queue_depth(&self.url, Instant::now())
+                    .is_some_and(|waiting| waiting >= 1.0)
+            })
+    }
+
+    fn count_ejection(&self) {
+        metrics::counter!(
+            EJECTIONS_TOTAL,
+            SITE_LABEL => Arc::clone(self.cluster.site().as_arc()),
+            CLUSTER_LABEL => Arc::clone(self.cluster.name_arc())
+        )
+        .increment(1);
+    }
+
+    /// Reports what an answer's head says about the endpoint: it answered (which ends a
+    /// stall), 5xx a failure, 429 with a `Retry-After` a hold; anything else waits for the
+    /// body's end. `took` is the time from sending the request.
+    fn report_head(&self, status: StatusCode, headers: &HeaderMap, took: Duration) {
+        self.report(Event::Answered);
         if status.is_server_error() {
             self.report(Event::Failure);
-        } else if status == StatusCode::TOO_MANY_REQUESTS
-            && let Some(secs) = headers
-                .get(header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        {
-            self.report(Event::Throttled(Duration::from_secs(secs)));
+            return;
         }
+        if !status.is_client_error() {
+            self.outliers.head_took(took);
+        }
+        if status == StatusCode::TOO_MANY_REQUESTS
+            && let Some(wait) = headers
+                .get(header::RETRY_AFTER)
+                .and_then(|v| retry_after(v, SystemTime::now()))
+        {
+            self.report(Event::Throttled(wait));
+        }
+    }
+}
+
+/// A `Retry-After` value: delay seconds (digits; too many to hold are taken as the
+/// longest wait, which the outlier record bounds) or an HTTP date, as RFC 9110 §10.2.3
+/// allows; a date in the past is no wait. `None` when it is neither.
+fn retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+    let text = value.to_str().ok()?.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(
+            text.parse::<u64>()
+                .map_or(Duration::MAX, Duration::from_secs),
+        );
+    }
+    let at = httpdate::parse_http_date(text).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// A request that stalled, until it ends however it ends (answered, failed, or dropped
+/// with a client that gave up): while it waits, its endpoint stays out.
+struct StallGuard {
+    watch: Arc<EndpointWatch>,
+    epoch: u64,
+}
+
+impl StallGuard {
+    fn report(watch: &Arc<EndpointWatch>, waited: Duration) -> Self {
+        let (change, epoch) =
+            watch
+                .outliers
+                .record_stall(&watch.cluster, &watch.url, Instant::now());
+        if change != Change::None {
+            tracing::debug!(
+                endpoint = %watch.url,
+                waited_secs = waited.as_secs(),
+                "request stalled"
+            );
+        }
+        watch.act_on(change);
+        Self {
+            watch: Arc::clone(watch),
+            epoch,
+        }
+    }
+}
+
+impl Drop for StallGuard {
+    fn drop(&mut self) {
+        self.watch.report(Event::StallEnded { epoch: self.epoch });
     }
 }
 
@@ -338,11 +427,35 @@ impl Service<Request<Body>> for Endpoint {
         Box::pin(async move {
             let request = to_engine(request, &base)?;
             let first_byte = timeouts.upstream_first_byte;
+            let stall_after = watch.outliers.stall_after(first_byte);
+            let sent_at = Instant::now();
             let send = send_through_closing_connections(&client, request, &base.url);
-            match tokio::time::timeout(first_byte, send).await {
+            // Past `stall_after` without a head, and with no queue at the engine to explain
+            // it, the endpoint counts as wedged; the request waits on (until its own
+            // timeout), holding the endpoint out until it ends.
+            let mut stalled = None;
+            let watched = async {
+                tokio::pin!(send);
+                loop {
+                    let Some(after) = stall_after.filter(|_| stalled.is_none()) else {
+                        break (&mut send).await;
+                    };
+                    tokio::select! {
+                        result = &mut send => break result,
+                        () = tokio::time::sleep(after) => {
+                            if !watch.queue_explains_wait() {
+                                stalled = Some(StallGuard::report(&watch, sent_at.elapsed()));
+                            }
+                        }
+                    }
+                }
+            };
+            let outcome = tokio::time::timeout(first_byte, watched).await;
+            drop(stalled);
+            match outcome {
                 Ok(Ok(response)) => {
                     let status = response.status();
-                    watch.report_head(status, response.headers());
+                    watch.report_head(status, response.headers(), sent_at.elapsed());
                     let (mut parts, body) = response.into_parts();
                     strip_hop_by_hop(&mut parts.headers);
                     let body = WatchedBody {
@@ -579,6 +692,36 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates_and_refuses_the_rest() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        let read = |text: &str| retry_after(&HeaderValue::from_str(text).unwrap(), now);
+        assert_eq!(read("120"), Some(Duration::from_secs(120)));
+        assert_eq!(read(" 7 "), Some(Duration::from_secs(7)));
+        // More digits than a u64 holds: the longest wait, which the outlier record bounds.
+        assert_eq!(read("99999999999999999999999"), Some(Duration::MAX));
+        assert_eq!(
+            read(&u64::MAX.to_string()),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        // 2015-10-21 07:28:00 GMT is `now`; a date 90 s later is a 90 s wait.
+        assert_eq!(
+            read("Wed, 21 Oct 2015 07:29:30 GMT"),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(read("Wed, 21 Oct 2015 07:00:00 GMT"), Some(Duration::ZERO));
+        for bad in [
+            "",
+            "-5",
+            "1.5",
+            "soon",
+            "0x10",
+            "Wed, 99 Oct 2015 07:29:30 GMT",
+        ] {
+            assert_eq!(read(bad), None, "{bad:?}");
+        }
+    }
 
     /// An engine whose server closes a keep-alive connection idle for `keep_alive` when its
     /// next request arrives, without answering it: the moment a real server's idle close

@@ -54,7 +54,9 @@ pub use body::FeedbackBody;
 pub use forget::{EvictionMarks, FORGET_BELOW_SHARE, fell_short, predicted_tokens};
 pub use layer::FeedbackLayer;
 pub use service::{FeedbackService, ResponseFuture};
-pub use usage::{MAX_EVENT_LINE_BYTES, MAX_JSON_BYTES, PromptUsage, UsageReader};
+pub use usage::{
+    MAX_EVENT_LINE_BYTES, MAX_JSON_BYTES, MAX_PROMPT_TOKENS, PromptUsage, UsageReader,
+};
 
 #[cfg(test)]
 mod tests;

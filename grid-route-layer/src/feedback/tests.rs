@@ -92,6 +92,24 @@ fn a_json_answer_is_read_whole_in_any_chunking() {
 }
 
 #[test]
+fn an_engines_absurd_token_counts_are_capped() {
+    let answer = json!({"usage": {"prompt_tokens": u64::MAX,
+        "prompt_tokens_details": {"cached_tokens": u64::MAX}}})
+    .to_string();
+    assert_eq!(
+        read(false, answer.as_bytes(), 64),
+        usage(MAX_PROMPT_TOKENS, MAX_PROMPT_TOKENS)
+    );
+    let anthropic = json!({"message": {"usage": {"input_tokens": u64::MAX,
+        "cache_read_input_tokens": u64::MAX, "cache_creation_input_tokens": 1}}})
+    .to_string();
+    assert_eq!(
+        read(false, anthropic.as_bytes(), 64),
+        usage(MAX_PROMPT_TOKENS, MAX_PROMPT_TOKENS)
+    );
+}
+
+#[test]
 fn a_json_answer_over_the_limit_is_not_read() {
     let answer =
         json!({"padding": "x".repeat(MAX_JSON_BYTES), "usage": {"prompt_tokens": 5}}).to_string();

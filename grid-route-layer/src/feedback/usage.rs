@@ -8,6 +8,11 @@ pub const MAX_JSON_BYTES: usize = 1 << 20;
 /// The longest server-sent event line read for its usage; longer lines are skipped.
 pub const MAX_EVENT_LINE_BYTES: usize = 1 << 20;
 
+/// The largest prompt a usage counts, tokens: 2^30, a thousand times any model's context.
+/// A count above it is taken as this, so an engine's garbage cannot overflow the token
+/// counters or the learned prefill speed.
+pub const MAX_PROMPT_TOKENS: u64 = 1 << 30;
+
 /// What an engine said about a request's prompt.
 ///
 /// `#[non_exhaustive]`, so that a count engines add later is not a breaking change: build
@@ -57,8 +62,10 @@ impl PromptUsage {
     }
 
     /// A prompt of `prompt_tokens`, `cached_tokens` of them served from the engine's
-    /// cache; the cached count is capped at the prompt's.
+    /// cache; the prompt is capped at [`MAX_PROMPT_TOKENS`] and the cached count at the
+    /// prompt's.
     pub fn new(prompt_tokens: u64, cached_tokens: u64) -> Self {
+        let prompt_tokens = prompt_tokens.min(MAX_PROMPT_TOKENS);
         Self {
             prompt_tokens,
             cached_tokens: cached_tokens.min(prompt_tokens),

@@ -8,6 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+/// The largest queue sample recorded: a million waiting requests, far past any engine's
+/// real queue and still exact in an `f64` sum. A gauge above it is recorded as this.
+pub const MAX_QUEUE_SAMPLE: f64 = 1_000_000.0;
+
 /// The live load of one cluster, shared by every request that reads or changes it.
 ///
 /// Everything here is interior-mutable and cheap to read: queue samples sit behind one
@@ -84,14 +88,17 @@ impl ClusterLoad {
     /// `None` when the endpoint's metrics could not be read. Returns `false` for a URL the
     /// cluster does not have.
     ///
-    /// A sample that is negative, NaN or infinite counts as unreadable. Samples are
-    /// expected in time order; one older than the latest counts as taken at the latest
-    /// time.
+    /// A sample that is negative, NaN or infinite counts as unreadable; one above
+    /// [`MAX_QUEUE_SAMPLE`] counts as that many (an engine's gauge is not trusted to stay
+    /// in a sane range). Samples are expected in time order; one older than the latest
+    /// counts as taken at the latest time.
     pub fn record_queue(&self, url: &str, waiting: Option<f64>, now: Instant) -> bool {
         let Some(endpoint) = self.endpoint(url) else {
             return false;
         };
-        let readable = waiting.filter(|w| w.is_finite() && *w >= 0.0);
+        let readable = waiting
+            .filter(|w| w.is_finite() && *w >= 0.0)
+            .map(|w| w.min(MAX_QUEUE_SAMPLE));
         endpoint.window().record(readable, now, self.window);
         true
     }
@@ -138,6 +145,13 @@ impl ClusterLoad {
     /// Whether [`routing_load`](Self::routing_load) counts requests in flight.
     pub fn counts_in_flight(&self) -> bool {
         self.count_in_flight
+    }
+
+    /// The endpoint at `url`'s own windowed worst queue sample at `now`; `None` for a URL
+    /// the cluster does not have or an endpoint unmeasured in the window.
+    pub fn endpoint_queue_depth(&self, url: &str, now: Instant) -> Option<f64> {
+        let worst = self.endpoint(url)?.window().worst(now, self.window);
+        worst.is_finite().then_some(worst)
     }
 
     /// The window queue samples count for.
@@ -374,6 +388,39 @@ mod tests {
         assert_eq!(load.queue_depth(t0), f64::INFINITY);
         assert!(!load.set_endpoint_healthy("http://nope", false));
         assert!(!load.record_queue("http://nope", Some(1.0), t0));
+    }
+
+    #[test]
+    fn an_endpoints_own_depth_is_its_windowed_worst() {
+        let load = ClusterLoad::new(&urls(2), &settings(WINDOW));
+        let t0 = Instant::now();
+        assert_eq!(load.endpoint_queue_depth("http://e0", t0), None);
+        load.record_queue("http://e0", Some(3.0), t0);
+        load.record_queue("http://e0", Some(1.0), t0 + secs(1));
+        load.record_queue("http://e1", None, t0);
+        assert_eq!(
+            load.endpoint_queue_depth("http://e0", t0 + secs(1)),
+            Some(3.0)
+        );
+        assert_eq!(load.endpoint_queue_depth("http://e1", t0 + secs(1)), None);
+        assert_eq!(load.endpoint_queue_depth("http://nope", t0), None);
+        assert_eq!(
+            load.endpoint_queue_depth("http://e0", t0 + secs(10)),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn an_absurd_gauge_counts_as_the_largest_sample_and_a_broken_one_as_unread() {
+        let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
+        let t0 = Instant::now();
+        load.record_queue("http://e0", Some(1e300), t0);
+        assert_eq!(load.queue_depth(t0), MAX_QUEUE_SAMPLE);
+        let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
+        for broken in [f64::NAN, f64::INFINITY, -1.0] {
+            load.record_queue("http://e0", Some(broken), t0);
+            assert_eq!(load.queue_depth(t0), f64::INFINITY, "{broken}");
+        }
     }
 
     #[test]
