@@ -14,7 +14,8 @@ dribbling its request body, one reading its streamed answer a few bytes at a tim
 
 Every request is classified (see `classify`); the run fails (exit 1) when any request failed
 that another cluster could have served, when a pinned follow-up was answered by another
-cluster, or when the gateway does not exit 0 on SIGTERM. Only loopback addresses are used.
+cluster, when the gateway published no shared-index event after Redis came back, or when
+the gateway does not exit 0 on SIGTERM. Only loopback addresses are used.
 """
 
 from __future__ import annotations
@@ -168,6 +169,23 @@ def proc_figures(pid: int) -> tuple[int, int]:
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1])
     return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+PUBLISHED = 'grid_route_shared_index_events_total{direction="published"}'
+
+
+def series_sum(metrics: str, prefix: str) -> float:
+    """The sum of the samples of every series whose line starts with `prefix`."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith(prefix))
+
+
+def published(admin_port: int) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", admin_port, timeout=5)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return series_sum(text, PUBLISHED)
 
 
 # ---- the load --------------------------------------------------------------------------
@@ -422,9 +440,10 @@ def main() -> int:
     schedule = [
         (0.15 * d, "kill"), (0.15 * d + outage, "restart"),
         (0.35 * d, "wedge"), (0.35 * d + wedge, "unwedge"),
-        (0.55 * d, "fail"),
+        (0.55 * d, "fail"), (0.62 * d, "throttle"),
         (0.70 * d, "redis stop"), (0.70 * d + outage, "redis start"),
     ]
+    published_before_stop = None
     windows: list[Window] = []
     open_windows: dict[str, Window] = {}
     next_reload = RELOAD_EVERY_S
@@ -458,9 +477,12 @@ def main() -> int:
                 windows.append(window)
             elif action == "fail":
                 by_site[FAILING].admin("/mock/fail", {"status": 500, "count": 20})
+            elif action == "throttle":
+                # Replaces what is left of the 500s.
                 by_site[FAILING].admin(
                     "/mock/fail", {"status": 429, "count": 10, "retry_after": 5})
             elif action == "redis stop":
+                published_before_stop = published(admin_port)
                 redis.stop()
             elif action == "redis start":
                 redis.start()
@@ -489,8 +511,10 @@ def main() -> int:
         conn.close()
     except OSError as error:
         say(f"cannot read the gateway's /metrics: {error}")
-    ejections = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                    if line.startswith("grid_route_ejections_total{"))
+    ejections = series_sum(metrics, "grid_route_ejections_total{")
+    published_after = series_sum(metrics, PUBLISHED)
+    resumed = (published_before_stop is not None
+               and published_after > published_before_stop)
     gateway.send_signal(signal.SIGTERM)
     try:
         exit_code = gateway.wait(timeout=40)
@@ -526,6 +550,8 @@ def main() -> int:
         ("gateway RSS, start → end", f"{rss_start / 1024:.1f} → {rss_end / 1024:.1f} MiB"),
         ("gateway open fds, start → end", f"{fds_start} → {fds_end}"),
         ("endpoints ejected", f"{ejections:.0f}"),
+        ("shared-index events published, before Redis stopped → at the end",
+         f"{published_before_stop or 0:.0f} → {published_after:.0f}"),
         ("exit on SIGTERM", f"{exit_code}"),
     ]
     print("| figure | value |")
@@ -544,9 +570,10 @@ def main() -> int:
             record["started"] -= started
             record["ended"] -= started
             out.write(json.dumps(record) + "\n")
-    if failed or exit_code != 0:
+    if failed or exit_code != 0 or not resumed:
         say(f"failed: {len(failed)} requests another cluster could have served or misrouted; "
-            f"exit {exit_code}; logs in {args.workdir}")
+            f"shared index resumed after Redis came back: {resumed}; exit {exit_code}; "
+            f"logs in {args.workdir}")
         return 1
     say(f"passed; logs and every request's outcome in {args.workdir}")
     return 0

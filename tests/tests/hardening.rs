@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use grid_route_example::config::GatewayConfig;
-use grid_route_example::gateway::Gateway;
+use grid_route_example::gateway::{Gateway, MIN_HEAD_SAMPLES};
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use http_body_util::{BodyExt, Full};
 use hyper::header::HeaderMap;
@@ -728,10 +728,10 @@ async fn a_huge_retry_after_holds_an_endpoint_out_for_at_most_the_longest_ejecti
     assert!(held >= Duration::from_secs(9), "back after only {held:?}");
 }
 
-/// An engine that takes requests and never answers them while its `/metrics` says its
-/// queue is empty (a hung worker behind a live HTTP server), at the gateway's defaults.
-#[tokio::test]
-async fn a_wedged_engine_costs_at_most_one_request_at_the_defaults() {
+/// Engines `east-a` and `west-a` behind a gateway at its defaults, which has seen
+/// [`MIN_HEAD_SAMPLES`] answers (before that, no request counts as stalled); the gateway's
+/// chat URL.
+async fn two_sites_that_answered() -> (MockEngine, MockEngine, Gateway, String) {
     let east = engine("east-a").await;
     let west = engine("west-a").await;
     let gateway = gateway(&default_yaml(&[
@@ -740,11 +740,18 @@ async fn a_wedged_engine_costs_at_most_one_request_at_the_defaults() {
     ]))
     .await;
     let url = format!("{}/v1/chat/completions", gateway.url());
-    // Both engines serve, so the grid has seen how long answers take.
-    for i in 0..4 {
+    for i in 0..MIN_HEAD_SAMPLES {
         let answer = send(Method::POST, &url, chat(&format!("warm up {i}"))).await;
         assert_eq!(answer.status, StatusCode::OK);
     }
+    (east, west, gateway, url)
+}
+
+/// An engine that takes requests and never answers them while its `/metrics` says its
+/// queue is empty (a hung worker behind a live HTTP server), at the gateway's defaults.
+#[tokio::test]
+async fn a_wedged_engine_costs_at_most_one_request_at_the_defaults() {
+    let (east, _west, gateway, url) = two_sites_that_answered().await;
     east.stall(Duration::from_secs(3600), Duration::ZERO);
     east.override_waiting(grid_route_mock_engine::WaitingOverride::Set(0));
 
@@ -775,19 +782,7 @@ async fn a_wedged_engine_costs_at_most_one_request_at_the_defaults() {
 
 #[tokio::test]
 async fn an_engine_that_stalled_comes_back_as_soon_as_it_answers() {
-    let east = engine("east-a").await;
-    let west = engine("west-a").await;
-    let gateway = gateway(&default_yaml(&[
-        ("east", "east-a", east.url()),
-        ("west", "west-a", west.url()),
-    ]))
-    .await;
-    let url = format!("{}/v1/chat/completions", gateway.url());
-    // The grid sees how long answers take before it calls any request stalled.
-    for i in 0..4 {
-        let answer = send(Method::POST, &url, chat(&format!("warm up {i}"))).await;
-        assert_eq!(answer.status, StatusCode::OK);
-    }
+    let (east, _west, gateway, url) = two_sites_that_answered().await;
     // A head that takes 7 s, past the 5 s the grid waits before calling an engine wedged.
     east.stall(Duration::from_secs(7), Duration::ZERO);
     east.override_waiting(grid_route_mock_engine::WaitingOverride::Set(0));

@@ -78,7 +78,8 @@ pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
                         EJECTIONS_TOTAL,
                         metrics::Unit::Count,
                         "Endpoints ejected after failures in a row (5xx, failed connects, \
-                         timeouts), by site and cluster."
+                         timeouts) or as wedged (a request waiting far longer than the \
+                         grid's answers take), by site and cluster."
                     );
                     for outcome in Outcome::ALL {
                         metrics::counter!(PREFIX_AFFINITY_TOTAL, OUTCOME_LABEL => outcome.as_str())

@@ -59,7 +59,7 @@
 //! which this module wants to own (it must count and rate-limit the errors, and resume
 //! the stream read from its own last id).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -551,10 +551,12 @@ async fn connect(client: &Client, errors: &ErrorLog) -> Result<MultiplexedConnec
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
         .set_response_timeout(Some(READ_BLOCK + RESPONSE_MARGIN));
-    client
+    let connection = client
         .get_multiplexed_async_connection_with_config(&config)
         .await
-        .map_err(|error| errors.record("connect", &error))
+        .map_err(|error| errors.record("connect", &error))?;
+    errors.connected();
+    Ok(connection)
 }
 
 /// Exponential backoff between reconnects.
@@ -575,15 +577,18 @@ impl Backoff {
     }
 }
 
-/// Counts every error; logs at most one line per [`ERROR_LOG_INTERVAL`].
+/// Counts every error; logs at most one line per [`ERROR_LOG_INTERVAL`], and one line when
+/// Redis answers again after errors.
 #[derive(Default)]
 struct ErrorLog {
     last_logged: Mutex<Option<Instant>>,
     unlogged: AtomicU64,
+    failing: AtomicBool,
 }
 
 impl ErrorLog {
     fn record(&self, operation: &'static str, error: &RedisError) {
+        self.failing.store(true, Ordering::Relaxed);
         metrics::counter!(SHARED_INDEX_ERRORS_TOTAL).increment(1);
         if let Some(unlogged) = self.due(Instant::now()) {
             tracing::warn!(
@@ -592,6 +597,13 @@ impl ErrorLog {
                 not_logged_since_last = unlogged,
                 "shared index: Redis unavailable; routing goes on with the local index"
             );
+        }
+    }
+
+    /// A connection to Redis succeeded: says so once after errors.
+    fn connected(&self) {
+        if self.failing.swap(false, Ordering::Relaxed) {
+            tracing::info!("shared index: Redis answers again; sharing resumes");
         }
     }
 

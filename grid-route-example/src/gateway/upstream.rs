@@ -242,27 +242,27 @@ impl EndpointWatch {
     fn act_on(&self, change: Change) {
         match change {
             Change::None => return,
-            Change::Ejected { length, nth } => {
-                self.count_ejection();
+            Change::Ejected { length, nth } | Change::Stalled { length, nth } => {
+                metrics::counter!(
+                    EJECTIONS_TOTAL,
+                    SITE_LABEL => Arc::clone(self.cluster.site().as_arc()),
+                    CLUSTER_LABEL => Arc::clone(self.cluster.name_arc())
+                )
+                .increment(1);
+                let why = if matches!(change, Change::Stalled { .. }) {
+                    "wedged: a request has waited far longer for its answer than the grid's \
+                     answers take; out until it answers"
+                } else {
+                    "failures in a row"
+                };
                 tracing::warn!(
                     site = %self.cluster.site(),
                     cluster = self.cluster.name(),
                     endpoint = %self.url,
                     secs = length.as_secs(),
                     nth,
-                    "endpoint ejected after failures in a row"
-                );
-            }
-            Change::Stalled { length, nth } => {
-                self.count_ejection();
-                tracing::warn!(
-                    site = %self.cluster.site(),
-                    cluster = self.cluster.name(),
-                    endpoint = %self.url,
-                    secs = length.as_secs(),
-                    nth,
-                    "endpoint ejected as wedged: a request has waited far longer for its \
-                     answer than the grid's answers take; out until it answers"
+                    why,
+                    "endpoint ejected"
                 );
             }
             Change::HeldOut(length) => {
@@ -292,15 +292,6 @@ impl EndpointWatch {
                     .endpoint_queue_depth(&self.url, Instant::now())
                     .is_some_and(|waiting| waiting >= 1.0)
             })
-    }
-
-    fn count_ejection(&self) {
-        metrics::counter!(
-            EJECTIONS_TOTAL,
-            SITE_LABEL => Arc::clone(self.cluster.site().as_arc()),
-            CLUSTER_LABEL => Arc::clone(self.cluster.name_arc())
-        )
-        .increment(1);
     }
 
     /// Reports what an answer's head says about the endpoint: it answered (which ends a
