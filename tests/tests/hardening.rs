@@ -106,7 +106,13 @@ impl Answer {
     }
 }
 
+/// The longest any one request of these tests may take, answer included.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Sends a request and reads its whole answer; fails the test, naming the request, when
+/// that takes longer than [`REQUEST_DEADLINE`] or the connection fails.
 async fn send(method: Method, url: &str, body: impl Into<Bytes>) -> Answer {
+    let what = format!("{method} {url}");
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let request = Request::builder()
         .method(method)
@@ -114,14 +120,19 @@ async fn send(method: Method, url: &str, body: impl Into<Bytes>) -> Answer {
         .header("content-type", "application/json")
         .body(Full::new(body.into()))
         .unwrap();
-    let response = client.request(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-    }
+    let exchange = async {
+        let response = client.request(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    };
+    tokio::time::timeout(REQUEST_DEADLINE, exchange)
+        .await
+        .unwrap_or_else(|_| panic!("no whole answer to {what} in {REQUEST_DEADLINE:?}"))
 }
 
 fn chat(content: &str) -> String {
