@@ -47,6 +47,16 @@ SYSTEM_PROMPTS = [
 ]
 
 
+# Every process the soak starts, killed on the way out however the run ends.
+CHILDREN: list[subprocess.Popen] = []
+
+
+def spawn(command: list[str], log) -> subprocess.Popen:
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    CHILDREN.append(process)
+    return process
+
+
 def say(message: str) -> None:
     print(f"soak: {message}", file=sys.stderr, flush=True)
 
@@ -95,11 +105,11 @@ class Engine:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
+        self.process = spawn(
             [self.binary, "mock-engine", "--listen", f"127.0.0.1:{self.port}",
              "--name", self.site, "--model", MODEL, "--max-running", "8",
              "--prefill-tokens-per-second", "400000", "--decode-ms-per-token", "1"],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+            self.log)
         wait_until(f"engine {self.site}", lambda: http_ok(self.port, "/metrics"), 20)
 
     def kill(self) -> None:
@@ -119,10 +129,10 @@ class Redis:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
+        self.process = spawn(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.workdir],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.DEVNULL)
 
         def answers() -> bool:
             try:
@@ -348,26 +358,35 @@ def overlaps(outcome: Outcome, window: Window, slack: float = 0.5) -> bool:
 
 
 def classify(outcome: Outcome, windows: list[Window]) -> str:
-    """One of: ok; engine error (the engine's own error answer, passed through: nothing is
-    retried once a byte reached an engine); lost on the killed engine (in flight, or pinned
-    to it, while it was down, or its stored state gone with it); waited on the wedged
-    engine; misrouted (a pinned follow-up answered by another cluster); could have been
-    served (anything else: another cluster was there to serve it)."""
+    """One of: ok; engine error passed through (the failing engine's own 500 or 429, which
+    the contract never retries once a byte reached an engine); lost with the killed engine
+    (in flight at the moment it was killed, pinned to it while it was down, or a follow-up
+    whose stored response died with it); waited on the wedged engine (gave up, or 504, on a
+    request in flight while the wedge lasted); misrouted (a pinned follow-up answered by
+    another cluster); could have been served (anything else: another cluster was there to
+    serve it)."""
     if outcome.pinned_to is not None and outcome.engine not in (None, outcome.pinned_to):
         return "misrouted follow-up"
     if outcome.status is not None and 200 <= outcome.status < 300 and outcome.complete:
         return "ok"
-    if outcome.engine is not None and outcome.status is not None and outcome.status >= 400:
-        if outcome.pinned_to == KILLED and outcome.status == 404:
-            # The restarted engine lost the stored response the follow-up continues.
-            return "lost with the killed engine"
+    if outcome.engine == FAILING and outcome.status in (500, 429):
         return "engine error passed through"
     for window in windows:
-        if window.what == "killed" and overlaps(outcome, window):
-            if outcome.pinned_to in (None, window.site):
-                return "lost with the killed engine"
-        if window.what == "wedged" and overlaps(outcome, window):
-            if outcome.gave_up or outcome.status == 504 or outcome.pinned_to == window.site:
+        if window.what != "killed":
+            continue
+        killed_in_flight = outcome.started <= window.start <= outcome.ended
+        pinned_while_down = outcome.pinned_to == window.site and overlaps(outcome, window)
+        if killed_in_flight and outcome.engine in (None, window.site):
+            return "lost with the killed engine"
+        if pinned_while_down and outcome.engine is None:
+            return "lost with the killed engine"
+        if (outcome.pinned_to == window.site and outcome.engine == window.site
+                and outcome.status == 404 and outcome.started >= window.end):
+            # The restarted engine lost the stored response the follow-up continues.
+            return "lost with the killed engine"
+    for window in windows:
+        if window.what == "wedged" and overlaps(outcome, window) and outcome.engine is None:
+            if outcome.gave_up or outcome.status == 504:
                 return "waited on the wedged engine"
     return "could have been served"
 
@@ -411,9 +430,8 @@ def main() -> int:
 
     write_config()
     gateway_log = open(os.path.join(args.workdir, "gateway.log"), "ab")
-    gateway = subprocess.Popen(
-        [args.binary, "serve", "--config", config_path, "--log-format", "json"],
-        stdin=subprocess.DEVNULL, stdout=gateway_log, stderr=gateway_log)
+    gateway = spawn([args.binary, "serve", "--config", config_path, "--log-format", "json"],
+                    gateway_log)
     wait_until("the gateway", lambda: http_ok(admin_port, "/healthz"), 30)
     status, body = post(port, "/v1/chat/completions",
                         {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
@@ -425,10 +443,14 @@ def main() -> int:
         f"and 2 slow ones")
 
     stats, stop = Stats(), threading.Event()
-    threads = [threading.Thread(target=client_loop, args=(port, stats, stop, i, None))
+    # Daemons: a run that fails half-way must not wait on its clients to exit.
+    threads = [threading.Thread(target=client_loop, args=(port, stats, stop, i, None),
+                                daemon=True)
                for i in range(args.clients)]
-    threads += [threading.Thread(target=client_loop, args=(port, stats, stop, 100, "body")),
-                threading.Thread(target=client_loop, args=(port, stats, stop, 101, "read"))]
+    threads += [threading.Thread(target=client_loop, args=(port, stats, stop, 100, "body"),
+                                 daemon=True),
+                threading.Thread(target=client_loop, args=(port, stats, stop, 101, "read"),
+                                 daemon=True)]
     started = time.monotonic()
     for thread in threads:
         thread.start()
@@ -440,7 +462,7 @@ def main() -> int:
     schedule = [
         (0.15 * d, "kill"), (0.15 * d + outage, "restart"),
         (0.35 * d, "wedge"), (0.35 * d + wedge, "unwedge"),
-        (0.55 * d, "fail"), (0.62 * d, "throttle"),
+        (0.55 * d, "throttle"), (0.65 * d, "fail"),
         (0.70 * d, "redis stop"), (0.70 * d + outage, "redis start"),
     ]
     published_before_stop = None
@@ -475,16 +497,18 @@ def main() -> int:
                 window = open_windows.pop("wedged")
                 window.end = time.monotonic() + PATIENCE_S
                 windows.append(window)
-            elif action == "fail":
-                by_site[FAILING].admin("/mock/fail", {"status": 500, "count": 20})
             elif action == "throttle":
-                # Replaces what is left of the 500s.
                 by_site[FAILING].admin(
                     "/mock/fail", {"status": 429, "count": 10, "retry_after": 5})
+            elif action == "fail":
+                # Replaces what is left of the 429s.
+                by_site[FAILING].admin("/mock/fail", {"status": 500, "count": 20})
             elif action == "redis stop":
-                published_before_stop = published(admin_port)
                 redis.stop()
             elif action == "redis start":
+                # What was published up to now went out before Redis stopped: counting from
+                # here, anything more was published after it came back.
+                published_before_stop = published(admin_port)
                 redis.start()
         if now >= next_reload:
             generation += 1
@@ -550,7 +574,7 @@ def main() -> int:
         ("gateway RSS, start → end", f"{rss_start / 1024:.1f} → {rss_end / 1024:.1f} MiB"),
         ("gateway open fds, start → end", f"{fds_start} → {fds_end}"),
         ("endpoints ejected", f"{ejections:.0f}"),
-        ("shared-index events published, before Redis stopped → at the end",
+        ("shared-index events published, before Redis came back → at the end",
          f"{published_before_stop or 0:.0f} → {published_after:.0f}"),
         ("exit on SIGTERM", f"{exit_code}"),
     ]
@@ -559,6 +583,10 @@ def main() -> int:
     for name, value in rows:
         print(f"| {name} | {value} |")
     failed = classes.get("could have been served", []) + classes.get("misrouted follow-up", [])
+    # Before the stall mark every client may have sent one request to the wedged engine,
+    # and each ejection's end lets one probe through.
+    waited_bound = args.clients + 2 + 2
+    waited = len(classes.get("waited on the wedged engine", []))
     for outcome in failed[:20]:
         say(f"FAILED {outcome.kind}: status {outcome.status} engine {outcome.engine} "
             f"pinned {outcome.pinned_to} {outcome.error} "
@@ -570,8 +598,9 @@ def main() -> int:
             record["started"] -= started
             record["ended"] -= started
             out.write(json.dumps(record) + "\n")
-    if failed or exit_code != 0 or not resumed:
+    if failed or exit_code != 0 or not resumed or waited > waited_bound:
         say(f"failed: {len(failed)} requests another cluster could have served or misrouted; "
+            f"{waited} waited on the wedged engine (at most {waited_bound}); "
             f"shared index resumed after Redis came back: {resumed}; exit {exit_code}; "
             f"logs in {args.workdir}")
         return 1
@@ -580,4 +609,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    finally:
+        for child in CHILDREN:
+            if child.poll() is None:
+                child.kill()
+    sys.exit(code)

@@ -13,6 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// Held by each test for its whole run: a stand-in binary written while another test forks
+/// could be busy (`ETXTBSY`) when the setup runs it, so the tests take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn setup_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("llama/setup")
 }
@@ -67,6 +71,9 @@ fn run_setup(cache: &Path, check_secs: u32, within: Duration) -> Output {
 
 #[test]
 fn a_cached_engine_that_crashes_on_load_fails_the_setup_in_seconds_naming_the_cause() {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     // What the native build did on Intel CPUs with AMX: a log line, then a segfault.
     let cache = cache_with_server(
         "#!/bin/sh\necho 'llama threadpool init, n_threads = 1'\nkill -SEGV $$\n",
@@ -90,6 +97,9 @@ fn a_cached_engine_that_crashes_on_load_fails_the_setup_in_seconds_naming_the_ca
 
 #[test]
 fn a_cached_engine_that_never_answers_fails_the_setup_at_its_deadline() {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cache = cache_with_server("#!/bin/sh\necho 'loading model'\nexec sleep 600\n");
     let output = run_setup(cache.path(), 2, Duration::from_secs(20));
     let said = String::from_utf8_lossy(&output.stderr);

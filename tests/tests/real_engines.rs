@@ -118,7 +118,8 @@ impl Engine {
             std::process::id()
         ));
         let log_file = std::fs::File::create(&log).unwrap();
-        let process = tokio::process::Command::new(server)
+        let mut command = tokio::process::Command::new(server);
+        command
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .arg("--model")
             .arg(model)
@@ -130,9 +131,21 @@ impl Engine {
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
             .stderr(log_file)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", server.display()))?;
+            .kill_on_drop(true);
+        // A binary written moments ago (the stand-in of the dying-engine test) can be busy
+        // for an instant while another test's fork still holds its write descriptor.
+        let mut tries = 0;
+        let process = loop {
+            match command.spawn() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 50 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                spawned => {
+                    break spawned.map_err(|e| format!("cannot run {}: {e}", server.display()))?;
+                }
+            }
+        };
         let mut engine = Self {
             url: format!("http://127.0.0.1:{port}"),
             process,

@@ -14,16 +14,20 @@
 //!   default); it is not an ejection and not a failure.
 //! - **A wedged endpoint** (a live HTTP server in front of a hung worker: requests go in,
 //!   nothing comes out, and its `/metrics` may still say the queue is empty): a request
-//!   that has waited for its answer's head longer than [`Outliers::stall_after`] — 8× the
-//!   slowest of the grid's last [`HEAD_SAMPLES`] answer heads, at least
-//!   `outlier.stall_min_secs` (5 s), and only once the grid has seen
-//!   [`MIN_HEAD_SAMPLES`] heads — ejects its endpoint at once, as a burst of failures
-//!   would, unless the endpoint's own queue gauge read a waiting request in the queue
-//!   window (then its queue explains the wait, and the load gate deals with it). The endpoint stays out
-//!   while that request waits, and for the ejection's length after (a client that gave
-//!   up); the first head it sends ends the ejection, so the next request after it (the
-//!   probe) brings it back or, still wedged, ejects it for twice as long. The request
-//!   itself goes on waiting for its head until its own timeout: the engine may yet answer.
+//!   whose whole body was sent (a buffered one) and that has waited for its answer's head
+//!   longer than [`Outliers::stall_after`] — 8× the slowest of the grid's last
+//!   [`HEAD_SAMPLES`] answer heads, at least `outlier.stall_min_secs` (5 s), and only once
+//!   the grid has seen [`MIN_HEAD_SAMPLES`] heads — ejects its endpoint at once, as a
+//!   burst of failures would. Not when the endpoint sent any head since the request went
+//!   out (it is slow with this one, not wedged), nor when its own queue gauge read a
+//!   waiting request in the queue window (its queue explains the wait; the load gate deals
+//!   with that). The endpoint is out for the ejection's length from the stall, and longer
+//!   while that request still waits (until it is answered, fails, times out or is given
+//!   up); the first head it sends ends the ejection early. A request given up on leaves the
+//!   ejection to run out; the next request after it is the probe, which brings the endpoint
+//!   back or, still wedged, ejects it for twice as long. The stalled request itself waits
+//!   for its head until its own timeout: the engine may yet answer, and its head's time
+//!   does not count among the grid's heads.
 //!
 //! Held out, the endpoint is marked unhealthy in its cluster's load (the queue poller
 //! marks it healthy again at its first good read after the time is up), so the cluster's
@@ -100,6 +104,8 @@ pub(crate) struct Record {
     stall_epoch: u64,
     /// When a 429's hold ends.
     held_until: Option<Instant>,
+    /// When the endpoint last sent an answer's head.
+    last_head: Option<Instant>,
 }
 
 /// `now + length`, or the farthest instant it can say when that overflows.
@@ -138,8 +144,9 @@ impl Record {
             }
             Event::Stalled => {
                 self.stalled_waiting = self.stalled_waiting.saturating_add(1);
-                if self.stalled_waiting > 1 {
-                    // Already out for the first of them.
+                if self.stalled_waiting > 1 || self.ejected_until.is_some_and(|u| now < u) {
+                    // Already out: for the first of them, or ejected for failures (which
+                    // an answer must not cut short).
                     return Change::None;
                 }
                 let (length, nth) = self.eject(now, settings);
@@ -153,11 +160,14 @@ impl Record {
                 Change::None
             }
             Event::Answered => {
+                self.last_head = Some(self.last_head.map_or(now, |at| at.max(now)));
                 self.stall_epoch = self.stall_epoch.wrapping_add(1);
                 self.stalled_waiting = 0;
                 if self.ejected_for_stall {
                     self.ejected_for_stall = false;
-                    self.ejected_until = None;
+                    // Ended now, not forgotten: the calm spell that resets the doubling
+                    // counts from here.
+                    self.ejected_until = self.ejected_until.map(|until| until.min(now));
                 }
                 Change::None
             }
@@ -189,6 +199,11 @@ impl Record {
         self.ejected_until.is_some_and(|until| now < until)
             || self.held_until.is_some_and(|until| now < until)
             || self.stalled_waiting > 0
+    }
+
+    /// Whether the endpoint sent any answer's head at or after `since`.
+    pub(crate) fn answered_since(&self, since: Instant) -> bool {
+        self.last_head.is_some_and(|at| at >= since)
     }
 
     /// The epoch a request that stalls now belongs to.
@@ -254,6 +269,15 @@ impl Outliers {
         records
             .iter()
             .any(|((c, u), record)| c == cluster && &**u == url && record.is_out(now))
+    }
+
+    /// Whether the endpoint sent any answer's head at or after `since`: then it is slow
+    /// with this request, not wedged.
+    pub(crate) fn answered_since(&self, cluster: &ClusterId, url: &str, since: Instant) -> bool {
+        let records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+        records
+            .iter()
+            .any(|((c, u), record)| c == cluster && &**u == url && record.answered_since(since))
     }
 
     /// Records that a request of this endpoint stalled; returns the change and the epoch
@@ -461,11 +485,17 @@ mod tests {
         record.record(Event::Stalled, now, settings());
         record.record(Event::Answered, now, settings());
         assert!(!record.is_out(now));
-        // A new stall, then the old request's end: the new one still holds.
-        record.record(Event::Stalled, now, settings());
-        record.record(Event::StallEnded { epoch: old }, now, settings());
-        record.record(Event::Answered, now, settings());
-        assert!(!record.is_out(now), "an answer ends the stall ejection");
+        // A new stall, then the old request's end: the new one still holds the endpoint
+        // out, past its ejection's end.
+        let later_on = now + Duration::from_secs(1);
+        record.record(Event::Stalled, later_on, settings());
+        record.record(Event::StallEnded { epoch: old }, later_on, settings());
+        assert!(record.is_out(later_on + Duration::from_secs(120)));
+        record.record(Event::Answered, later_on, settings());
+        assert!(
+            !record.is_out(later_on),
+            "an answer ends the stall ejection"
+        );
     }
 
     #[test]
@@ -505,6 +535,39 @@ mod tests {
         assert_eq!(
             outliers.stall_after(first_byte),
             Some(Duration::from_secs(16))
+        );
+    }
+
+    #[test]
+    fn a_stall_while_ejected_for_failures_neither_replaces_nor_shortens_that_ejection() {
+        let now = Instant::now();
+        let mut record = Record::default();
+        fail_times(&mut record, 3, now);
+        assert_eq!(record.record(Event::Stalled, now, settings()), Change::None);
+        record.record(Event::Answered, now, settings());
+        assert!(record.is_out(now + Duration::from_secs(29)));
+    }
+
+    #[test]
+    fn a_stall_ejection_an_answer_ended_still_lets_the_doubling_start_over() {
+        let now = Instant::now();
+        let mut record = Record::default();
+        record.record(Event::Stalled, now, settings());
+        record.record(Event::Answered, now, settings());
+        assert_eq!(
+            record.record(Event::StallEnded { epoch: 0 }, now, settings()),
+            Change::None
+        );
+        // A calm spell of 10 × 30 s after the ended ejection: the next is short again.
+        let calm = now + Duration::from_secs(301);
+        assert!(record.answered_since(now));
+        assert!(!record.answered_since(now + Duration::from_secs(1)));
+        assert_eq!(
+            fail_times(&mut record, 3, calm),
+            Change::Ejected {
+                length: Duration::from_secs(30),
+                nth: 1
+            }
         );
     }
 }

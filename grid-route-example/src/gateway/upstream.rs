@@ -296,14 +296,15 @@ impl EndpointWatch {
 
     /// Reports what an answer's head says about the endpoint: it answered (which ends a
     /// stall), 5xx a failure, 429 with a `Retry-After` a hold; anything else waits for the
-    /// body's end. `took` is the time from sending the request.
-    fn report_head(&self, status: StatusCode, headers: &HeaderMap, took: Duration) {
+    /// body's end. `took` is the time from sending the request, when it counts among the
+    /// grid's heads.
+    fn report_head(&self, status: StatusCode, headers: &HeaderMap, took: Option<Duration>) {
         self.report(Event::Answered);
         if status.is_server_error() {
             self.report(Event::Failure);
             return;
         }
-        if !status.is_client_error() {
+        if let Some(took) = took.filter(|_| !status.is_client_error()) {
             self.outliers.head_took(took);
         }
         if status == StatusCode::TOO_MANY_REQUESTS
@@ -416,9 +417,12 @@ impl Service<Request<Body>> for Endpoint {
         let base = Arc::clone(&self.base);
         let watch = Arc::clone(&self.watch);
         Box::pin(async move {
+            // Only a request whose body is held whole can be judged by its head's delay: a
+            // streamed body may be a slow upload.
+            let buffered = request.extensions().get::<BufferedBody>().is_some();
             let request = to_engine(request, &base)?;
             let first_byte = timeouts.upstream_first_byte;
-            let stall_after = watch.outliers.stall_after(first_byte);
+            let stall_after = watch.outliers.stall_after(first_byte).filter(|_| buffered);
             let sent_at = Instant::now();
             let send = send_through_closing_connections(&client, request, &base.url);
             // Past `stall_after` without a head, and with no queue at the engine to explain
@@ -434,7 +438,12 @@ impl Service<Request<Body>> for Endpoint {
                     tokio::select! {
                         result = &mut send => break result,
                         () = tokio::time::sleep(after) => {
-                            if !watch.queue_explains_wait() {
+                            // Any head from the endpoint in the last `after` (all of this
+                            // request's wait, at the first check) says it still answers.
+                            let since = Instant::now().checked_sub(after).unwrap_or(sent_at);
+                            let answering =
+                                watch.outliers.answered_since(&watch.cluster, &watch.url, since);
+                            if !answering && !watch.queue_explains_wait() {
                                 stalled = Some(StallGuard::report(&watch, sent_at.elapsed()));
                             }
                         }
@@ -442,11 +451,15 @@ impl Service<Request<Body>> for Endpoint {
                 }
             };
             let outcome = tokio::time::timeout(first_byte, watched).await;
+            let was_stalled = stalled.is_some();
             drop(stalled);
             match outcome {
                 Ok(Ok(response)) => {
                     let status = response.status();
-                    watch.report_head(status, response.headers(), sent_at.elapsed());
+                    // A stalled request's head says how long a wedge lasted, not how long
+                    // answers take: it is not one of the grid's heads.
+                    let took = (!was_stalled).then(|| sent_at.elapsed());
+                    watch.report_head(status, response.headers(), took);
                     let (mut parts, body) = response.into_parts();
                     strip_hop_by_hop(&mut parts.headers);
                     let body = WatchedBody {
