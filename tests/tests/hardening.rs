@@ -615,28 +615,33 @@ async fn an_endpoint_failing_in_a_row_is_ejected_counted_and_its_cluster_not_adm
     assert_eq!(ejections, Some(1.0));
 }
 
-#[tokio::test]
-async fn a_429_with_retry_after_holds_the_endpoint_out_that_long() {
+/// Two endpoints of cluster `east-a` behind a gateway with `extra` config; the first
+/// answers its next request 429 with `Retry-After: retry_after`. Sends requests until the
+/// 429 comes; returns both engines, the gateway and when the 429 came.
+async fn throttled_once(extra: &str, retry_after: u64) -> ([MockEngine; 2], Gateway, Instant) {
     let east = engine("east-a").await;
     let spare = engine("east-a").await;
     let gateway = gateway(&config_yaml(
         &[("east", "east-a", vec![east.url(), spare.url()])],
-        "",
+        extra,
     ))
     .await;
     let fail = format!("{}/mock/fail", east.url());
-    let plan = r#"{"status":429,"count":1,"retry_after":2}"#;
+    let plan = format!(r#"{{"status":429,"count":1,"retry_after":{retry_after}}}"#);
     assert_eq!(send(Method::POST, &fail, plan).await.status, StatusCode::OK);
     let url = format!("{}/v1/chat/completions", gateway.url());
-    let mut throttled_at = None;
     for i in 0..40 {
         let answer = send(Method::POST, &url, chat(&format!("busy {i}"))).await;
         if answer.status == StatusCode::TOO_MANY_REQUESTS {
-            throttled_at = Some(Instant::now());
-            break;
+            return ([east, spare], gateway, Instant::now());
         }
     }
-    let throttled_at = throttled_at.expect("the 429 never came");
+    panic!("the 429 never came in 40 requests");
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_holds_the_endpoint_out_that_long() {
+    let ([east, _spare], gateway, throttled_at) = throttled_once("", 2).await;
     assert_eq!(
         endpoint_healthy(&gateway, "east-a", &east.url()),
         Some(false)
@@ -705,28 +710,10 @@ async fn a_retry_after_past_any_clock_answers_every_request_at_the_defaults() {
 
 #[tokio::test]
 async fn a_huge_retry_after_holds_an_endpoint_out_for_at_most_the_longest_ejection() {
-    let east = engine("east-a").await;
-    let spare = engine("east-a").await;
-    // The longest ejection: 10 × 1 s.
-    let gateway = gateway(&config_yaml(
-        &[("east", "east-a", vec![east.url(), spare.url()])],
-        "outlier: { ejection_secs: 1 }\n",
-    ))
-    .await;
-    let fail = format!("{}/mock/fail", east.url());
+    // A year; the longest ejection is 10 × 1 s.
     let year = 365 * 24 * 3600;
-    let plan = format!(r#"{{"status":429,"count":1,"retry_after":{year}}}"#);
-    assert_eq!(send(Method::POST, &fail, plan).await.status, StatusCode::OK);
-    let url = format!("{}/v1/chat/completions", gateway.url());
-    let mut throttled_at = None;
-    for i in 0..40 {
-        let answer = send(Method::POST, &url, chat(&format!("a year {i}"))).await;
-        if answer.status == StatusCode::TOO_MANY_REQUESTS {
-            throttled_at = Some(Instant::now());
-            break;
-        }
-    }
-    let throttled_at = throttled_at.expect("the 429 never came");
+    let ([east, _spare], gateway, throttled_at) =
+        throttled_once("outlier: { ejection_secs: 1 }\n", year).await;
     let deadline = throttled_at + Duration::from_secs(15);
     while endpoint_healthy(&gateway, "east-a", &east.url()) != Some(true) {
         assert!(

@@ -30,10 +30,9 @@ fn cache_with_server(server: &str) -> tempfile::TempDir {
     let binary = bin.join("llama-server");
     std::fs::write(&binary, server).unwrap();
     std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let stamp = Command::new(setup_script())
-        .arg("--stamp")
-        .output()
-        .unwrap();
+    let mut stamp = Command::new(setup_script());
+    stamp.arg("--stamp");
+    let stamp = run_within(&mut stamp, Duration::from_secs(20));
     assert!(stamp.status.success(), "{stamp:?}");
     std::fs::write(bin.join(".stamp"), &stamp.stdout).unwrap();
     std::fs::write(
@@ -44,13 +43,20 @@ fn cache_with_server(server: &str) -> tempfile::TempDir {
     cache
 }
 
-/// Runs the setup on `cache`; fails the test (killing the setup) when it takes longer than
-/// `within`.
+/// Runs the setup on `cache`; fails the test when it takes longer than `within`.
 fn run_setup(cache: &Path, check_secs: u32, within: Duration) -> Output {
-    let started = Instant::now();
-    let mut child = Command::new(setup_script())
+    let mut setup = Command::new(setup_script());
+    setup
         .env("GRID_ROUTE_LLAMA_CACHE", cache)
-        .env("GRID_ROUTE_LLAMA_CHECK_SECS", check_secs.to_string())
+        .env("GRID_ROUTE_LLAMA_CHECK_SECS", check_secs.to_string());
+    run_within(&mut setup, within)
+}
+
+/// Runs `command` to its end; fails the test (killing it) when that takes longer than
+/// `within`.
+fn run_within(command: &mut Command, within: Duration) -> Output {
+    let started = Instant::now();
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -60,7 +66,7 @@ fn run_setup(cache: &Path, check_secs: u32, within: Duration) -> Output {
             let _ = child.kill();
             let output = child.wait_with_output().unwrap();
             panic!(
-                "the setup took more than {within:?}; it said:\n{}",
+                "{command:?} took more than {within:?}; it said:\n{}",
                 String::from_utf8_lossy(&output.stderr)
             );
         }
