@@ -264,11 +264,7 @@ pub struct OutlierConfig {
     /// A 429's `Retry-After` holds an endpoint out for at most the longest ejection.
     pub ejection_secs: u64,
     /// The least time a request may wait for its answer's head before its endpoint counts
-    /// as wedged: once the grid has seen 4 answer heads, an endpoint whose buffered request
-    /// has waited this long and 8× the slowest of the grid's last 64 heads, with no head
-    /// from it meanwhile and no waiting request on its queue gauge, is ejected at once; the
-    /// ejection lasts at least while that request waits, and the endpoint's first head ends
-    /// it (see `gateway/outlier.rs`). Default 5 s.
+    /// as wedged and is ejected; the whole rule is in `gateway/outlier.rs`. Default 5 s.
     pub stall_min_secs: u64,
 }
 
