@@ -332,7 +332,7 @@ def start_engines(procs: Procs, args, n: int = ENGINES) -> list[str]:
             args.llama_server, "--host", "127.0.0.1", "--port", str(port),
             "--model", args.llama_model, "--alias", MODEL, "--metrics",
             "--threads", "1", "--threads-batch", "1", "--parallel", str(args.slots),
-            "--ctx-size", str(args.ctx_size), "--cache-ram", "0", "--seed", "7",
+            "--ctx-size", str(args.ctx_size), "--cache-ram", str(args.cache_ram), "--seed", "7",
         ])
         urls.append(f"http://127.0.0.1:{port}")
     for k, url in enumerate(urls):
@@ -361,6 +361,8 @@ class RouterConfig:
     queued_seconds: float | None = None
     # prefix_affinity.queued_request_seconds at the measured (or given) request time
     queued_measured: bool = False
+    # A config naming only the grid: no queue block, no prefix_affinity block.
+    defaults: bool = False
 
 
 # The prior of grid-learned when no prefill rate was measured or given.
@@ -373,7 +375,8 @@ def router_configs(prefill_rate: float | None, request_seconds: float | None) ->
     prior = f"{prefill_rate:.0f} tok/s" if prefill_rate else f"{LEARNED_PRIOR_FALLBACK:.0f} tok/s"
     held = f"{request_seconds:.0f} s" if request_seconds else "this CPU's request time"
     return {
-        "grid-defaults": RouterConfig("grid-defaults", "grid-route, defaults", "grid"),
+        "grid-defaults": RouterConfig(
+            "grid-defaults", "grid-route, defaults (a config naming only the grid)", "grid", defaults=True),
         "grid-recommended": RouterConfig(
             "grid-recommended", f"grid-route, {recommended}, threshold 0.3, a queued request priced at {held}",
             "grid", count_in_flight=True, priced=True, threshold=0.3, queued_measured=True),
@@ -438,7 +441,10 @@ def start_router(procs: Procs, cfg: RouterConfig, engines: list[str], args, out:
             affinity.append(f"queued_request_seconds: {cfg.queued_seconds}")
         if cfg.queued_measured:
             affinity.append(f"queued_request_seconds: {args.request_seconds:.0f}")
-        yaml = f"listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\nqueue: {queue}\n"
+        yaml = f"listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\n"
+        if not cfg.defaults:
+            # The settings the README recommended before the defaults learned them.
+            yaml += f"queue: {queue}\n"
         if affinity:
             yaml += "grid_site_route: { prefix_affinity: { " + ", ".join(affinity) + " } }\n"
         yaml += "sites:\n"
@@ -651,10 +657,9 @@ def main() -> None:
         pass
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
-    parser.add_argument("--routers", default="vllm-cache_aware,grid-recommended,grid-defaults,grid-priced,"
-                        "sglang-cache_aware,sglang-round_robin,grid-t0.5,grid-t0.6",
+    parser.add_argument("--routers", default="grid-defaults,vllm-cache_aware,sglang-cache_aware",
                         help="comma-separated, run in this order")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each router, interleaved")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each router, interleaved")
     parser.add_argument("--conversations", type=int, default=20, help="conversations replayed")
     parser.add_argument("--shared", type=int, default=10, help="conversations behind the shared system prompts")
     parser.add_argument("--max-turns", type=int, default=5, help="turns kept of each conversation")
@@ -664,6 +669,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="max_tokens of every turn")
     parser.add_argument("--slots", type=int, default=2, help="llama-server --parallel")
     parser.add_argument("--ctx-size", type=int, default=8192, help="llama-server --ctx-size")
+    parser.add_argument("--cache-ram", type=int, default=0,
+                        help="llama-server --cache-ram, MiB of host prompt cache (0: none; -cram 8192 is "
+                        "the second regime)")
     parser.add_argument("--seed", type=int, default=14, help="shuffles the conversations' order")
     parser.add_argument("--prefill-rate", type=float, default=None,
                         help="tok/s for the priced grid-route runs; default: measured on a fresh engine")
@@ -709,7 +717,7 @@ def main() -> None:
     # that a session can be run in parts; a different workload in OUT is refused.
     shape = {k: getattr(args, k) for k in (
         "conversations", "shared", "max_turns", "concurrency", "message_chars", "system_chars",
-        "max_tokens", "slots", "ctx_size", "seed")}
+        "max_tokens", "slots", "ctx_size", "seed", "cache_ram")}
     shape_file = args.out / "workload.json"
     if shape_file.exists() and json.loads(shape_file.read_text()) != shape:
         sys.exit(f"arena: {args.out} holds runs of another workload ({shape_file}); use another OUT")

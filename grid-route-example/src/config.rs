@@ -28,8 +28,11 @@
 //!   upstream_idle_secs: 120     # between two chunks of an answer: the stream is aborted
 //! retries: { max_attempts: 3 }  # only requests that never reached an engine
 //! outlier: { consecutive_failures: 5, ejection_secs: 30, stall_min_secs: 5 }
-//! queue: { metric: "vllm:num_requests_waiting", poll_interval_ms: 500, window_secs: 10,
-//!          count_in_flight: false }
+//! queue:                        # default: each endpoint's own waiting-requests gauge, found
+//!   poll_interval_ms: 500       #   among vLLM's, SGLang's and llama.cpp's
+//!   window_secs: 1
+//!   count_in_flight: true       # this gateway's unanswered requests count in the load
+//!   # metric: "vllm:num_requests_waiting"   # one gauge for every endpoint instead
 //! sites:
 //!   - name: east
 //!     clusters:
@@ -42,9 +45,10 @@
 //!     enabled: true
 //!     threshold: 0.8
 //!     exploration: 0.02
-//!     prefill_tokens_per_second: 10000   # or auto: learned per cluster (recommended)
+//!     prefill_tokens_per_second: auto   # learned per cluster; a number fixes it
 //!     prefill_prior_tokens_per_second: 10000   # with auto, where every cluster starts
-//!     queued_request_seconds: 2
+//!     queued_request_seconds: auto      # learned per cluster; a number fixes it
+//!     queued_request_prior_seconds: 2   # with auto, where every cluster starts
 //!     engine_feedback: true   # forget what an engine reports it no longer caches
 //!     capacity: 16384
 //!     ttl_secs: 600
@@ -110,12 +114,19 @@ use serde::Deserialize;
 
 use crate::forward_paths::{ForwardPathConfig, ForwardPaths};
 
-/// The queue metric of vLLM (the default): requests waiting for a running slot.
+/// The queue metric of vLLM: requests waiting for a running slot.
 pub const VLLM_QUEUE_METRIC: &str = "vllm:num_requests_waiting";
 /// The queue metric of SGLang.
 pub const SGLANG_QUEUE_METRIC: &str = "sglang:num_queue_reqs";
 /// The queue metric of llama.cpp's server (with `--metrics`).
 pub const LLAMACPP_QUEUE_METRIC: &str = "llamacpp:requests_deferred";
+/// The waiting-requests gauges an endpoint's `/metrics` is searched for when `queue.metric`
+/// is not set, in this order: the first one it serves is its queue signal.
+pub const KNOWN_QUEUE_METRICS: [&str; 3] = [
+    VLLM_QUEUE_METRIC,
+    SGLANG_QUEUE_METRIC,
+    LLAMACPP_QUEUE_METRIC,
+];
 
 /// The shortest queue poll interval accepted, in milliseconds.
 pub const MIN_POLL_INTERVAL_MS: u64 = 10;
@@ -184,25 +195,26 @@ pub enum Role {
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct QueueConfig {
-    /// The Prometheus metric counting waiting requests, summed over its label sets:
-    /// [`VLLM_QUEUE_METRIC`] (default), [`SGLANG_QUEUE_METRIC`], [`LLAMACPP_QUEUE_METRIC`].
-    pub metric: String,
+    /// The Prometheus metric counting waiting requests, summed over its label sets, for
+    /// every endpoint. Default: none, and each endpoint's is the first of
+    /// [`KNOWN_QUEUE_METRICS`] its page serves.
+    pub metric: Option<String>,
     /// How often each endpoint's `/metrics` is read. Default 500 ms.
     pub poll_interval_ms: u64,
-    /// How far back the windowed worst queue depth looks. Default 10 s.
+    /// How far back the windowed worst queue depth looks. Default 1 s: two polls.
     pub window_secs: u64,
-    /// Whether a cluster's load also counts this gateway's requests to it that have not
-    /// answered yet: `queue depth + in flight` instead of `queue depth`. Default `false`.
+    /// Whether a cluster's load also counts this gateway's requests to it whose answer has
+    /// not ended: `queue depth + in flight` instead of `queue depth`. Default `true`.
     pub count_in_flight: bool,
 }
 
 impl Default for QueueConfig {
     fn default() -> Self {
         Self {
-            metric: VLLM_QUEUE_METRIC.to_owned(),
+            metric: None,
             poll_interval_ms: 500,
             window_secs: GridSettings::DEFAULT_QUEUE_WINDOW.as_secs(),
-            count_in_flight: false,
+            count_in_flight: GridSettings::DEFAULT_COUNT_IN_FLIGHT,
         }
     }
 }
@@ -366,8 +378,9 @@ pub struct CheckedConfig {
     pub max_attempts: u32,
     /// Outlier ejection settings.
     pub outlier: OutlierSettings,
-    /// The queue metric's name.
-    pub queue_metric: Arc<str>,
+    /// The queue metric's name; `None` finds each endpoint's among
+    /// [`KNOWN_QUEUE_METRICS`].
+    pub queue_metric: Option<Arc<str>>,
     /// How often endpoints are polled.
     pub poll_interval: Duration,
     /// The sites and clusters, for [`Grid`].
@@ -506,10 +519,12 @@ impl GatewayConfig {
         let forward_paths = self.forward_paths()?;
         self.check_failure_handling()?;
         let timeouts = self.timeouts.durations();
-        if !is_metric_name(&self.queue.metric) {
+        if let Some(metric) = &self.queue.metric
+            && !is_metric_name(metric)
+        {
             return Err(invalid(
                 "queue.metric",
-                &self.queue.metric,
+                metric,
                 "must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)",
             ));
         }
@@ -573,7 +588,7 @@ impl GatewayConfig {
             timeouts,
             max_attempts: self.retries.max_attempts,
             outlier: OutlierSettings::from(&self.outlier),
-            queue_metric: self.queue.metric.as_str().into(),
+            queue_metric: self.queue.metric.as_deref().map(Arc::from),
             poll_interval: Duration::from_millis(self.queue.poll_interval_ms),
             grid_spec,
             grid_settings,
@@ -792,7 +807,7 @@ pub enum ConfigError {
 // Tests compare values that are parsed and read back, not computed: exactly equal.
 #[allow(clippy::float_cmp)]
 mod tests {
-    use grid_route_layer::config::PrefillPrice;
+    use grid_route_layer::config::Price;
     use grid_route_layer::grid::ClusterSpec;
 
     use super::*;
@@ -839,18 +854,23 @@ sites:
         assert_eq!(config.outlier.consecutive_failures, 5);
         assert_eq!(config.outlier.ejection_secs, 30);
         assert_eq!(config.outlier.stall_min_secs, 5);
-        assert_eq!(config.queue.metric, "vllm:num_requests_waiting");
+        // Each endpoint's own gauge, a 1 s window, in-flight requests counted.
+        assert_eq!(config.queue.metric, None);
         assert_eq!(config.queue.poll_interval_ms, 500);
-        assert_eq!(config.queue.window_secs, 10);
-        assert!(!config.queue.count_in_flight);
+        assert_eq!(config.queue.window_secs, 1);
+        assert!(config.queue.count_in_flight);
         assert!(config.sites[0].clusters[0].admit);
         let p = &config.grid_site_route.prefix_affinity.settings;
         assert!(p.enabled);
         assert_eq!(p.threshold, 0.8);
         assert_eq!(p.exploration, 0.02);
-        assert_eq!(p.prefill_tokens_per_second, PrefillPrice::Fixed(10_000.0));
-        assert!(!checked_affinity(&config).learns_prefill());
-        assert_eq!(p.queued_request_seconds, 2.0);
+        // Both prices learned per cluster, from the contract's figures.
+        assert_eq!(p.prefill_tokens_per_second, Price::Auto);
+        assert_eq!(p.prefill_prior_tokens_per_second, 10_000.0);
+        assert!(checked_affinity(&config).learns_prefill());
+        assert_eq!(p.queued_request_seconds, Price::Auto);
+        assert_eq!(p.queued_request_prior_seconds, 2.0);
+        assert!(checked_affinity(&config).learns_queued());
         assert_eq!(p.capacity, 16_384);
         assert_eq!(p.ttl_secs, 600);
         assert_eq!(p.tag_key_path, None);
@@ -858,7 +878,8 @@ sites:
         assert_eq!(checked.grid_settings.local_site.as_deref(), Some("east"));
         assert_eq!(checked.poll_interval, Duration::from_millis(500));
         assert!(checked.tag_key.is_none());
-        assert!(!checked.grid_settings.count_in_flight);
+        assert!(checked.grid_settings.count_in_flight);
+        assert_eq!(checked.queue_metric, None);
     }
 
     #[test]
@@ -944,9 +965,16 @@ grid_site_route:
     ttl_secs: 600
 "#;
         let config = GatewayConfig::from_yaml(yaml).unwrap();
-        // Every value it writes is the default, and the default local site is the first.
+        // Every value it writes is the default, and the default local site is the first,
+        // except where the defaults now learn: the design fixes vLLM's gauge, a 10 s window
+        // and both prices (its numbers restore the fixed rule).
         let mut defaults = GatewayConfig::from_yaml(MINIMAL).unwrap();
         defaults.local_site = Some("east".to_owned());
+        defaults.queue.metric = Some(VLLM_QUEUE_METRIC.to_owned());
+        defaults.queue.window_secs = 10;
+        let p = &mut defaults.grid_site_route.prefix_affinity.settings;
+        p.prefill_tokens_per_second = Price::Fixed(10_000.0);
+        p.queued_request_seconds = Price::Fixed(2.0);
         assert_eq!(config, defaults);
         config.validate().unwrap();
     }

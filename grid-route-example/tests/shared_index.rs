@@ -248,8 +248,11 @@ impl Testbed {
         let tag_key = dir.join("tag.key");
         std::fs::write(&tag_key, [0x5a; 32]).unwrap();
         let mut shared_yaml = format!(
+            // Fixed prices: the mock engines answer in microseconds, which would teach a
+            // prefill speed that makes any match worth less than one queued request.
             "queue: {{ poll_interval_ms: 20, window_secs: 1 }}\n\
              grid_site_route:\n  prefix_affinity:\n    exploration: 0.0\n    \
+             prefill_tokens_per_second: 10000\n    queued_request_seconds: 2\n    \
              tag_key_path: {}\n    shared_index: {{ redis_url: \"{}\", key_prefix: {name} }}\n\
              sites:\n",
             tag_key.display(),

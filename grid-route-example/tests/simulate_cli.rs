@@ -230,16 +230,20 @@ fn the_gateway_load_flags_reach_the_run() {
     assert_eq!(
         run(&[
             "--count-in-flight",
-            "false",
+            "true",
             "--queued-request-seconds",
-            "2"
+            "auto",
+            "--prefill-price",
+            "auto",
+            "--queue-window-secs",
+            "1",
         ]),
         defaults
     );
-    let counted = run(&["--count-in-flight", "true"]);
-    assert_ne!(counted, defaults);
-    assert_ne!(
-        run(&["--count-in-flight", "true", "--queued-request-seconds", "8"]),
-        counted
-    );
+    let queue_only = run(&["--count-in-flight", "false"]);
+    assert_ne!(queue_only, defaults);
+    let fixed = run(&["--queued-request-seconds", "8"]);
+    assert_ne!(fixed, defaults);
+    assert_ne!(run(&["--queued-request-seconds", "2"]), fixed);
+    assert_ne!(run(&["--prefill-price", "10000"]), defaults);
 }

@@ -52,13 +52,20 @@ pub struct PrefixAffinityConfig {
     /// `exploration`: share of decisions that skip affinity, in [0, 1].
     pub exploration: f64,
     /// `prefill_tokens_per_second`: the prefill speed that prices a match (finite, > 0),
-    /// or `auto` to learn each cluster's from its answers.
-    pub prefill_tokens_per_second: PrefillPrice,
+    /// or `auto` (the default) to learn each cluster's from its answers.
+    #[cfg_attr(feature = "serde", serde(deserialize_with = "prefill_price"))]
+    pub prefill_tokens_per_second: Price,
     /// `prefill_prior_tokens_per_second`: with `prefill_tokens_per_second: auto`, the
     /// speed every cluster starts from; finite, > 0.
     pub prefill_prior_tokens_per_second: f64,
-    /// `queued_request_seconds`: what one queued request costs; finite, > 0.
-    pub queued_request_seconds: f64,
+    /// `queued_request_seconds`: what one more request in a cluster's load costs a new
+    /// one, seconds (finite, > 0), or `auto` (the default) to learn each cluster's from
+    /// its answers.
+    #[cfg_attr(feature = "serde", serde(deserialize_with = "queued_price"))]
+    pub queued_request_seconds: Price,
+    /// `queued_request_prior_seconds`: with `queued_request_seconds: auto`, the price
+    /// every cluster starts from; finite, > 0.
+    pub queued_request_prior_seconds: f64,
     /// `engine_feedback`: when an engine reports far less of a sticky prompt cached than
     /// the index predicted, the index forgets what it recorded at that cluster before that
     /// prompt (the engine evicted it too).
@@ -75,12 +82,15 @@ pub struct PrefixAffinityConfig {
     pub previous_tag_key_path: Option<PathBuf>,
 }
 
-/// `prefix_affinity.prefill_tokens_per_second`: a number of tokens a second, or `auto`.
+/// A price of the load gate (`prefix_affinity.prefill_tokens_per_second`,
+/// `prefix_affinity.queued_request_seconds`): a number, or `auto`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum PrefillPrice {
-    /// This many prefill tokens a second, for every cluster.
+#[non_exhaustive]
+pub enum Price {
+    /// This figure, for every cluster.
     Fixed(f64),
-    /// Learned per cluster from its answers, from `prefill_prior_tokens_per_second`.
+    /// Learned per cluster from its answers, starting from the field's prior
+    /// (`prefill_prior_tokens_per_second`, `queued_request_prior_seconds`).
     Auto,
 }
 
@@ -90,11 +100,10 @@ impl Default for PrefixAffinityConfig {
             enabled: true,
             threshold: AffinitySettings::DEFAULT_THRESHOLD,
             exploration: AffinitySettings::DEFAULT_EXPLORATION,
-            prefill_tokens_per_second: PrefillPrice::Fixed(
-                AffinitySettings::DEFAULT_PREFILL_TOKENS_PER_SECOND,
-            ),
+            prefill_tokens_per_second: Price::Auto,
             prefill_prior_tokens_per_second: AffinitySettings::DEFAULT_PREFILL_TOKENS_PER_SECOND,
-            queued_request_seconds: AffinitySettings::DEFAULT_QUEUED_REQUEST_SECONDS,
+            queued_request_seconds: Price::Auto,
+            queued_request_prior_seconds: AffinitySettings::DEFAULT_QUEUED_REQUEST_SECONDS,
             engine_feedback: true,
             capacity: IndexSettings::DEFAULT_CAPACITY,
             ttl_secs: IndexSettings::DEFAULT_TTL.as_secs(),
@@ -132,7 +141,7 @@ impl PrefixAffinityConfig {
 
     /// Sets [`prefill_tokens_per_second`](Self::prefill_tokens_per_second).
     #[must_use]
-    pub fn with_prefill_tokens_per_second(mut self, price: PrefillPrice) -> Self {
+    pub fn with_prefill_tokens_per_second(mut self, price: Price) -> Self {
         self.prefill_tokens_per_second = price;
         self
     }
@@ -146,8 +155,15 @@ impl PrefixAffinityConfig {
 
     /// Sets [`queued_request_seconds`](Self::queued_request_seconds).
     #[must_use]
-    pub fn with_queued_request_seconds(mut self, seconds: f64) -> Self {
-        self.queued_request_seconds = seconds;
+    pub fn with_queued_request_seconds(mut self, price: Price) -> Self {
+        self.queued_request_seconds = price;
+        self
+    }
+
+    /// Sets [`queued_request_prior_seconds`](Self::queued_request_prior_seconds).
+    #[must_use]
+    pub fn with_queued_request_prior_seconds(mut self, seconds: f64) -> Self {
+        self.queued_request_prior_seconds = seconds;
         self
     }
 
@@ -211,22 +227,29 @@ impl PrefixAffinityConfig {
             return Err(ConfigError::Exploration(self.exploration));
         }
         let (prefill_tokens_per_second, learn_prefill) = match self.prefill_tokens_per_second {
-            PrefillPrice::Fixed(price) if is_positive(price) => (price, false),
-            PrefillPrice::Fixed(price) => return Err(ConfigError::PrefillTokensPerSecond(price)),
-            PrefillPrice::Auto if is_positive(self.prefill_prior_tokens_per_second) => {
+            Price::Fixed(price) if is_positive(price) => (price, false),
+            Price::Fixed(price) => return Err(ConfigError::PrefillTokensPerSecond(price)),
+            Price::Auto if is_positive(self.prefill_prior_tokens_per_second) => {
                 (self.prefill_prior_tokens_per_second, true)
             }
-            PrefillPrice::Auto => {
+            Price::Auto => {
                 return Err(ConfigError::PrefillPriorTokensPerSecond(
                     self.prefill_prior_tokens_per_second,
                 ));
             }
         };
-        if !is_positive(self.queued_request_seconds) {
-            return Err(ConfigError::QueuedRequestSeconds(
-                self.queued_request_seconds,
-            ));
-        }
+        let (queued_request_seconds, learn_queued) = match self.queued_request_seconds {
+            Price::Fixed(price) if is_positive(price) => (price, false),
+            Price::Fixed(price) => return Err(ConfigError::QueuedRequestSeconds(price)),
+            Price::Auto if is_positive(self.queued_request_prior_seconds) => {
+                (self.queued_request_prior_seconds, true)
+            }
+            Price::Auto => {
+                return Err(ConfigError::QueuedRequestPriorSeconds(
+                    self.queued_request_prior_seconds,
+                ));
+            }
+        };
         let index = IndexSettings::new(self.capacity, Duration::from_secs(self.ttl_secs))
             .map_err(ConfigError::Index)?;
         if let (None, Some(previous)) = (&self.tag_key_path, &self.previous_tag_key_path) {
@@ -238,9 +261,10 @@ impl PrefixAffinityConfig {
                 self.threshold,
                 self.exploration,
                 prefill_tokens_per_second,
-                self.queued_request_seconds,
+                queued_request_seconds,
                 self.engine_feedback,
                 learn_prefill,
+                learn_queued,
             ),
             index,
             tag_key_path: self.tag_key_path.clone(),
@@ -254,38 +278,46 @@ fn is_positive(value: f64) -> bool {
     value.is_finite() && value > 0.0
 }
 
-/// Hand-written because serde's derives have no "a number or this one word" shape short of
-/// `untagged`, whose error ("did not match any variant") would not say what is expected.
+/// Reads a [`Price`]: a number, or the word `auto`. Hand-written because serde's derives
+/// have no "a number or this one word" shape short of `untagged`, whose error ("did not
+/// match any variant") would not say what is expected.
 #[cfg(feature = "serde")]
-impl<'de> serde::Deserialize<'de> for PrefillPrice {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = PrefillPrice;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                // The field is named here too: a format that buffers the section (serde's
-                // `flatten`) reports the error without the field's path.
-                f.write_str("prefill_tokens_per_second as a number of tokens a second, or `auto`")
-            }
-            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<PrefillPrice, E> {
-                Ok(PrefillPrice::Fixed(v))
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<PrefillPrice, E> {
-                Ok(PrefillPrice::Fixed(v as f64))
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<PrefillPrice, E> {
-                Ok(PrefillPrice::Fixed(v as f64))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PrefillPrice, E> {
-                if v == "auto" {
-                    Ok(PrefillPrice::Auto)
-                } else {
-                    Err(E::invalid_value(serde::de::Unexpected::Str(v), &self))
-                }
-            }
-        }
-        deserializer.deserialize_any(Visitor)
+struct PriceVisitor(&'static str);
+
+#[cfg(feature = "serde")]
+impl serde::de::Visitor<'_> for PriceVisitor {
+    type Value = Price;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The field is named here too: a format that buffers the section (serde's
+        // `flatten`) reports the error without the field's path.
+        write!(f, "{} as a number, or `auto`", self.0)
     }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Price, E> {
+        Ok(Price::Fixed(v))
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Price, E> {
+        Ok(Price::Fixed(v as f64))
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Price, E> {
+        Ok(Price::Fixed(v as f64))
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Price, E> {
+        if v == "auto" {
+            Ok(Price::Auto)
+        } else {
+            Err(E::invalid_value(serde::de::Unexpected::Str(v), &self))
+        }
+    }
+}
+
+#[cfg(feature = "serde")]
+fn prefill_price<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Price, D::Error> {
+    deserializer.deserialize_any(PriceVisitor("prefill_tokens_per_second (tokens a second)"))
+}
+
+#[cfg(feature = "serde")]
+fn queued_price<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Price, D::Error> {
+    deserializer.deserialize_any(PriceVisitor("queued_request_seconds (seconds)"))
 }
 
 /// A refused `prefix_affinity` setting; the message names the field and the value.
@@ -303,6 +335,9 @@ pub enum ConfigError {
     PrefillPriorTokensPerSecond(f64),
     /// `queued_request_seconds` is not a finite number above 0.
     QueuedRequestSeconds(f64),
+    /// With `queued_request_seconds: auto`, `queued_request_prior_seconds` is not a finite
+    /// number above 0.
+    QueuedRequestPriorSeconds(f64),
     /// `capacity` or `ttl_secs` was refused by the index.
     Index(IndexSettingsError),
     /// `previous_tag_key_path` is set without `tag_key_path`.
@@ -334,6 +369,11 @@ impl fmt::Display for ConfigError {
             Self::QueuedRequestSeconds(got) => write!(
                 f,
                 "prefix_affinity.queued_request_seconds must be a finite number greater \
+                 than 0, got {got}"
+            ),
+            Self::QueuedRequestPriorSeconds(got) => write!(
+                f,
+                "prefix_affinity.queued_request_prior_seconds must be a finite number greater \
                  than 0, got {got}"
             ),
             Self::Index(err) => err.fmt(f),
@@ -379,7 +419,9 @@ mod tests {
         assert_eq!(settings.index, IndexSettings::default());
         assert_eq!(settings.index.ttl(), Duration::from_secs(600));
         assert_eq!(settings.tag_key_path, None);
-        assert!(!a.learns_prefill());
+        // Both prices are learned, from the contract's figures.
+        assert!(a.learns_prefill());
+        assert!(a.learns_queued());
     }
 
     #[test]
@@ -407,18 +449,18 @@ mod tests {
                 "prefix_affinity.exploration must be in [0, 1], got 1.01",
             ),
             (
-                base().with_prefill_tokens_per_second(PrefillPrice::Fixed(0.0)),
+                base().with_prefill_tokens_per_second(Price::Fixed(0.0)),
                 "prefix_affinity.prefill_tokens_per_second must be a finite number greater \
                  than 0, got 0",
             ),
             (
-                base().with_prefill_tokens_per_second(PrefillPrice::Fixed(f64::INFINITY)),
+                base().with_prefill_tokens_per_second(Price::Fixed(f64::INFINITY)),
                 "prefix_affinity.prefill_tokens_per_second must be a finite number greater \
                  than 0, got inf",
             ),
             (
                 base()
-                    .with_prefill_tokens_per_second(PrefillPrice::Auto)
+                    .with_prefill_tokens_per_second(Price::Auto)
                     .with_prefill_prior_tokens_per_second(-1.0),
                 "prefix_affinity.prefill_prior_tokens_per_second must be a finite number \
                  greater than 0, got -1",
@@ -429,9 +471,16 @@ mod tests {
                  only verifies beside a current one, got \"/etc/grid/old.key\"",
             ),
             (
-                base().with_queued_request_seconds(-2.0),
+                base().with_queued_request_seconds(Price::Fixed(-2.0)),
                 "prefix_affinity.queued_request_seconds must be a finite number greater \
                  than 0, got -2",
+            ),
+            (
+                base()
+                    .with_queued_request_seconds(Price::Auto)
+                    .with_queued_request_prior_seconds(f64::NAN),
+                "prefix_affinity.queued_request_prior_seconds must be a finite number \
+                 greater than 0, got NaN",
             ),
             (
                 base().with_capacity(0),
@@ -467,9 +516,45 @@ mod tests {
     }
 
     #[test]
+    fn numbers_for_both_prices_restore_the_fixed_rule_and_its_worked_example() {
+        let settings = PrefixAffinityConfig::default()
+            .with_prefill_tokens_per_second(Price::Fixed(10_000.0))
+            .with_queued_request_seconds(Price::Fixed(2.0))
+            .validate()
+            .unwrap()
+            .affinity;
+        assert!(!settings.learns_prefill());
+        assert!(!settings.learns_queued());
+        assert!(!settings.learns_prices());
+        // 40 blocks of 256 bytes ≈ 2,560 tokens ≈ 0.26 s ≈ 0.13 of a queued request; 400 ≈ 1.3.
+        let worth = |blocks: u64| settings.match_worth(blocks * 256);
+        assert!((worth(40) - 0.128).abs() < 1e-9, "{}", worth(40));
+        assert!((worth(400) - 1.28).abs() < 1e-9, "{}", worth(400));
+    }
+
+    #[test]
+    fn auto_queued_pricing_starts_from_its_prior_and_a_fixed_one_ignores_it() {
+        let learned = PrefixAffinityConfig::default()
+            .with_queued_request_prior_seconds(7.0)
+            .validate()
+            .unwrap()
+            .affinity;
+        assert!(learned.learns_queued());
+        assert_eq!(learned.queued_request_seconds(), 7.0);
+        let fixed = PrefixAffinityConfig::default()
+            .with_queued_request_seconds(Price::Fixed(0.5))
+            .with_queued_request_prior_seconds(-1.0)
+            .validate()
+            .unwrap()
+            .affinity;
+        assert!(!fixed.learns_queued());
+        assert_eq!(fixed.queued_request_seconds(), 0.5);
+    }
+
+    #[test]
     fn auto_pricing_learns_from_the_prior_and_ignores_the_fixed_default() {
         let settings = PrefixAffinityConfig::default()
-            .with_prefill_tokens_per_second(PrefillPrice::Auto)
+            .with_prefill_tokens_per_second(Price::Auto)
             .with_prefill_prior_tokens_per_second(150.0)
             .validate()
             .unwrap();
@@ -477,7 +562,7 @@ mod tests {
         assert_eq!(settings.affinity.prefill_tokens_per_second(), 150.0);
         // A fixed price does not read the prior, so an unused bad prior is no error.
         let fixed = PrefixAffinityConfig::default()
-            .with_prefill_tokens_per_second(PrefillPrice::Fixed(500.0))
+            .with_prefill_tokens_per_second(Price::Fixed(500.0))
             .with_prefill_prior_tokens_per_second(0.0)
             .validate()
             .unwrap();
@@ -510,15 +595,26 @@ mod tests {
         assert_eq!(
             read(r#"{"prefill_tokens_per_second": "auto", "capacity": 8}"#).unwrap(),
             PrefixAffinityConfig::default()
-                .with_prefill_tokens_per_second(PrefillPrice::Auto)
+                .with_prefill_tokens_per_second(Price::Auto)
                 .with_capacity(8)
         );
         assert_eq!(
             read(r#"{"prefill_tokens_per_second": 2500}"#)
                 .unwrap()
                 .prefill_tokens_per_second,
-            PrefillPrice::Fixed(2500.0)
+            Price::Fixed(2500.0)
         );
+        assert_eq!(
+            read(r#"{"queued_request_seconds": 7, "queued_request_prior_seconds": 3}"#).unwrap(),
+            PrefixAffinityConfig::default()
+                .with_queued_request_seconds(Price::Fixed(7.0))
+                .with_queued_request_prior_seconds(3.0)
+        );
+        let slow = read(r#"{"queued_request_seconds": "slow"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(slow.contains("queued_request_seconds (seconds)"), "{slow}");
+        assert!(slow.contains("or `auto`"), "{slow}");
         let fast = read(r#"{"prefill_tokens_per_second": "fast"}"#)
             .unwrap_err()
             .to_string();

@@ -59,6 +59,9 @@ pub const DELIVERED_CACHED_TOKENS_TOTAL: &str = "grid_route_delivered_cached_tok
 pub const INDEX_FORGOTTEN_TOTAL: &str = "grid_route_index_forgotten_total";
 /// Each cluster's learned prefill speed, tokens a second (`prefill_tokens_per_second: auto`).
 pub const PREFILL_TOKENS_PER_SECOND: &str = "grid_route_prefill_tokens_per_second";
+/// Each cluster's learned price of one more request in its load, seconds
+/// (`queued_request_seconds: auto`).
+pub const QUEUED_REQUEST_SECONDS: &str = "grid_route_queued_request_seconds";
 /// Time spent keying a request body, in seconds.
 pub const KEYING_SECONDS: &str = "grid_route_keying_seconds";
 /// Prefix keys per keyed request.
@@ -150,8 +153,15 @@ pub fn describe_metrics() {
     metrics::describe_gauge!(
         PREFILL_TOKENS_PER_SECOND,
         "Prefill speed learned for each backend cluster with prefill_tokens_per_second: auto, \
-         tokens a second: a moving average of uncached prompt tokens / seconds from dispatch \
-         to the answer's start."
+         tokens a second: a moving average of uncached prompt tokens / seconds of prefill \
+         (from dispatch to the answer's start, less the learned queueing part)."
+    );
+    metrics::describe_gauge!(
+        QUEUED_REQUEST_SECONDS,
+        Unit::Seconds,
+        "What one more request in a backend cluster's load costs a new one, learned with \
+         queued_request_seconds: auto: a moving average of (time to first token - uncached \
+         prompt tokens / prefill speed) / load at dispatch."
     );
     metrics::describe_histogram!(
         KEYING_SECONDS,
@@ -282,6 +292,7 @@ mod tests {
             (DELIVERED_CACHED_TOKENS_TOTAL, MetricKind::Counter),
             (INDEX_FORGOTTEN_TOTAL, MetricKind::Counter),
             (PREFILL_TOKENS_PER_SECOND, MetricKind::Gauge),
+            (QUEUED_REQUEST_SECONDS, MetricKind::Gauge),
             (KEYING_SECONDS, MetricKind::Histogram),
             (KEYS_PER_REQUEST, MetricKind::Histogram),
             (INDEX_ENTRIES, MetricKind::Gauge),

@@ -264,15 +264,34 @@ impl PredictedMatch {
 ///
 /// Confirmation records the request's prompt at this cluster; pinning tags the ids in the
 /// answer with it. A response without it changes nothing in the index.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Served {
     cluster: ClusterId,
+    load: f64,
 }
 
 impl Served {
-    /// The response came from `cluster`.
+    /// The response came from `cluster`, whose load at dispatch is not known.
     pub fn new(cluster: ClusterId) -> Self {
-        Self { cluster }
+        Self {
+            cluster,
+            load: f64::INFINITY,
+        }
+    }
+
+    /// The cluster's [`routing_load`](crate::grid::ClusterLoad::routing_load) when the
+    /// request was sent, before it counted in it: what
+    /// [`FeedbackLayer`](crate::feedback::FeedbackLayer) learns a queued request's price
+    /// from. `Select` sets it.
+    #[must_use]
+    pub fn with_load(mut self, load: f64) -> Self {
+        self.load = load;
+        self
+    }
+
+    /// The cluster's load at dispatch; `f64::INFINITY` when unmeasured or not known.
+    pub fn load(&self) -> f64 {
+        self.load
     }
 
     /// The serving cluster's site.

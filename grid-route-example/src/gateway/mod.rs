@@ -148,7 +148,7 @@ use tokio::task::JoinHandle;
 pub use access::{ACCESS_TARGET, SENSITIVE_REQUEST_HEADERS};
 pub use admin::METRICS_UPKEEP_INTERVAL;
 pub use outlier::{HEAD_SAMPLES, MAX_EJECTION_FACTOR, MIN_HEAD_SAMPLES, STALL_FACTOR};
-pub use queue::{MAX_METRICS_BYTES, POLL_TIMEOUT, queue_sample};
+pub use queue::{MAX_METRICS_BYTES, POLL_TIMEOUT, known_queue_sample, queue_sample};
 pub use serve::serve;
 pub use stack::RETRY_AFTER_SECS;
 pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, EJECTIONS_TOTAL, POOL_IDLE_TIMEOUT};
@@ -197,6 +197,8 @@ pub(crate) struct Live {
     /// Clusters reloads removed (and no later reload added back): their series are left
     /// out of `/metrics`.
     removed: Mutex<Vec<ClusterId>>,
+    /// Which queue gauge each endpoint was last found serving, for logging each change once.
+    gauges: queue::FoundGauges,
     /// Unix seconds at start, the `created` of `/v1/models`.
     started_unix: u64,
 }
@@ -210,7 +212,7 @@ pub(crate) struct Settings {
     provider_allowed_paths: Arc<[String]>,
     /// What the consumer role forwards.
     forward_paths: Arc<ForwardPaths>,
-    queue_metric: Arc<str>,
+    queue_metric: Option<Arc<str>>,
     poll_interval: Duration,
     timeouts: Timeouts,
 }
@@ -223,7 +225,7 @@ impl Settings {
             role: checked.role,
             provider_allowed_paths: Arc::clone(&checked.provider_allowed_paths),
             forward_paths: Arc::clone(&checked.forward_paths),
-            queue_metric: Arc::clone(&checked.queue_metric),
+            queue_metric: checked.queue_metric.clone(),
             poll_interval: checked.poll_interval,
             timeouts: checked.timeouts,
         }
@@ -344,6 +346,7 @@ impl Gateway {
             routing: ArcSwap::from_pointee(routing),
             reloading: Mutex::new(()),
             removed: Mutex::new(Vec::new()),
+            gauges: queue::FoundGauges::default(),
             started_unix,
         };
         let live = Arc::new(live);

@@ -1,19 +1,26 @@
-//! The queue signal: each endpoint's Prometheus `/metrics`, polled for one metric.
+//! The queue signal: each endpoint's Prometheus `/metrics`, polled for its waiting-requests
+//! gauge.
 //!
 //! Every `queue.poll_interval_ms` the poller reads `GET {endpoint}/metrics` of every
-//! endpoint in the grid, at once, and records the configured metric's value summed over
-//! its label sets (vLLM reports one series per model, data-parallel engines one per
-//! engine) with [`ClusterLoad::record_queue`]; the grid keeps the windowed worst. Metric
-//! names by engine:
+//! endpoint in the grid, at once, and records the gauge's value summed over its label sets
+//! (vLLM reports one series per model, data-parallel engines one per engine) with
+//! [`ClusterLoad::record_queue`]; the grid keeps the windowed worst. Which gauge: the one
+//! `queue.metric` names, or by default the first of these the page serves, found anew on
+//! every read, so one grid can mix engines and an engine replaced by another kind is read
+//! right at the next poll:
 //!
-//! | engine | metric |
+//! | engine | gauge |
 //! |---|---|
-//! | vLLM | `vllm:num_requests_waiting` (the default) |
+//! | vLLM | `vllm:num_requests_waiting` |
 //! | SGLang | `sglang:num_queue_reqs` |
 //! | llama.cpp (`--metrics`) | `llamacpp:requests_deferred` |
 //!
+//! The gauge an endpoint is found serving is logged at `info` when it is first found or
+//! changes; an endpoint whose page serves none of them is logged once at `warn` (until it
+//! serves one).
+//!
 //! An endpoint whose metrics cannot be read — refused, over [`POLL_TIMEOUT`], not 2xx,
-//! not UTF-8, over [`MAX_METRICS_BYTES`], or without the metric — is recorded as
+//! not UTF-8, over [`MAX_METRICS_BYTES`], or without the gauge — is recorded as
 //! unmeasured (`None`), which makes its cluster's depth `+inf` once the window holds no
 //! readable sample. A successful read also marks the endpoint healthy again (a failed
 //! connection marks it unhealthy, see [`upstream`](super::upstream)); a failed read does
@@ -21,7 +28,8 @@
 //!
 //! [`ClusterLoad::record_queue`]: grid_route_layer::grid::ClusterLoad::record_queue
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -34,6 +42,7 @@ use tokio::task::JoinSet;
 
 use super::Live;
 use super::upstream::HttpClient;
+use crate::config::KNOWN_QUEUE_METRICS;
 
 /// How long one read of an endpoint's metrics may take.
 pub const POLL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -45,7 +54,7 @@ pub(crate) async fn poll_queues(live: Arc<Live>, mut stop: watch::Receiver<bool>
     loop {
         let started = tokio::time::Instant::now();
         let settings = live.settings.load_full();
-        poll_once(&live, &settings.queue_metric).await;
+        poll_once(&live, settings.queue_metric.as_ref()).await;
         let next = started + settings.poll_interval;
         tokio::select! {
             () = tokio::time::sleep_until(next) => {}
@@ -54,8 +63,49 @@ pub(crate) async fn poll_queues(live: Arc<Live>, mut stop: watch::Receiver<bool>
     }
 }
 
-/// Reads every endpoint of the current grid once and records what it read.
-pub(crate) async fn poll_once(live: &Live, metric: &Arc<str>) {
+/// What the last read of an endpoint's page found, by endpoint URL.
+#[derive(Debug, Default)]
+pub(crate) struct FoundGauges {
+    found: Mutex<HashMap<Arc<str>, Found>>,
+}
+
+/// What one read of a page found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// This known gauge.
+    Gauge(&'static str),
+    /// A page that serves none of the known gauges.
+    None,
+}
+
+impl FoundGauges {
+    /// Records what a read of `url`'s page found, and logs it when it is new.
+    fn record(&self, cluster: &Cluster, url: &Arc<str>, found: Found) {
+        let previous = self
+            .found
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(Arc::clone(url), found);
+        if previous == Some(found) {
+            return;
+        }
+        match found {
+            Found::Gauge(gauge) => {
+                tracing::info!(cluster = %cluster.id(), endpoint = %url, gauge, "queue gauge found");
+            }
+            Found::None => tracing::warn!(
+                cluster = %cluster.id(),
+                endpoint = %url,
+                looked_for = ?KNOWN_QUEUE_METRICS,
+                "metrics page serves no known queue gauge; unmeasured (set queue.metric to name one)"
+            ),
+        }
+    }
+}
+
+/// Reads every endpoint of the current grid once and records what it read: `metric` at
+/// every endpoint, or with `None` each endpoint's own gauge among [`KNOWN_QUEUE_METRICS`].
+pub(crate) async fn poll_once(live: &Live, metric: Option<&Arc<str>>) {
     let view = live.grid.view();
     let mut reads = JoinSet::new();
     for cluster in view.clusters() {
@@ -63,17 +113,29 @@ pub(crate) async fn poll_once(live: &Live, metric: &Arc<str>) {
             let client = live.engine.load().client.clone();
             let cluster: Arc<Cluster> = Arc::clone(cluster);
             let url = Arc::clone(url);
-            let metric = Arc::clone(metric);
+            let metric = metric.cloned();
             reads.spawn(async move {
-                let waiting = read_queue(&client, &url, &metric).await;
-                (cluster, url, waiting)
+                let read = read_queue(&client, &url, metric.as_deref()).await;
+                (cluster, url, read)
             });
         }
     }
     while let Some(read) = reads.join_next().await {
         // A read task cannot panic short of a bug; its endpoint just goes unrecorded.
-        let Ok((cluster, url, waiting)) = read else {
+        let Ok((cluster, url, read)) = read else {
             continue;
+        };
+        let waiting = match read {
+            Read::Unreadable => None,
+            Read::Sample(waiting) => Some(waiting),
+            Read::Found(gauge, waiting) => {
+                live.gauges.record(&cluster, &url, Found::Gauge(gauge));
+                Some(waiting)
+            }
+            Read::NoKnownGauge => {
+                live.gauges.record(&cluster, &url, Found::None);
+                None
+            }
         };
         // Samples of endpoints that stay across a reload are shared with the new grid, so
         // recording on the view the poll started from is recording on the live one.
@@ -88,13 +150,28 @@ pub(crate) async fn poll_once(live: &Live, metric: &Arc<str>) {
     }
 }
 
-/// The endpoint's waiting requests, or `None` when its metrics cannot be read.
-async fn read_queue(client: &HttpClient, base: &str, metric: &str) -> Option<f64> {
+/// What one read of an endpoint's page gave.
+enum Read {
+    /// The page could not be read, or lacks the configured metric.
+    Unreadable,
+    /// The configured metric's value.
+    Sample(f64),
+    /// With no metric configured: the first known gauge the page serves, and its value.
+    Found(&'static str, f64),
+    /// With no metric configured: a page that serves none of the known gauges.
+    NoKnownGauge,
+}
+
+/// Reads the endpoint's page for `metric`, or with `None` for the first of
+/// [`KNOWN_QUEUE_METRICS`] it serves.
+async fn read_queue(client: &HttpClient, base: &str, metric: Option<&str>) -> Read {
     let url = format!("{}/metrics", base.trim_end_matches('/'));
-    let request = Request::get(url)
+    let Ok(request) = Request::get(url)
         .header(ACCEPT, "text/plain")
         .body(Body::empty())
-        .ok()?;
+    else {
+        return Read::Unreadable;
+    };
     let read = async {
         let response = client.request(request).await.ok()?;
         if !response.status().is_success() {
@@ -106,20 +183,46 @@ async fn read_queue(client: &HttpClient, base: &str, metric: &str) -> Option<f64
             .ok()?
             .to_bytes();
         let text = std::str::from_utf8(&body).ok()?;
-        queue_sample(text, metric)
+        Some(match metric {
+            Some(metric) => queue_sample(text, metric).map_or(Read::Unreadable, Read::Sample),
+            None => match known_queue_sample(text) {
+                Some((gauge, waiting)) => Read::Found(gauge, waiting),
+                None => Read::NoKnownGauge,
+            },
+        })
     };
-    let waiting = tokio::time::timeout(POLL_TIMEOUT, read)
+    let read = tokio::time::timeout(POLL_TIMEOUT, read)
         .await
         .ok()
-        .flatten();
-    if waiting.is_none() {
+        .flatten()
+        .unwrap_or(Read::Unreadable);
+    if matches!(read, Read::Unreadable | Read::NoKnownGauge) {
         tracing::debug!(
             endpoint = base,
-            metric,
+            metric = metric.unwrap_or("any known"),
             "queue metric unreadable; unmeasured"
         );
     }
-    waiting
+    read
+}
+
+/// The first of [`KNOWN_QUEUE_METRICS`] that `text` serves with readable samples, and its
+/// sum ([`queue_sample`]); `None` when it serves none of them.
+///
+/// ```
+/// use grid_route_example::gateway::known_queue_sample;
+///
+/// let llama = "# TYPE llamacpp:requests_processing gauge\n\
+///              llamacpp:requests_processing 2\n\
+///              llamacpp:requests_deferred 3\n";
+/// assert_eq!(known_queue_sample(llama), Some(("llamacpp:requests_deferred", 3.0)));
+/// assert_eq!(known_queue_sample("sglang:num_queue_reqs{dp=\"0\"} 1\n"), Some(("sglang:num_queue_reqs", 1.0)));
+/// assert_eq!(known_queue_sample("process_cpu_seconds_total 9\n"), None);
+/// ```
+pub fn known_queue_sample(text: &str) -> Option<(&'static str, f64)> {
+    KNOWN_QUEUE_METRICS
+        .into_iter()
+        .find_map(|gauge| queue_sample(text, gauge).map(|waiting| (gauge, waiting)))
 }
 
 /// The sum of `metric`'s samples over all its label sets in a Prometheus text exposition

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 use clap::builder::RangedU64ValueParser;
-use grid_route_layer::affinity::AffinitySettings;
-use grid_route_layer::config::{PrefillPrice, PrefixAffinityConfig};
+use grid_route_layer::config::{PrefixAffinityConfig, Price};
 
 use super::engine::EngineModel;
 use super::policy::Policy;
@@ -229,30 +228,30 @@ pub struct GatewayArgs {
         value_parser = |value: &str| affinity_setting(value, |config, x| config.exploration = x),
     )]
     pub exploration: f64,
-    /// prefix_affinity.prefill_tokens_per_second
+    /// prefix_affinity.prefill_tokens_per_second: a number, or auto (learned per site from
+    /// prefix_affinity's prior, 10000)
     #[arg(
         long,
-        value_name = "X",
+        value_name = "X|auto",
         allow_negative_numbers = true,
-        default_value_t = AffinitySettings::DEFAULT_PREFILL_TOKENS_PER_SECOND,
+        default_value = "auto",
         value_parser = |value: &str| {
-            affinity_setting(value, |config, x| {
-                config.prefill_tokens_per_second = PrefillPrice::Fixed(x);
-            })
+            price(value, |config, price| config.prefill_tokens_per_second = price)
         },
     )]
-    pub prefill_price: f64,
-    /// prefix_affinity.queued_request_seconds: what one queued request costs
+    pub prefill_price: Price,
+    /// prefix_affinity.queued_request_seconds: what one more request in a site's load costs
+    /// a new one, a number or auto (learned per site from prefix_affinity's prior, 2)
     #[arg(
         long,
-        value_name = "X",
+        value_name = "X|auto",
         allow_negative_numbers = true,
-        default_value_t = PrefixAffinityConfig::default().queued_request_seconds,
+        default_value = "auto",
         value_parser = |value: &str| {
-            affinity_setting(value, |config, x| config.queued_request_seconds = x)
+            price(value, |config, price| config.queued_request_seconds = price)
         },
     )]
-    pub queued_request_seconds: f64,
+    pub queued_request_seconds: Price,
     /// prefix_affinity.engine_feedback: an engine's reported miss makes the index forget
     /// what it no longer holds
     #[arg(
@@ -274,7 +273,7 @@ impl Default for GatewayArgs {
             count_in_flight: queue.count_in_flight,
             threshold: affinity.threshold,
             exploration: affinity.exploration,
-            prefill_price: AffinitySettings::DEFAULT_PREFILL_TOKENS_PER_SECOND,
+            prefill_price: affinity.prefill_tokens_per_second,
             queued_request_seconds: affinity.queued_request_seconds,
             engine_feedback: affinity.engine_feedback,
         }
@@ -290,7 +289,7 @@ impl GatewayArgs {
         let mut config = PrefixAffinityConfig::default();
         config.threshold = self.threshold;
         config.exploration = self.exploration;
-        config.prefill_tokens_per_second = PrefillPrice::Fixed(self.prefill_price);
+        config.prefill_tokens_per_second = self.prefill_price;
         config.queued_request_seconds = self.queued_request_seconds;
         config.engine_feedback = self.engine_feedback;
         config
@@ -319,6 +318,19 @@ fn affinity_setting(
     set(&mut config, x);
     config.validate().map_err(|error| error.to_string())?;
     Ok(x)
+}
+
+/// A price flag: `auto`, or a number checked as [`affinity_setting`] checks one.
+fn price(value: &str, set: impl FnOnce(&mut PrefixAffinityConfig, Price)) -> Result<Price, String> {
+    let price = if value == "auto" {
+        Price::Auto
+    } else {
+        Price::Fixed(number(value)?)
+    };
+    let mut config = PrefixAffinityConfig::default();
+    set(&mut config, price);
+    config.validate().map_err(|error| error.to_string())?;
+    Ok(price)
 }
 
 /// A count of at least 1.

@@ -4,7 +4,7 @@
 //! second, memory for 1000 blocks. A cold 1024-token prompt thus takes 1.124 s to its
 //! first token, a fully cached one 0.1 s; a 10-token answer lasts 0.01 s more.
 
-use grid_route_layer::config::PrefillPrice;
+use grid_route_layer::config::Price;
 use std::time::Duration;
 
 use super::*;
@@ -282,11 +282,8 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
     let affinity = parsed.gateway.prefix_affinity();
     assert_eq!(affinity.threshold, 0.6);
     assert_eq!(affinity.exploration, 0.1);
-    assert_eq!(
-        affinity.prefill_tokens_per_second,
-        PrefillPrice::Fixed(20_000.0)
-    );
-    assert_eq!(affinity.queued_request_seconds, 6.0);
+    assert_eq!(affinity.prefill_tokens_per_second, Price::Fixed(20_000.0));
+    assert_eq!(affinity.queued_request_seconds, Price::Fixed(6.0));
     assert!(parsed.gateway.count_in_flight);
     assert!(!affinity.engine_feedback);
     assert_eq!(parsed.fail_share, 0.25);

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
-use super::prefill::PrefillRates;
+use super::prices::{AnswerTiming, GatePrices, Learned, LearnedPrices};
 use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
@@ -139,7 +139,7 @@ pub fn narrow(
 pub struct Affinity {
     index: Arc<PrefixIndex>,
     settings: Arc<ArcSwap<AffinitySettings>>,
-    prefill: Arc<PrefillRates>,
+    prices: Arc<LearnedPrices>,
 }
 
 impl Affinity {
@@ -148,44 +148,55 @@ impl Affinity {
         Self {
             index,
             settings: Arc::new(ArcSwap::from_pointee(settings)),
-            prefill: Arc::default(),
+            prices: Arc::default(),
         }
     }
 
-    /// The prefill speed that prices a match held by `cluster`, tokens a second: the
-    /// cluster's learned estimate with
-    /// [`learns_prefill`](AffinitySettings::learns_prefill) (the configured prior until it
-    /// has learned), else the configured figure.
+    /// The two prices of the load gate at `cluster`: its learned estimates where
+    /// [`AffinitySettings`] says to learn (the configured priors until it has learned),
+    /// the configured figures otherwise.
+    pub fn prices(&self, cluster: &ClusterId) -> GatePrices {
+        self.prices_under(&self.settings(), cluster)
+    }
+
+    fn prices_under(&self, settings: &AffinitySettings, cluster: &ClusterId) -> GatePrices {
+        let priors = settings.price_priors();
+        let mut prices = GatePrices {
+            prefill_tokens_per_second: priors.prefill_tokens_per_second,
+            queued_request_seconds: priors.queued_request_seconds,
+        };
+        if priors.learn_prefill || priors.learn_queued {
+            let learned = self.prices.prices(cluster, priors);
+            if priors.learn_prefill {
+                prices.prefill_tokens_per_second = learned.prefill_tokens_per_second();
+            }
+            if priors.learn_queued {
+                prices.queued_request_seconds = learned.queued_request_seconds();
+            }
+        }
+        prices
+    }
+
+    /// The prefill speed that prices a match held by `cluster`, tokens a second (see
+    /// [`prices`](Self::prices)).
     pub fn prefill_rate(&self, cluster: &ClusterId) -> f64 {
-        let settings = self.settings();
-        if settings.learns_prefill() {
-            self.prefill
-                .rate(cluster, settings.prefill_tokens_per_second())
-        } else {
-            settings.prefill_tokens_per_second()
-        }
+        self.prices(cluster).prefill_tokens_per_second
     }
 
-    /// Learns `cluster`'s prefill speed from an answer that prefilled `uncached_tokens`
-    /// and started `elapsed` after dispatch, while
-    /// [`learns_prefill`](AffinitySettings::learns_prefill) is on. Returns the new
-    /// estimate when the answer was a sample ([`PrefillEstimate`](super::PrefillEstimate)).
-    pub fn learn_prefill(
-        &self,
-        cluster: &ClusterId,
-        uncached_tokens: u64,
-        elapsed: std::time::Duration,
-    ) -> Option<f64> {
-        let settings = self.settings();
-        if !settings.learns_prefill() {
-            return None;
+    /// What one more request in `cluster`'s load costs a new one, seconds (see
+    /// [`prices`](Self::prices)).
+    pub fn queued_request_seconds(&self, cluster: &ClusterId) -> f64 {
+        self.prices(cluster).queued_request_seconds
+    }
+
+    /// Learns `cluster`'s prices from one of its answers, those the settings say to learn
+    /// ([`ClusterPrices::observe`](super::ClusterPrices::observe)). Returns the estimates it changed.
+    pub fn learn(&self, cluster: &ClusterId, answer: AnswerTiming) -> Learned {
+        let priors = self.settings().price_priors();
+        if !(priors.learn_prefill || priors.learn_queued) {
+            return Learned::default();
         }
-        self.prefill.observe(
-            cluster,
-            settings.prefill_tokens_per_second(),
-            uncached_tokens,
-            elapsed,
-        )
+        self.prices.observe(cluster, priors, answer)
     }
 
     /// The prefix index it reads (and confirmation writes).
@@ -239,17 +250,22 @@ impl Affinity {
         let depths = self
             .index
             .depths(candidates.iter().map(|c| c.id()), keys.as_slice(), now);
-        let settings = if settings.learns_prefill() {
+        let settings = if settings.learns_prices() {
             // The match saves the deepest holders' prefill: priced at the slowest of
-            // them, the one it saves most on.
+            // them, the one it saves most on, against the dearest of their queues.
             let deepest = depths.iter().copied().max().unwrap_or(0);
-            let rate = candidates
+            let (rate, queued) = candidates
                 .iter()
                 .zip(&depths)
                 .filter(|&(_, &depth)| depth == deepest)
-                .map(|(c, _)| self.prefill_rate(c.id()))
-                .fold(f64::INFINITY, f64::min);
-            settings.priced_at(rate)
+                .map(|(c, _)| self.prices_under(&settings, c.id()))
+                .fold((f64::INFINITY, 0.0_f64), |(rate, queued), p| {
+                    (
+                        rate.min(p.prefill_tokens_per_second),
+                        queued.max(p.queued_request_seconds),
+                    )
+                });
+            settings.priced_at(rate, queued)
         } else {
             settings
         };
@@ -305,7 +321,7 @@ impl fmt::Debug for Affinity {
         f.debug_struct("Affinity")
             .field("index", &self.index)
             .field("settings", &self.settings())
-            .field("prefill", &self.prefill)
+            .field("prices", &self.prices)
             .finish()
     }
 }

@@ -148,7 +148,7 @@
 mod decide;
 mod draw;
 mod layer;
-mod prefill;
+mod prices;
 mod service;
 mod settings;
 
@@ -156,9 +156,11 @@ pub use decide::{Affinity, Decision, Narrowing, Outcome, narrow};
 #[cfg(test)]
 pub(crate) use draw::random_draw;
 pub use layer::AffinityLayer;
-pub use prefill::{
-    MAX_PREFILL_TOKENS_PER_SECOND, MIN_PREFILL_TOKENS_PER_SECOND, MIN_SAMPLE_TOKENS,
-    PREFILL_SMOOTHING, PrefillEstimate, PrefillRates,
+pub use prices::{
+    AnswerTiming, ClusterPrices, FIT_DECAY, FIT_RIDGE, GatePrices, Learned, LearnedPrices,
+    MAX_PREFILL_TOKENS_PER_SECOND, MAX_QUEUED_REQUEST_SECONDS, MIN_PREFILL_TOKENS_PER_SECOND,
+    MIN_QUEUED_REQUEST_SECONDS, MIN_SAMPLE_TOKENS, PREFILL_SMOOTHING, PrefillEstimate, PricePriors,
+    QueuedEstimate,
 };
 pub use service::AffinityService;
 pub use settings::{AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};

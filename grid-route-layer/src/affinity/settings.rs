@@ -1,5 +1,6 @@
 //! The affinity rule's settings and the prices of its load gate.
 
+use super::prices::PricePriors;
 use crate::keying::BLOCK_BYTES;
 
 /// A match this long sticks whatever share of the prompt it covers: 32 blocks, 8 KiB.
@@ -26,6 +27,7 @@ pub struct AffinitySettings {
     queued_request_seconds: f64,
     engine_feedback: bool,
     learn_prefill: bool,
+    learn_queued: bool,
 }
 
 impl AffinitySettings {
@@ -41,6 +43,7 @@ impl AffinitySettings {
     pub const DEFAULT_QUEUED_REQUEST_SECONDS: f64 = 2.0;
 
     /// Values already checked by `config`.
+    #[allow(clippy::too_many_arguments)] // one per setting, called from one place
     pub(crate) fn checked(
         enabled: bool,
         threshold: f64,
@@ -49,6 +52,7 @@ impl AffinitySettings {
         queued_request_seconds: f64,
         engine_feedback: bool,
         learn_prefill: bool,
+        learn_queued: bool,
     ) -> Self {
         Self {
             enabled,
@@ -58,6 +62,7 @@ impl AffinitySettings {
             queued_request_seconds,
             engine_feedback,
             learn_prefill,
+            learn_queued,
         }
     }
 
@@ -89,14 +94,38 @@ impl AffinitySettings {
         self.learn_prefill
     }
 
-    /// These settings with a match priced at `tokens_per_second` (a learned speed).
+    /// Whether each cluster's price of a queued request is learned from its answers
+    /// (`queued_request_seconds: auto`) rather than fixed.
+    pub fn learns_queued(&self) -> bool {
+        self.learn_queued
+    }
+
+    /// Whether either price is learned.
+    pub fn learns_prices(&self) -> bool {
+        self.learn_prefill || self.learn_queued
+    }
+
+    /// The two prices as priors (or fixed prices) for [`LearnedPrices`](super::LearnedPrices).
+    pub fn price_priors(&self) -> PricePriors {
+        PricePriors {
+            prefill_tokens_per_second: self.prefill_tokens_per_second,
+            learn_prefill: self.learn_prefill,
+            queued_request_seconds: self.queued_request_seconds,
+            learn_queued: self.learn_queued,
+        }
+    }
+
+    /// These settings with a match priced at `tokens_per_second` of prefill and
+    /// `queued_request_seconds` a queued request (learned prices).
     #[must_use]
-    pub fn priced_at(mut self, tokens_per_second: f64) -> Self {
+    pub fn priced_at(mut self, tokens_per_second: f64, queued_request_seconds: f64) -> Self {
         self.prefill_tokens_per_second = tokens_per_second;
+        self.queued_request_seconds = queued_request_seconds;
         self
     }
 
-    /// Seconds one queued request costs.
+    /// Seconds one queued request costs; with [`learns_queued`](Self::learns_queued), the
+    /// prior of every cluster's estimate.
     pub fn queued_request_seconds(&self) -> f64 {
         self.queued_request_seconds
     }
@@ -129,7 +158,8 @@ impl Default for AffinitySettings {
             prefill_tokens_per_second: Self::DEFAULT_PREFILL_TOKENS_PER_SECOND,
             queued_request_seconds: Self::DEFAULT_QUEUED_REQUEST_SECONDS,
             engine_feedback: true,
-            learn_prefill: false,
+            learn_prefill: true,
+            learn_queued: true,
         }
     }
 }

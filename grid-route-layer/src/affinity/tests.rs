@@ -8,7 +8,7 @@ use tower_test::mock;
 
 use super::draw::random_draw;
 use super::*;
-use crate::config::{PrefillPrice, PrefixAffinityConfig};
+use crate::config::{PrefixAffinityConfig, Price};
 use crate::grid::{Cluster, ClusterId, Grid, GridSettings};
 use crate::index::{IndexSettings, PrefixIndex};
 use crate::keying::{KeySeed, NoKeys, PrefixKeys};
@@ -172,13 +172,15 @@ fn a_400_block_match_keeps_its_site_one_queued_request_heavier() {
 
 #[test]
 fn counting_in_flight_the_holders_unanswered_requests_outweigh_a_match() {
-    let counting = GridSettings {
-        count_in_flight: true,
+    let counting = GridSettings::default();
+    assert!(counting.count_in_flight, "the default");
+    let queue_only = GridSettings {
+        count_in_flight: false,
         ..GridSettings::default()
     };
     for (settings, sent, outcome) in [
         // The engines' queues alone do not see what was sent since the last poll.
-        (GridSettings::default(), 2, Outcome::Sticky),
+        (queue_only, 2, Outcome::Sticky),
         // A 40-block match is worth about a tenth of a queued request: one in flight at
         // the holder outweighs it.
         (counting.clone(), 1, Outcome::LoadOverride),
@@ -833,21 +835,133 @@ fn the_prefill_estimate_stays_within_its_bounds() {
     assert!(fast.tokens_per_second() <= MAX_PREFILL_TOKENS_PER_SECOND);
 }
 
+/// Prefill learned, a queued request fixed at 2 s: the prefill estimate reads the whole
+/// time to first token.
 fn learning(f: &Fixture) {
     f.affinity.set_settings(settings(
-        &PrefixAffinityConfig::default().with_prefill_tokens_per_second(PrefillPrice::Auto),
+        &PrefixAffinityConfig::default().with_queued_request_seconds(Price::Fixed(2.0)),
     ));
 }
 
+/// An answer that prefilled `uncached` tokens, sent at `load`, started after `secs`.
+fn answer(uncached: u64, load: f64, secs: f64) -> AnswerTiming {
+    AnswerTiming {
+        uncached_tokens: uncached,
+        load,
+        started: Duration::from_secs_f64(secs),
+    }
+}
+
 #[test]
-fn a_fixed_price_learns_nothing() {
+fn fixed_prices_learn_nothing() {
     let f = two_sites();
+    f.affinity.set_settings(settings(
+        &PrefixAffinityConfig::default()
+            .with_prefill_tokens_per_second(Price::Fixed(10_000.0))
+            .with_queued_request_seconds(Price::Fixed(2.0)),
+    ));
     assert_eq!(
-        f.affinity
-            .learn_prefill(&f.id("east-a"), 1_000, Duration::from_secs(10)),
-        None
+        f.affinity.learn(&f.id("east-a"), answer(1_000, 3.0, 10.0)),
+        Learned::default()
     );
     assert_eq!(f.affinity.prefill_rate(&f.id("east-a")), 10_000.0);
+    assert_eq!(f.affinity.queued_request_seconds(&f.id("east-a")), 2.0);
+}
+
+#[test]
+fn at_the_defaults_both_prices_are_learned_from_time_to_first_token_against_load() {
+    let f = two_sites();
+    let east = f.id("east-a");
+    assert_eq!(f.affinity.prefill_rate(&east), 10_000.0);
+    assert_eq!(f.affinity.queued_request_seconds(&east), 2.0);
+    // A CPU engine with two slots: 1,000 tokens prefill in 10 s, and each request of load
+    // ahead of a new one makes it wait 7 s more. Answers arrive at loads 0 to 3.
+    let mut learned = Learned::default();
+    for k in 0..200 {
+        let load = f64::from(k % 4);
+        learned = f
+            .affinity
+            .learn(&east, answer(1_000, load, 10.0 + 7.0 * load));
+    }
+    let rate = f.affinity.prefill_rate(&east);
+    let queued = f.affinity.queued_request_seconds(&east);
+    assert!((rate - 100.0).abs() < 5.0, "{rate}");
+    assert!((queued - 7.0).abs() < 0.5, "{queued}");
+    assert!(learned.queued_request_seconds.is_some());
+    // West learned nothing.
+    assert_eq!(f.affinity.prefill_rate(&f.id("west-a")), 10_000.0);
+    assert_eq!(f.affinity.queued_request_seconds(&f.id("west-a")), 2.0);
+}
+
+#[test]
+fn a_batching_engine_whose_load_costs_nothing_learns_a_cheap_queued_request() {
+    let f = two_sites();
+    let east = f.id("east-a");
+    // 20,000 tokens a second whatever the load: requests in flight decode side by side.
+    for k in 0..200 {
+        let load = f64::from(k % 30);
+        f.affinity.learn(&east, answer(4_000, load, 0.2));
+    }
+    let queued = f.affinity.queued_request_seconds(&east);
+    assert!(queued < 0.05, "{queued}");
+    assert!(queued >= MIN_QUEUED_REQUEST_SECONDS);
+    let rate = f.affinity.prefill_rate(&east);
+    assert!((rate - 20_000.0).abs() < 2_000.0, "{rate}");
+}
+
+#[test]
+fn an_idle_or_unmeasured_cluster_teaches_no_queued_price() {
+    let f = two_sites();
+    let east = f.id("east-a");
+    for _ in 0..50 {
+        let learned = f.affinity.learn(&east, answer(1_000, f64::INFINITY, 10.0));
+        assert_eq!(learned, Learned::default());
+        f.affinity.learn(&east, answer(1_000, 0.0, 10.0));
+    }
+    // Idle answers teach the prefill speed alone.
+    assert_eq!(f.affinity.queued_request_seconds(&east), 2.0);
+    assert!((f.affinity.prefill_rate(&east) - 100.0).abs() < 1.0);
+}
+
+#[test]
+fn the_queued_estimate_stays_within_its_bounds() {
+    let mut cheap = QueuedEstimate::new(0.0);
+    assert_eq!(cheap.seconds(), MIN_QUEUED_REQUEST_SECONDS);
+    for _ in 0..100 {
+        assert!(cheap.observe(1_000.0, Duration::ZERO));
+    }
+    assert_eq!(cheap.seconds(), MIN_QUEUED_REQUEST_SECONDS);
+    let mut dear = QueuedEstimate::new(f64::INFINITY);
+    assert_eq!(dear.seconds(), MAX_QUEUED_REQUEST_SECONDS);
+    for _ in 0..100 {
+        dear.observe(1.0, Duration::MAX);
+    }
+    assert!(dear.seconds() <= MAX_QUEUED_REQUEST_SECONDS);
+    assert!(!dear.observe(f64::NAN, Duration::from_secs(1)));
+    assert!(!dear.observe(0.5, Duration::from_secs(1)));
+}
+
+#[test]
+fn a_cheap_learned_queue_keeps_a_match_its_fixed_price_would_give_up() {
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    f.set_queue("east-a", Some(3.0));
+    f.set_queue("west-a", Some(0.0));
+    // At the priors, 40 blocks save 0.26 s, a tenth of a 2 s queued request.
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::LoadOverride));
+    // East's answers show its load costs a new request 20 ms each, at 10,000 tokens a
+    // second: 0.26 s is worth 13 requests and holds against three.
+    for k in 0..60 {
+        let load = f64::from(k % 5);
+        f.affinity
+            .learn(&f.id("east-a"), answer(1_000, load, 0.1 + 0.02 * load));
+    }
+    let queued = f.affinity.queued_request_seconds(&f.id("east-a"));
+    assert!(queued < 0.05, "{queued}");
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a"]);
 }
 
 #[test]
@@ -856,8 +970,7 @@ fn each_cluster_learns_its_own_prefill_speed_from_its_prior() {
     learning(&f);
     assert_eq!(f.affinity.prefill_rate(&f.id("east-a")), 10_000.0);
     for _ in 0..60 {
-        f.affinity
-            .learn_prefill(&f.id("east-a"), 1_000, Duration::from_secs(10));
+        f.affinity.learn(&f.id("east-a"), answer(1_000, 0.0, 10.0));
     }
     assert!((f.affinity.prefill_rate(&f.id("east-a")) - 100.0).abs() < 1.0);
     assert_eq!(f.affinity.prefill_rate(&f.id("west-a")), 10_000.0);
@@ -876,8 +989,7 @@ fn a_match_at_a_slow_learned_prefill_keeps_its_site_three_queued_requests_heavie
     // East turns out to prefill 100 tokens a second: the same match saves 26 s, 13 queued
     // requests, and holds against three.
     for _ in 0..40 {
-        f.affinity
-            .learn_prefill(&f.id("east-a"), 1_000, Duration::from_secs(10));
+        f.affinity.learn(&f.id("east-a"), answer(1_000, 0.0, 10.0));
     }
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::Sticky));

@@ -11,12 +11,12 @@ use pin_project_lite::pin_project;
 
 use super::forget::{EvictionMarks, predicted_tokens};
 use super::usage::{PromptUsage, UsageReader};
-use crate::affinity::Affinity;
+use crate::affinity::{Affinity, AnswerTiming};
 use crate::grid::ClusterId;
 use crate::metrics::{
     CACHED_PROMPT_TOKENS_TOTAL, CLUSTER_LABEL, DELIVERED_CACHED_TOKENS_TOTAL,
     INDEX_FORGOTTEN_TOTAL, PREDICTED_CACHED_TOKENS_TOTAL, PREFILL_TOKENS_PER_SECOND,
-    PROMPT_TOKENS_TOTAL, SITE_LABEL,
+    PROMPT_TOKENS_TOTAL, QUEUED_REQUEST_SECONDS, SITE_LABEL,
 };
 use crate::route::PredictedMatch;
 
@@ -39,10 +39,12 @@ struct Tally {
     prefill: Option<PrefillTiming>,
 }
 
-/// When an answer started, for learning its cluster's prefill speed.
+/// When an answer started, for learning its cluster's prices.
 pub(super) struct PrefillTiming {
     pub(super) affinity: Affinity,
     pub(super) dispatched: Instant,
+    /// The serving cluster's load when the request was sent (`Served::load`).
+    pub(super) load: f64,
     /// From dispatch to the answer's start: its head for a JSON answer (which an engine
     /// sends once it has generated the whole answer), its first data for an event stream
     /// (whose head vLLM and llama.cpp send before prefilling). `None` until then.
@@ -85,17 +87,27 @@ impl Drop for Tally {
         if let Some(timing) = self.prefill.take()
             && let Some(started) = timing.started
         {
-            let uncached = usage.prompt_tokens.saturating_sub(usage.cached_tokens);
-            if let Some(rate) = timing
-                .affinity
-                .learn_prefill(&self.cluster, uncached, started)
-            {
+            let answer = AnswerTiming {
+                uncached_tokens: usage.prompt_tokens.saturating_sub(usage.cached_tokens),
+                load: timing.load,
+                started,
+            };
+            let learned = timing.affinity.learn(&self.cluster, answer);
+            if let Some(rate) = learned.prefill_tokens_per_second {
                 metrics::gauge!(
                     PREFILL_TOKENS_PER_SECOND,
                     SITE_LABEL => Arc::clone(&site),
                     CLUSTER_LABEL => Arc::clone(&cluster)
                 )
                 .set(rate);
+            }
+            if let Some(seconds) = learned.queued_request_seconds {
+                metrics::gauge!(
+                    QUEUED_REQUEST_SECONDS,
+                    SITE_LABEL => Arc::clone(&site),
+                    CLUSTER_LABEL => Arc::clone(&cluster)
+                )
+                .set(seconds);
             }
         }
         if let Some(prediction) = self.prediction.take() {

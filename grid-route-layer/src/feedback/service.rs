@@ -144,14 +144,14 @@ where
             .extensions()
             .get::<Served>()
             .filter(|_| response.status().is_success())
-            .map(|served| served.cluster().clone());
+            .map(|served| (served.cluster().clone(), served.load()));
         let event_stream = response
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         Poll::Ready(Ok(response.map(|body| match cluster {
-            Some(cluster) => FeedbackBody::read(
+            Some((cluster, load)) => FeedbackBody::read(
                 body,
                 UsageReader::new(event_stream),
                 cluster,
@@ -161,6 +161,7 @@ where
                     .map(|(affinity, dispatched)| PrefillTiming {
                         affinity,
                         dispatched,
+                        load,
                         started: (!event_stream).then(|| dispatched.elapsed()),
                     }),
             ),

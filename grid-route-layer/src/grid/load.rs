@@ -449,14 +449,14 @@ mod tests {
     #[test]
     fn the_routing_load_is_the_queue_alone_unless_in_flight_counts() {
         let t0 = Instant::now();
-        let queue_only = ClusterLoad::new(&urls(1), &settings(WINDOW));
-        let counting = ClusterLoad::new(
+        let queue_only = ClusterLoad::new(
             &urls(1),
             &GridSettings {
-                count_in_flight: true,
+                count_in_flight: false,
                 ..settings(WINDOW)
             },
         );
+        let counting = ClusterLoad::new(&urls(1), &settings(WINDOW));
         for load in [&queue_only, &counting] {
             assert_eq!(load.routing_load(t0), f64::INFINITY);
             load.record_queue("http://e0", Some(2.0), t0);

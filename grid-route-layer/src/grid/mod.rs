@@ -55,7 +55,7 @@
 //! let view = grid.view();
 //! let names: Vec<_> = view.candidates(Some("demo-model")).iter().map(|c| c.id().to_string()).collect();
 //! assert_eq!(names, ["west/west-a"]);
-//! assert_eq!(view.clusters()[0].load().queue_depth(now + Duration::from_secs(1)), 3.0);
+//! assert_eq!(view.clusters()[0].load().queue_depth(now + Duration::from_millis(500)), 3.0);
 //!
 //! // A bad site name is refused, naming the field and the value.
 //! let mut bad = spec.clone();

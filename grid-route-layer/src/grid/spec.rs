@@ -156,18 +156,25 @@ impl ClusterSpec {
 pub struct GridSettings {
     /// The site this gateway replica runs at (`local_site`), if any.
     pub local_site: Option<String>,
-    /// How far back a cluster's queue depth looks (`queue.window_secs`, default 10 s): the
+    /// How far back a cluster's queue depth looks (`queue.window_secs`, default 1 s): the
     /// depth is the worst sample seen in this window.
     pub queue_window: Duration,
     /// Whether a cluster's load also counts the requests this replica sent it whose answer
-    /// has not ended (`queue.count_in_flight`, default `false`). See
+    /// has not ended (`queue.count_in_flight`, default `true`). See
     /// [`ClusterLoad::routing_load`](crate::grid::ClusterLoad::routing_load).
     pub count_in_flight: bool,
 }
 
 impl GridSettings {
-    /// The queue window when not configured.
-    pub const DEFAULT_QUEUE_WINDOW: Duration = Duration::from_secs(10);
+    /// The queue window when not configured: two polls at the example gateway's 500 ms.
+    /// A longer window keeps a burst's worst sample after the burst has drained, and every
+    /// replica then avoids the same cluster at once (in `simulate`, a 10 s window herds at
+    /// 4 and 8 sites; docs/routing.md).
+    pub const DEFAULT_QUEUE_WINDOW: Duration = Duration::from_secs(1);
+    /// Whether requests in flight count in a cluster's load when not configured: they grow
+    /// the load the moment a request is sent, where a queue gauge shows it at the next
+    /// poll, and they tell an engine busy with two streams from an idle one.
+    pub const DEFAULT_COUNT_IN_FLIGHT: bool = true;
 
     /// Sets [`local_site`](Self::local_site).
     #[must_use]
@@ -196,7 +203,7 @@ impl Default for GridSettings {
         Self {
             local_site: None,
             queue_window: Self::DEFAULT_QUEUE_WINDOW,
-            count_in_flight: false,
+            count_in_flight: Self::DEFAULT_COUNT_IN_FLIGHT,
         }
     }
 }

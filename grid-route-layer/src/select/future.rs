@@ -42,6 +42,8 @@ pin_project! {
             #[pin]
             call: Oneshot<S, R>,
             cluster: Option<ClusterId>,
+            // The cluster's routing load at dispatch, for `Served::load`.
+            load: f64,
             in_flight: Option<InFlight>,
         },
     }
@@ -54,10 +56,16 @@ impl<S: Service<R>, R> ResponseFuture<S, R> {
         }
     }
 
-    pub(super) fn dispatched(call: Oneshot<S, R>, cluster: ClusterId, in_flight: InFlight) -> Self {
+    pub(super) fn dispatched(
+        call: Oneshot<S, R>,
+        cluster: ClusterId,
+        load: f64,
+        in_flight: InFlight,
+    ) -> Self {
         Self {
             state: State::Dispatched {
                 call,
+                load,
                 cluster: Some(cluster),
                 in_flight: Some(in_flight),
             },
@@ -81,6 +89,7 @@ where
             StateProj::Dispatched {
                 call,
                 cluster,
+                load,
                 in_flight,
             } => {
                 let result = ready!(call.poll(cx));
@@ -91,7 +100,9 @@ where
                 Poll::Ready(match result {
                     Ok(response) => {
                         let mut response = response.map(|body| InFlightBody::new(body, in_flight));
-                        response.extensions_mut().insert(Served::new(cluster));
+                        response
+                            .extensions_mut()
+                            .insert(Served::new(cluster).with_load(*load));
                         Ok(response)
                     }
                     Err(error) => Err(DispatchError::new(cluster, error).into()),

@@ -185,7 +185,8 @@ where
         let view = self.grid.view();
         let allowed = Self::allowed(&view, &req);
         let turn = self.shared.rotation.fetch_add(1, Ordering::Relaxed);
-        let Some(cluster) = least_loaded(allowed.iter().copied(), Instant::now(), turn) else {
+        let now = Instant::now();
+        let Some(cluster) = least_loaded(allowed.iter().copied(), now, turn) else {
             let model: Option<Arc<str>> = RequestModel::of(req.extensions()).map(Arc::from);
             let none = match model {
                 Some(model) if !view.clusters().iter().any(|c| c.serves(&model)) => {
@@ -210,8 +211,11 @@ where
             in_flight = cluster.load().in_flight(),
             "selected"
         );
+        // The load this request meets, before it counts in it: what its answer's time to
+        // first token is learned against.
+        let load = cluster.load().routing_load(now);
         let in_flight = cluster.load().start_request();
         let service = self.service_for(&view, cluster);
-        ResponseFuture::dispatched(Oneshot::new(service, req), id.clone(), in_flight)
+        ResponseFuture::dispatched(Oneshot::new(service, req), id.clone(), load, in_flight)
     }
 }

@@ -150,17 +150,17 @@ fn burst_between_polls(settings: GridSettings) -> HashMap<String, usize> {
 }
 
 #[test]
-fn a_burst_between_polls_piles_onto_the_lightest_queue_by_default() {
-    let got = burst_between_polls(GridSettings::default());
+fn by_queue_alone_a_burst_between_polls_piles_onto_the_lightest_queue() {
+    let got = burst_between_polls(GridSettings {
+        count_in_flight: false,
+        ..GridSettings::default()
+    });
     assert_eq!(got, HashMap::from([("east-a".to_owned(), 4)]));
 }
 
 #[test]
-fn counting_in_flight_spreads_a_burst_between_polls() {
-    let got = burst_between_polls(GridSettings {
-        count_in_flight: true,
-        ..GridSettings::default()
-    });
+fn by_default_in_flight_counts_and_spreads_a_burst_between_polls() {
+    let got = burst_between_polls(GridSettings::default());
     // Loads 0|1, then 1|1 (tie: fewer in flight), 1|2, 2|2 (tie: fewer in flight).
     assert_eq!(
         got,

@@ -86,14 +86,15 @@ impl Gateways {
     }
 
     /// Sends request `id` to the least loaded of `clusters` (as `Select` does), then to an
-    /// engine of that cluster by p2c on this replica's pending requests. Returns the engine.
+    /// engine of that cluster by p2c on this replica's pending requests. Returns the engine
+    /// and the cluster's routing load before the request counted in it (`Served::load`).
     pub(super) fn dispatch(
         &mut self,
         replica: usize,
         clusters: &[Arc<Cluster>],
         id: usize,
         now: f64,
-    ) -> usize {
+    ) -> (usize, f64) {
         let at = instant(self.base, now);
         let state = &mut self.replicas[replica];
         let turn = state.turn;
@@ -118,6 +119,7 @@ impl Gateways {
             }
         };
         state.pending[engine] += 1;
+        let load = cluster.load().routing_load(at);
         self.open.insert(
             id,
             Open {
@@ -128,7 +130,7 @@ impl Gateways {
                 _in_flight: cluster.load().start_request(),
             },
         );
-        engine
+        (engine, load)
     }
 
     /// Request `id`'s answer head came back: it stops counting for p2c (the example

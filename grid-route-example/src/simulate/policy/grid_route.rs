@@ -10,14 +10,16 @@
 //! what the engine served from its cache against a sticky request's predicted match, as
 //! `FeedbackLayer` does with `engine_feedback` on: an engine that fell short
 //! evicted the prompt, and the index forgets what it recorded at that cluster before it:
-//! the library's [`EvictionMarks`], as in `serve`.
+//! the library's [`EvictionMarks`], as in `serve`; and the answer's time to first token,
+//! its uncached tokens and its cluster's load at dispatch teach the cluster's two prices
+//! ([`Affinity::learn`]), as `FeedbackLayer` does.
 //!
 //! [`least_loaded`]: grid_route_layer::select::least_loaded
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use grid_route_layer::affinity::{Affinity, Outcome};
+use grid_route_layer::affinity::{Affinity, AnswerTiming, Outcome};
 use grid_route_layer::confirm::Verdict;
 use grid_route_layer::feedback::EvictionMarks;
 use grid_route_layer::grid::ClusterId;
@@ -40,9 +42,21 @@ pub(super) struct GridRoute {
     keys: HashMap<usize, PrefixKeys>,
     /// Sticky requests until their answer ends, for engine feedback.
     predictions: HashMap<usize, Prediction>,
+    /// Every request until its answer ends, for learning prices.
+    timings: HashMap<usize, Timing>,
     outcomes: BTreeMap<&'static str, u64>,
     draws: fastrand::Rng,
     base: std::time::Instant,
+}
+
+/// What a request's answer teaches its cluster's prices with.
+struct Timing {
+    replica: usize,
+    dispatched: f64,
+    load: f64,
+    input_tokens: u64,
+    /// The first token's time and the cluster that answered, from the answer's head.
+    head: Option<(f64, ClusterId)>,
 }
 
 /// A sticky request's predicted match, weighed when its answer ends.
@@ -81,6 +95,7 @@ impl GridRoute {
             affinity,
             keys: HashMap::new(),
             predictions: HashMap::new(),
+            timings: HashMap::new(),
             outcomes,
             draws: fastrand::Rng::with_seed(setup.seed ^ 0x6578_706c_6f72_6521),
             base: setup.base,
@@ -120,8 +135,20 @@ impl Router for GridRoute {
                 );
             }
         }
-        self.gateways
-            .dispatch(route.replica, decision.clusters(), route.id, route.now)
+        let (engine, load) =
+            self.gateways
+                .dispatch(route.replica, decision.clusters(), route.id, route.now);
+        self.timings.insert(
+            route.id,
+            Timing {
+                replica: route.replica,
+                dispatched: route.now,
+                load,
+                input_tokens: route.request.input_tokens,
+                head: None,
+            },
+        );
+        engine
     }
 
     fn head(&mut self, id: usize, status: u16, now: f64) {
@@ -130,6 +157,10 @@ impl Router for GridRoute {
         };
         if let Some(prediction) = self.predictions.get_mut(&id) {
             prediction.served = Some(cluster.clone());
+        }
+        if let Some(timing) = self.timings.get_mut(&id) {
+            // A refusal (503) comes at once and teaches nothing: it has no usage.
+            timing.head = (status == 200).then(|| (now, cluster.clone()));
         }
         if let Some(keys) = self.keys.remove(&id) {
             Verdict::of_status(status).apply(
@@ -142,6 +173,20 @@ impl Router for GridRoute {
     }
 
     fn ended(&mut self, id: usize, cached_tokens: u64, _now: f64) {
+        if let Some(timing) = self.timings.remove(&id)
+            && let Some((first_token, cluster)) = timing.head
+        {
+            self.affinity[timing.replica].learn(
+                &cluster,
+                AnswerTiming {
+                    uncached_tokens: timing.input_tokens.saturating_sub(cached_tokens),
+                    load: timing.load,
+                    started: std::time::Duration::from_secs_f64(
+                        (first_token - timing.dispatched).max(0.0),
+                    ),
+                },
+            );
+        }
         let Some(prediction) = self.predictions.remove(&id) else {
             return;
         };
@@ -154,6 +199,7 @@ impl Router for GridRoute {
     }
 
     fn finished(&mut self, id: usize, _now: f64) {
+        self.timings.remove(&id);
         self.gateways.finished(id);
     }
 

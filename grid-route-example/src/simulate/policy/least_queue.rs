@@ -27,6 +27,7 @@ impl Router for LeastQueue {
             .candidates(Some(MODEL));
         self.gateways
             .dispatch(route.replica, &candidates, route.id, route.now)
+            .0
     }
 
     fn head(&mut self, id: usize, _status: u16, _now: f64) {

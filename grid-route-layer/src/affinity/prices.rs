@@ -1,0 +1,405 @@
+//! The load gate's two prices learned per cluster (`prefill_tokens_per_second: auto`,
+//! `queued_request_seconds: auto`), as plain code.
+//!
+//! The load gate weighs a match's saved prefill against the extra load at its holder, so
+//! it needs two numbers per cluster: how fast its engines prefill, and what one more
+//! request in its load costs a new one. Fixed figures are wrong by orders of magnitude
+//! somewhere: 10,000 tokens a second is a GPU and one CPU thread does about 100; one more
+//! request costs a batching vLLM engine a fraction of a second and a two-slot llama.cpp
+//! engine the whole length of an answer.
+//!
+//! Every answer tells both. Its usage says how many prompt tokens the engine had to
+//! prefill (prompt − cached), the gateway knows the cluster's load when it sent the
+//! request and how long the answer took to start. The answer's time to first token is
+//! read as the sum of a queueing part and a prefill part:
+//!
+//! ```text
+//! time to first token ≈ load at dispatch × queued_request_seconds
+//!                     + uncached tokens / prefill_tokens_per_second
+//! ```
+//!
+//! and the two prices are the least-squares fit of that line over the cluster's recent
+//! answers ([`ClusterPrices`]). A price given as a number is not learned and is held at
+//! its figure in the fit. With only the prefill speed learned (a fixed queued-request
+//! price), the estimate is what it has always been: uncached tokens over the whole time
+//! to first token ([`PrefillEstimate`]).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::grid::ClusterId;
+
+/// The slowest prefill speed an estimate may reach, tokens a second.
+pub const MIN_PREFILL_TOKENS_PER_SECOND: f64 = 10.0;
+/// The fastest prefill speed an estimate may reach, tokens a second.
+pub const MAX_PREFILL_TOKENS_PER_SECOND: f64 = 10_000_000.0;
+/// The cheapest a queued request may be learned to cost, seconds: an engine that batches
+/// every request it is sent still pays something for each.
+pub const MIN_QUEUED_REQUEST_SECONDS: f64 = 0.001;
+/// The dearest a queued request may be learned to cost, seconds.
+pub const MAX_QUEUED_REQUEST_SECONDS: f64 = 3_600.0;
+/// Answers that prefilled fewer tokens teach nothing: their time is mostly the network,
+/// the first decoded token and the engine's own overhead, not prefill.
+pub const MIN_SAMPLE_TOKENS: u64 = 64;
+/// The weight of each new sample in the moving averages: about the last ten answers count.
+pub const PREFILL_SMOOTHING: f64 = 0.2;
+
+/// One cluster's prefill speed: an exponentially weighted moving average of the samples
+/// *uncached prompt tokens / seconds of prefill*, starting at a prior and bounded to
+/// [[`MIN_PREFILL_TOKENS_PER_SECOND`], [`MAX_PREFILL_TOKENS_PER_SECOND`]].
+///
+/// The seconds of prefill are the time from dispatch to the answer's start, less the
+/// queueing part when [`ClusterPrices`] learns that too. The network and the engine's own
+/// overhead are not known, so they count as prefill time: the estimate is a lower bound on
+/// the engine's real speed under its real load — the speed a request sent there meets.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use grid_route_layer::affinity::PrefillEstimate;
+///
+/// let mut estimate = PrefillEstimate::new(10_000.0);
+/// // A CPU engine: 1,000 uncached tokens took 10 s.
+/// for _ in 0..60 {
+///     estimate.observe(1_000, Duration::from_secs(10));
+/// }
+/// assert!((estimate.tokens_per_second() - 100.0).abs() < 1.0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillEstimate {
+    tokens_per_second: f64,
+}
+
+impl PrefillEstimate {
+    /// An estimate that starts at `prior` tokens a second (bounded).
+    pub fn new(prior: f64) -> Self {
+        Self {
+            tokens_per_second: bounded_rate(prior),
+        }
+    }
+
+    /// The estimated prefill speed, tokens a second.
+    pub fn tokens_per_second(&self) -> f64 {
+        self.tokens_per_second
+    }
+
+    /// Learns from an answer that prefilled `uncached_tokens` in `prefill` (its time to
+    /// first token, or its prefill part). Returns whether it was a sample: fewer than
+    /// [`MIN_SAMPLE_TOKENS`] is not; nor is no time at all.
+    pub fn observe(&mut self, uncached_tokens: u64, prefill: Duration) -> bool {
+        self.observe_seconds(uncached_tokens, prefill.as_secs_f64())
+    }
+
+    fn observe_seconds(&mut self, uncached_tokens: u64, seconds: f64) -> bool {
+        if uncached_tokens < MIN_SAMPLE_TOKENS || seconds.is_nan() || seconds <= 0.0 {
+            return false;
+        }
+        let sample = bounded_rate(uncached_tokens as f64 / seconds);
+        self.tokens_per_second += PREFILL_SMOOTHING * (sample - self.tokens_per_second);
+        true
+    }
+}
+
+/// One cluster's price of a queued request: an exponentially weighted moving average of
+/// the samples *queueing part of the time to first token / load at dispatch*, starting at a
+/// prior and bounded to [[`MIN_QUEUED_REQUEST_SECONDS`], [`MAX_QUEUED_REQUEST_SECONDS`]].
+///
+/// Only answers sent while the cluster had at least one request of load teach it: at an
+/// idle cluster nothing queued.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use grid_route_layer::affinity::QueuedEstimate;
+///
+/// let mut estimate = QueuedEstimate::new(2.0);
+/// // A two-slot engine: with 3 requests ahead an answer waited 21 s for a slot.
+/// for _ in 0..60 {
+///     estimate.observe(3.0, Duration::from_secs(21));
+/// }
+/// assert!((estimate.seconds() - 7.0).abs() < 0.01);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueuedEstimate {
+    seconds: f64,
+}
+
+impl QueuedEstimate {
+    /// An estimate that starts at `prior` seconds (bounded).
+    pub fn new(prior: f64) -> Self {
+        Self {
+            seconds: bounded_queued(prior),
+        }
+    }
+
+    /// The estimated cost of one more request in the cluster's load, seconds.
+    pub fn seconds(&self) -> f64 {
+        self.seconds
+    }
+
+    /// Learns from an answer sent while the cluster's load was `load` requests and whose
+    /// start waited `queued` beyond its prefill. Returns whether it was a sample: a load
+    /// under 1 (or not a number, or unmeasured) is not.
+    pub fn observe(&mut self, load: f64, queued: Duration) -> bool {
+        self.observe_seconds(load, queued.as_secs_f64())
+    }
+
+    fn observe_seconds(&mut self, load: f64, queued: f64) -> bool {
+        if !(load.is_finite() && load >= 1.0) || queued.is_nan() {
+            return false;
+        }
+        let sample = bounded_queued(queued.max(0.0) / load);
+        self.seconds += PREFILL_SMOOTHING * (sample - self.seconds);
+        true
+    }
+}
+
+fn bounded_rate(rate: f64) -> f64 {
+    if rate.is_nan() {
+        return MIN_PREFILL_TOKENS_PER_SECOND;
+    }
+    rate.clamp(MIN_PREFILL_TOKENS_PER_SECOND, MAX_PREFILL_TOKENS_PER_SECOND)
+}
+
+fn bounded_queued(seconds: f64) -> f64 {
+    if seconds.is_nan() {
+        return MAX_QUEUED_REQUEST_SECONDS;
+    }
+    seconds.clamp(MIN_QUEUED_REQUEST_SECONDS, MAX_QUEUED_REQUEST_SECONDS)
+}
+
+/// What one answer says about its cluster: the tokens it prefilled, the cluster's load
+/// when it was sent (`f64::INFINITY` when unmeasured), and how long it took to start.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AnswerTiming {
+    /// Prompt tokens the engine did not find cached.
+    pub uncached_tokens: u64,
+    /// The cluster's [`routing_load`](crate::grid::ClusterLoad::routing_load) at dispatch,
+    /// before this request counted in it.
+    pub load: f64,
+    /// From dispatch to the answer's start.
+    pub started: Duration,
+}
+
+/// Which of the two prices a cluster learns, and where each starts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PricePriors {
+    /// Prefill speed, tokens a second: the prior when learned, else the fixed price.
+    pub prefill_tokens_per_second: f64,
+    /// Whether the prefill speed is learned.
+    pub learn_prefill: bool,
+    /// One queued request, seconds: the prior when learned, else the fixed price.
+    pub queued_request_seconds: f64,
+    /// Whether the queued-request price is learned.
+    pub learn_queued: bool,
+}
+
+/// The two prices the load gate weighs a match with at one cluster.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GatePrices {
+    /// Prefill speed, tokens a second.
+    pub prefill_tokens_per_second: f64,
+    /// What one more request in the cluster's load costs a new one, seconds.
+    pub queued_request_seconds: f64,
+}
+
+/// The estimates one answer changed: each `Some` is the new value of a learned price.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Learned {
+    /// The new prefill speed, tokens a second.
+    pub prefill_tokens_per_second: Option<f64>,
+    /// The new queued-request price, seconds.
+    pub queued_request_seconds: Option<f64>,
+}
+
+/// The weight each answer loses in [`ClusterPrices`]' least-squares fit as a new one comes:
+/// about the last twenty answers count.
+pub const FIT_DECAY: f64 = 0.05;
+/// How far the fit leans towards the priors: a ridge of this share of the data's own
+/// weight, so that a fit the answers cannot decide (every answer at the same load, say)
+/// lands on the point of the line nearest where it started rather than anywhere on it.
+/// Small: a prior 100 times off (2 s against a batching engine's 20 ms) must not bend a
+/// fit the answers do decide.
+pub const FIT_RIDGE: f64 = 1e-6;
+
+/// One cluster's two learned estimates.
+///
+/// With only the prefill speed learned it is a [`PrefillEstimate`], which reads the whole
+/// time to first token as prefill. With the queued-request price learned too, both come
+/// from a least-squares fit through the origin of every answer's time to first token `t`
+/// on its load at dispatch `L` and its uncached tokens `u`:
+///
+/// ```text
+/// t ≈ L × queued_request_seconds + u × seconds_per_token      seconds_per_token = 1 / prefill speed
+/// ```
+///
+/// weighted so that each answer counts [`FIT_DECAY`] less than the next, and leaning
+/// [`FIT_RIDGE`] towards the priors. A price that is not learned is held at its figure in
+/// the fit. Each price stays within its bounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClusterPrices {
+    prefill: PrefillEstimate,
+    queued: QueuedEstimate,
+    fit: TimingFit,
+}
+
+/// The decayed sums of the least-squares fit: `L²`, `L·u`, `u²`, `L·t`, `u·t`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct TimingFit {
+    ll: f64,
+    lu: f64,
+    uu: f64,
+    lt: f64,
+    ut: f64,
+}
+
+impl TimingFit {
+    fn add(&mut self, load: f64, uncached: f64, started: f64) {
+        let keep = 1.0 - FIT_DECAY;
+        self.ll = keep * self.ll + load * load;
+        self.lu = keep * self.lu + load * uncached;
+        self.uu = keep * self.uu + uncached * uncached;
+        self.lt = keep * self.lt + load * started;
+        self.ut = keep * self.ut + uncached * started;
+    }
+
+    /// The fit's `(queued_request_seconds, seconds_per_token)`, from priors `(q0, s0)`;
+    /// `learn_prefill: false` holds `s` at `s0`.
+    fn solve(&self, q0: f64, s0: f64, learn_prefill: bool) -> (f64, f64) {
+        // The ridge: FIT_RIDGE of the data's weight, and a tiny floor so that a term with
+        // no data at all (no answer ever sent under load) stays at its prior.
+        let rq = FIT_RIDGE * self.ll + f64::MIN_POSITIVE.sqrt();
+        let rs = FIT_RIDGE * self.uu + f64::MIN_POSITIVE.sqrt();
+        let (s_min, s_max) = (
+            1.0 / MAX_PREFILL_TOKENS_PER_SECOND,
+            1.0 / MIN_PREFILL_TOKENS_PER_SECOND,
+        );
+        let q_alone = |s: f64| {
+            ((self.lt - self.lu * s + rq * q0) / (self.ll + rq))
+                .clamp(MIN_QUEUED_REQUEST_SECONDS, MAX_QUEUED_REQUEST_SECONDS)
+        };
+        let s_alone =
+            |q: f64| ((self.ut - self.lu * q + rs * s0) / (self.uu + rs)).clamp(s_min, s_max);
+        if !learn_prefill {
+            return (q_alone(s0), s0);
+        }
+        // The 2×2 normal equations, then each price within its bounds: a solution outside
+        // them is replaced by the best one with that price at its bound.
+        let (a, b, d) = (self.ll + rq, self.lu, self.uu + rs);
+        let (e, f) = (self.lt + rq * q0, self.ut + rs * s0);
+        let det = a * d - b * b;
+        let (q, s) = ((e * d - b * f) / det, (a * f - b * e) / det);
+        let q_in = (MIN_QUEUED_REQUEST_SECONDS..=MAX_QUEUED_REQUEST_SECONDS).contains(&q);
+        let s_in = (s_min..=s_max).contains(&s);
+        match (q_in && det.is_finite() && det > 0.0, s_in) {
+            (true, true) => (q, s),
+            (false, _) => {
+                let q = if q.is_nan() {
+                    q0
+                } else {
+                    q.clamp(MIN_QUEUED_REQUEST_SECONDS, MAX_QUEUED_REQUEST_SECONDS)
+                };
+                (q, s_alone(q))
+            }
+            (true, false) => {
+                let s = s.clamp(s_min, s_max);
+                (q_alone(s), s)
+            }
+        }
+    }
+}
+
+impl ClusterPrices {
+    /// Both prices at their priors.
+    pub fn new(priors: PricePriors) -> Self {
+        Self {
+            prefill: PrefillEstimate::new(priors.prefill_tokens_per_second),
+            queued: QueuedEstimate::new(priors.queued_request_seconds),
+            fit: TimingFit::default(),
+        }
+    }
+
+    /// The prefill speed, tokens a second.
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        self.prefill.tokens_per_second()
+    }
+
+    /// The queued-request price, seconds.
+    pub fn queued_request_seconds(&self) -> f64 {
+        self.queued.seconds()
+    }
+
+    /// Learns from one answer the prices `priors` says to learn (see the type's docs).
+    /// An answer sent to an unmeasured cluster (`load` infinite) teaches only the prefill
+    /// speed, and only when the queued price is not learned.
+    pub fn observe(&mut self, priors: PricePriors, answer: AnswerTiming) -> Learned {
+        let mut learned = Learned::default();
+        if !priors.learn_queued {
+            if priors.learn_prefill && self.prefill.observe(answer.uncached_tokens, answer.started)
+            {
+                learned.prefill_tokens_per_second = Some(self.prefill.tokens_per_second());
+            }
+            return learned;
+        }
+        let started = answer.started.as_secs_f64();
+        if !(answer.load.is_finite() && answer.load >= 0.0 && started.is_finite()) {
+            return learned;
+        }
+        let uncached = answer.uncached_tokens as f64;
+        self.fit.add(answer.load, uncached, started);
+        let (q, s) = self.fit.solve(
+            QueuedEstimate::new(priors.queued_request_seconds).seconds(),
+            1.0 / PrefillEstimate::new(priors.prefill_tokens_per_second).tokens_per_second(),
+            priors.learn_prefill,
+        );
+        self.queued = QueuedEstimate::new(q);
+        learned.queued_request_seconds = Some(self.queued.seconds());
+        if priors.learn_prefill {
+            self.prefill = PrefillEstimate::new(1.0 / s);
+            learned.prefill_tokens_per_second = Some(self.prefill.tokens_per_second());
+        }
+        learned
+    }
+}
+
+/// Every cluster's [`ClusterPrices`], shared by the layers that learn (feedback) and the
+/// one that prices (affinity).
+#[derive(Debug, Default)]
+pub struct LearnedPrices {
+    // A plain mutex: one short map operation per answer and per decision.
+    prices: Mutex<HashMap<ClusterId, ClusterPrices>>,
+}
+
+impl LearnedPrices {
+    /// `cluster`'s prices; the priors while it has learned nothing.
+    pub fn prices(&self, cluster: &ClusterId, priors: PricePriors) -> ClusterPrices {
+        self.lock()
+            .get(cluster)
+            .copied()
+            .unwrap_or_else(|| ClusterPrices::new(priors))
+    }
+
+    /// Learns from one of `cluster`'s answers (see [`ClusterPrices::observe`]), starting
+    /// from `priors`.
+    pub fn observe(
+        &self,
+        cluster: &ClusterId,
+        priors: PricePriors,
+        answer: AnswerTiming,
+    ) -> Learned {
+        let mut prices = self.lock();
+        prices
+            .entry(cluster.clone())
+            .or_insert_with(|| ClusterPrices::new(priors))
+            .observe(priors, answer)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ClusterId, ClusterPrices>> {
+        // A panic while holding the lock leaves a valid map (every write is one insert or
+        // one float update), so a poisoned lock is still good to use.
+        self.prices
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
