@@ -617,6 +617,68 @@ def calibrate(conversations, systems, args) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------------------------------
+# The run as a trace, for `simulate` (BENCHMARKS.md, "Calibrating simulate's slot engine").
+
+# simulate --block-tokens 64: finer than Mooncake's 512, as the arena's prompts are short.
+TRACE_BLOCK_TOKENS = 64
+
+
+def prompt_text(conv: Conversation, turn: int) -> str:
+    """The text of turn `turn`'s messages, in order: what two turns of a conversation
+    share is a prefix of it."""
+    parts = [conv.system] if conv.system else []
+    for question, answer in conv.turns[:turn]:
+        parts += [question, answer]
+    parts.append(conv.turns[turn][0])
+    return "\n".join(parts)
+
+
+def write_trace(run_dir: Path, conversations: list[Conversation], result: "RunResult", args) -> Path:
+    """Writes what a run sent as a Mooncake-format trace (`simulate --trace`): each turn
+    at its send time, its prompt tokens as the engine counted them, `--max-tokens` out, and
+    one id per 64-token block (`simulate --block-tokens 64`) standing for the prompt up to the end of that block. Blocks
+    are cut by characters at the run's characters-a-token ratio (one ratio for every turn),
+    so two prompts share a block id exactly when they share its text; a turn that repeats
+    an earlier prefix repeats its ids."""
+    by_id = {c.id: c for c in conversations}
+    ids: dict[str, int] = {}
+    start = min(t.sent_at for t in result.turns)
+    texts = {(t.conversation, t.turn): prompt_text(by_id[t.conversation], t.turn) for t in result.turns}
+    per_token = sum(map(len, texts.values())) / max(1, sum(t.prompt_tokens for t in result.turns))
+    lines = []
+    for t in sorted(result.turns, key=lambda t: t.sent_at):
+        text = texts[(t.conversation, t.turn)]
+        blocks = []
+        for k in range(math.ceil(t.prompt_tokens / TRACE_BLOCK_TOKENS)):
+            end = round((k + 1) * TRACE_BLOCK_TOKENS * per_token)
+            # Past the text's end (a turn with more tokens a character than the run's
+            # ratio), the block stands for the whole prompt and its position in it.
+            key = text[:end] if end < len(text) else (text, k)
+            blocks.append(ids.setdefault(key, len(ids)))
+        lines.append(json.dumps({
+            "timestamp": round(1000 * (t.sent_at - start)), "input_length": t.prompt_tokens,
+            "output_length": args.max_tokens, "hash_ids": blocks,
+        }))
+    path = run_dir / "trace.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def engine_speeds(run_dir: Path) -> tuple[float, float]:
+    """The engines' median prefill and decode speeds over a run, tokens a second per slot,
+    from llama-server's own `print_timing` lines (prompt eval and eval)."""
+    prefill, decode = [], []
+    for log_file in sorted(run_dir.glob("engine*.log")):
+        for line in log_file.read_text(errors="replace").splitlines():
+            if "tokens per second" not in line:
+                continue
+            rate = float(line.rsplit("ms per token,", 1)[1].split("tokens per second")[0])
+            (prefill if "prompt eval time" in line else decode).append(rate)
+    median = lambda v: sorted(v)[len(v) // 2] if v else float("nan")
+    return median(prefill), median(decode)
+
+
+# ---------------------------------------------------------------------------------------
 # Report.
 
 
@@ -678,6 +740,9 @@ def main() -> None:
     parser.add_argument("--request-seconds", type=float, default=None,
                         help="queued_request_seconds of grid-recommended: how long one request holds "
                         "an engine slot; default: measured on a fresh engine with the prefill rate")
+    parser.add_argument("--trace-of", metavar="RUN", default=None,
+                        help="run nothing: write OUT/RUN/trace.jsonl, what run RUN (say grid-defaults-1) "
+                        "of OUT sent, for simulate, and print the engines' speeds in it")
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--llama-server", required=True)
     parser.add_argument("--llama-model", required=True)
@@ -685,6 +750,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.trace_of:
+        # The workload of the runs in OUT, whatever the command line says.
+        for key, value in json.loads((args.out / "workload.json").read_text()).items():
+            setattr(args, key, value)
 
     configs = router_configs(None, None)
     order = [name.strip() for name in args.routers.split(",") if name.strip()]
@@ -697,6 +766,18 @@ def main() -> None:
     log(f"dataset: recovered {len(records)} complete records"
         + (" (the file is cut off after them)" if cut else " (the file is whole)"))
     conversations, systems = build_workload(records, args)
+    if args.trace_of:
+        results_file = args.out / "results.jsonl"
+        runs = [json.loads(line) for line in results_file.read_text().splitlines()]
+        run = next((d for d in runs if f"{d['router']}-{d['repeat']}" == args.trace_of), None)
+        if run is None:
+            sys.exit(f"arena: no run {args.trace_of} in {results_file}")
+        result = RunResult(run["router"], run["repeat"], run["wall"], [Turn(**t) for t in run["turns"]])
+        path = write_trace(args.out / args.trace_of, conversations, result, args)
+        prefill, decode = engine_speeds(args.out / args.trace_of)
+        print(json.dumps({"trace": str(path), "turns": len(result.turns),
+                          "prefill_tokens_per_second": prefill, "decode_tokens_per_second": decode}))
+        return
     turns = sum(len(c.turns) for c in conversations)
     log(f"workload: {len(conversations)} conversations, {turns} turns, {args.shared} behind 3 shared "
         f"system prompts of {args.system_chars} chars, {args.concurrency} at a time")

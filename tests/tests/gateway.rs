@@ -69,6 +69,10 @@ fn cluster<'a>(name: &'a str, engines: &[&'a MockEngine]) -> ClusterYaml<'a> {
     }
 }
 
+/// The affinity block of most tests: no exploration, the contract's fixed prices.
+const FIXED_PRICES: &str = "grid_site_route: { prefix_affinity: { exploration: 0.0, \
+    prefill_tokens_per_second: 10000, queued_request_seconds: 2 } }\n";
+
 /// A gateway config: sites with their clusters, then `extra` top-level YAML.
 fn config_yaml(sites: &[(&str, Vec<ClusterYaml<'_>>)], extra: &str) -> String {
     let mut yaml = String::from(
@@ -77,7 +81,10 @@ fn config_yaml(sites: &[(&str, Vec<ClusterYaml<'_>>)], extra: &str) -> String {
     );
     yaml.push_str(extra);
     if !extra.contains("grid_site_route") {
-        yaml.push_str("grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n");
+        // Fixed prices: these tests weigh a match against queues in the contract's units,
+        // and the mock engines answer in microseconds, which would teach a prefill speed
+        // that makes any match worth nothing. The learned prices have their own tests.
+        yaml.push_str(FIXED_PRICES);
     }
     yaml.push_str("sites:\n");
     for (site, clusters) in sites {
@@ -461,6 +468,136 @@ async fn an_unmeasured_site_gives_way_to_a_measured_one() {
     assert!(view.cluster(&cluster_id(&gateway, &home)).unwrap().admits());
 }
 
+// ---- the defaults learn: queue gauges, prices -----------------------------------------
+
+/// A stand-in engine whose `/metrics` page is `page` (and that answers nothing else).
+async fn metrics_page(page: &'static str) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app =
+        axum::Router::new().route("/metrics", axum::routing::get(move || async move { page }));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+#[tokio::test]
+async fn with_no_queue_block_each_endpoint_is_read_by_the_gauge_it_serves() {
+    let sglang =
+        metrics_page("# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{dp=\"0\"} 3\n")
+            .await;
+    let llama = metrics_page(
+        "llamacpp:requests_processing 2\nllamacpp:requests_deferred 4\nllamacpp:n_busy_slots_per_decode 1\n",
+    )
+    .await;
+    let other = metrics_page("process_cpu_seconds_total 9\n").await;
+    let vllm = engine("gauge-vllm-a").await;
+    set_queue(&vllm, 5).await;
+    let mut yaml = String::from("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nsites:\n");
+    for (site, url) in [
+        ("gauge-sglang", sglang),
+        ("gauge-llama", llama),
+        ("gauge-other", other),
+        ("gauge-vllm", vllm.url()),
+    ] {
+        let _ = writeln!(
+            yaml,
+            "  - {{ name: {site}, clusters: [{{ name: {site}-a, models: [{MODEL}], endpoints: [{url}] }}] }}"
+        );
+    }
+    let gateway = Gateway::start(parse(&yaml)).await.unwrap();
+    eventually("every gauge read", || async {
+        queue_depth(&gateway, "gauge-sglang-a") == 3.0
+            && queue_depth(&gateway, "gauge-llama-a") == 4.0
+            && queue_depth(&gateway, "gauge-vllm-a") == 5.0
+    })
+    .await;
+    // A page with none of the known gauges is unmeasured, and still admits.
+    assert!(queue_depth(&gateway, "gauge-other-a").is_infinite());
+    let view = gateway.grid().view();
+    assert!(
+        view.cluster(&cluster_id(&gateway, "gauge-other-a"))
+            .unwrap()
+            .admits()
+    );
+    // A configured metric still wins: vLLM's name reads nothing at the llama.cpp page.
+    let named = yaml.replace(
+        "sites:\n",
+        "queue: { metric: \"vllm:num_requests_waiting\" }\nsites:\n",
+    );
+    let gateway = Gateway::start(parse(&named)).await.unwrap();
+    eventually("the vLLM engine read by name", || async {
+        queue_depth(&gateway, "gauge-vllm-a") == 5.0
+    })
+    .await;
+    assert!(queue_depth(&gateway, "gauge-llama-a").is_infinite());
+    assert!(queue_depth(&gateway, "gauge-sglang-a").is_infinite());
+}
+
+/// The value of `series` (its full name with labels) on the gateway's `/metrics`.
+async fn scraped(gateway: &Gateway, series: &str) -> Option<f64> {
+    let text = get(format!("{}/metrics", gateway.admin_url())).await.text();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exports_them() {
+    // One engine that prefills 100,000 tokens a second: a 40 KiB prompt (10,000 tokens by
+    // the gateway's 4 bytes a token) takes 0.1 s.
+    let config = MockEngineConfig {
+        models: vec![MODEL.to_owned()],
+        prefill_tokens_per_second: 100_000,
+        ..MockEngineConfig::named("learner-a")
+    };
+    let engine = MockEngine::start("127.0.0.1:0", config).await.unwrap();
+    let yaml = config_yaml(
+        &[("learner", vec![cluster("learner-a", &[&engine])])],
+        "grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n",
+    );
+    let gateway = gateway(&yaml).await;
+    let prefill = "grid_route_prefill_tokens_per_second{site=\"learner\",cluster=\"learner-a\"}";
+    let queued = "grid_route_queued_request_seconds{site=\"learner\",cluster=\"learner-a\"}";
+    assert_eq!(
+        scraped(&gateway, prefill).await,
+        None,
+        "nothing learned yet"
+    );
+    // One at a time (load 0), then four at once (loads 0 to 3), each a new prompt.
+    for i in 0..6 {
+        let mut conversation = Conversation::new(&format!("learn{i}"), 40 * 1024);
+        assert_eq!(
+            conversation.turn(&gateway, "hello").await.status,
+            StatusCode::OK
+        );
+    }
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut sent = tokio::task::JoinSet::new();
+    for i in 0..4 {
+        let body = chat(&text(&format!("burst{i}"), 40 * 1024));
+        let url = url.clone();
+        sent.spawn(async move { send(Method::POST, &url, Some("application/json"), body).await });
+    }
+    while let Some(answer) = sent.join_next().await {
+        assert_eq!(answer.unwrap().status, StatusCode::OK);
+    }
+    let rate = scraped(&gateway, prefill)
+        .await
+        .expect("a learned prefill speed");
+    // The engine's speed, less what the network and the mock's own work add.
+    assert!((30_000.0..=150_000.0).contains(&rate), "{rate}");
+    let seconds = scraped(&gateway, queued)
+        .await
+        .expect("a learned queued price");
+    assert!(
+        seconds.is_finite() && (0.001..=3_600.0).contains(&seconds),
+        "{seconds}"
+    );
+    // The same as the decision reads.
+    let id = cluster_id(&gateway, "learner-a");
+    assert_eq!(gateway.affinity().prefill_rate(&id), rate);
+    assert_eq!(gateway.affinity().queued_request_seconds(&id), seconds);
+}
+
 // ---- our own in-flight load (queue.count_in_flight) ----------------------------------
 
 /// Two sites of slow engines (about 2 s an answer) behind a gateway that reads their
@@ -523,7 +660,7 @@ fn distinct_chats(n: usize) -> Vec<Vec<u8>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn by_default_a_burst_between_two_polls_piles_onto_the_lightest_queue() {
+async fn by_queue_alone_a_burst_between_two_polls_piles_onto_the_lightest_queue() {
     let (_east, _west, gateway) = two_slow_sites_read_once(false).await;
     let seen = burst(&gateway, distinct_chats(4)).await;
     assert_eq!(seen, BTreeMap::from([("east-a".to_owned(), 4)]));

@@ -9,8 +9,9 @@ use clap::ArgAction;
 use clap::builder::RangedU64ValueParser;
 use grid_route_layer::config::{PrefixAffinityConfig, Price};
 
-use super::engine::EngineModel;
+use super::engine::{EngineKind, EngineModel};
 use super::policy::Policy;
+use super::trace::{MIN_BLOCK_TOKENS, TRACE_BLOCK_TOKENS};
 use crate::config::QueueConfig;
 
 /// Sites, when `--sites` is not given.
@@ -30,6 +31,15 @@ pub struct SimulateArgs {
     /// 512-token blocks)
     #[arg(long, value_name = "FILE")]
     pub trace: PathBuf,
+    /// Tokens each of the trace's hash_ids stands for: 512 in Mooncake's traces, less in a
+    /// finer one (scripts/arena writes 64); a multiple of 64 (one 256-byte keying block)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = TRACE_BLOCK_TOKENS,
+        value_parser = block_tokens,
+    )]
+    pub block_tokens: u64,
     /// Sites
     #[arg(long, value_name = "N", default_value_t = DEFAULT_SITES, value_parser = at_least_one())]
     pub sites: usize,
@@ -88,6 +98,7 @@ impl SimulateArgs {
     pub fn new(trace: impl Into<PathBuf>) -> Self {
         Self {
             trace: trace.into(),
+            block_tokens: TRACE_BLOCK_TOKENS,
             sites: DEFAULT_SITES,
             engines_per_site: DEFAULT_ENGINES_PER_SITE,
             replicas: DEFAULT_REPLICAS,
@@ -107,9 +118,24 @@ impl SimulateArgs {
 /// the defaults are [`EngineModel::default`]'s.
 #[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
 #[command(
-    next_help_heading = "Engine model (Llama-3.1-8B on one H100 under vLLM; see docs/routing.md)"
+    next_help_heading = "Engine model (defaults: Llama-3.1-8B on one H100 under vLLM; see docs/routing.md)"
 )]
 pub struct EngineArgs {
+    /// The engine: batching (vLLM, SGLang: continuous batching over a block prefix cache)
+    /// or slots (llama.cpp --parallel N: N slots, each holding one prompt's cache)
+    #[arg(long, value_name = "KIND", value_enum, default_value_t = EngineModel::default().kind)]
+    pub engine: EngineKind,
+    /// Slots of each slot engine (llama.cpp --parallel)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = EngineModel::default().slots,
+        value_parser = at_least_one(),
+    )]
+    pub slots: usize,
+    /// Tokens of each slot engine's host prompt cache (llama.cpp --cache-ram); 0: none
+    #[arg(long, value_name = "N", default_value_t = EngineModel::default().host_cache_tokens)]
+    pub host_cache_tokens: u64,
     /// KV cache tokens
     #[arg(
         long,
@@ -159,6 +185,11 @@ impl EngineArgs {
     /// The engine model these flags describe.
     pub fn model(&self) -> EngineModel {
         EngineModel {
+            kind: self.engine,
+            slots: self.slots,
+            host_cache_tokens: self.host_cache_tokens,
+            // The trace's, set from `--block-tokens` by `simulate`.
+            block_tokens: TRACE_BLOCK_TOKENS,
             kv_tokens: self.kv_tokens,
             max_running: self.max_running,
             prefill_tps: self.prefill_tps,
@@ -171,6 +202,9 @@ impl EngineArgs {
 impl From<EngineModel> for EngineArgs {
     fn from(model: EngineModel) -> Self {
         Self {
+            engine: model.kind,
+            slots: model.slots,
+            host_cache_tokens: model.host_cache_tokens,
             kv_tokens: model.kv_tokens,
             max_running: model.max_running,
             prefill_tps: model.prefill_tps,
@@ -331,6 +365,16 @@ fn price(value: &str, set: impl FnOnce(&mut PrefixAffinityConfig, Price)) -> Res
     set(&mut config, price);
     config.validate().map_err(|error| error.to_string())?;
     Ok(price)
+}
+
+/// `--block-tokens`: a positive multiple of [`MIN_BLOCK_TOKENS`].
+fn block_tokens(value: &str) -> Result<u64, String> {
+    match value.parse::<u64>() {
+        Ok(n) if n > 0 && n % MIN_BLOCK_TOKENS == 0 => Ok(n),
+        _ => Err(format!(
+            "must be a positive multiple of {MIN_BLOCK_TOKENS} (one keying block), got {value:?}"
+        )),
+    }
 }
 
 /// A count of at least 1.

@@ -1,4 +1,6 @@
-//! The engine model: a vLLM-like server with a block prefix cache, in virtual time.
+//! The engine models, in virtual time: [`EngineKind::Batching`], a vLLM-like server with a
+//! block prefix cache (below), and [`EngineKind::Slots`], a llama.cpp-like server with a
+//! few slots ([`slots`](super::slots)).
 //!
 //! - **KV cache**: `kv_tokens` of memory in 512-token blocks (the trace's). A block is
 //!   named by its trace id, which stands for its whole prefix, so prompts sharing a prefix
@@ -20,13 +22,32 @@ use std::collections::{HashMap, VecDeque};
 
 use lru::LruCache;
 
+use super::slots::SlotEngine;
 use super::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
 
-/// The engine's parameters (`--kv-tokens`, `--max-running`, `--prefill-tps`,
-/// `--prefill-overhead-ms`, `--decode-tps`); see [`EngineModel::default`] for where the
-/// defaults come from.
+/// Which engine a run models (`--engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineKind {
+    /// vLLM or SGLang: continuous batching over a block prefix cache.
+    Batching,
+    /// llama.cpp's server with `--parallel N`: N slots, each holding one prompt's cache.
+    Slots,
+}
+
+/// The engine's parameters (`--engine`, `--kv-tokens`, `--max-running`, `--slots`,
+/// `--host-cache-tokens`, `--prefill-tps`, `--prefill-overhead-ms`, `--decode-tps`); see
+/// [`EngineModel::default`] for where the defaults come from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EngineModel {
+    /// Which engine.
+    pub kind: EngineKind,
+    /// Slots of a slot engine.
+    pub slots: usize,
+    /// Tokens of a slot engine's host prompt cache (0: none).
+    pub host_cache_tokens: u64,
+    /// Tokens in one block of the trace (`--block-tokens`): a batching engine's cache
+    /// block, what a slot engine's host cache counts in.
+    pub block_tokens: u64,
     /// KV cache size in tokens.
     pub kv_tokens: u64,
     /// Most requests running (prefilling or decoding) at once.
@@ -44,6 +65,10 @@ impl Default for EngineModel {
     /// model", for the arithmetic and sources).
     fn default() -> Self {
         Self {
+            kind: EngineKind::Batching,
+            slots: 2,
+            host_cache_tokens: 0,
+            block_tokens: TRACE_BLOCK_TOKENS,
             kv_tokens: 400_000,
             max_running: 256,
             prefill_tps: 20_000.0,
@@ -56,13 +81,13 @@ impl Default for EngineModel {
 impl EngineModel {
     /// Memory blocks of `kv_tokens`.
     pub fn capacity_blocks(&self) -> usize {
-        (self.kv_tokens / TRACE_BLOCK_TOKENS) as usize
+        (self.kv_tokens / self.block_tokens) as usize
     }
 
     /// Blocks a request holds while it runs: its prompt blocks, and more for the output
     /// once it outgrows them.
     pub fn blocks_needed(request: &TraceRequest) -> usize {
-        let total = (request.input_tokens + request.output_tokens).div_ceil(TRACE_BLOCK_TOKENS);
+        let total = (request.input_tokens + request.output_tokens).div_ceil(request.block_tokens);
         (total as usize).max(request.blocks.len())
     }
 
@@ -83,9 +108,86 @@ pub struct Started {
     pub first_token_at: f64,
 }
 
-/// One engine's state.
+/// One engine's state, of either kind.
 #[derive(Debug)]
-pub struct Engine {
+pub enum Engine {
+    /// A batching engine.
+    Batching(BatchingEngine),
+    /// A slot engine.
+    Slots(SlotEngine),
+}
+
+impl Engine {
+    /// An idle engine of `model`'s kind with an empty cache.
+    pub fn new(model: EngineModel) -> Self {
+        match model.kind {
+            EngineKind::Batching => Self::Batching(BatchingEngine::new(model)),
+            EngineKind::Slots => Self::Slots(SlotEngine::new(model)),
+        }
+    }
+
+    /// Requests waiting to start: the queue signal the gateway polls.
+    pub fn waiting(&self) -> usize {
+        match self {
+            Self::Batching(e) => e.waiting(),
+            Self::Slots(e) => e.waiting(),
+        }
+    }
+
+    /// Prompt tokens of `request` the engine would find cached if it started now.
+    pub fn cached_tokens(&self, request: &TraceRequest) -> u64 {
+        match self {
+            Self::Batching(e) => e.cached_tokens(request),
+            Self::Slots(e) => e.cached_tokens(request),
+        }
+    }
+
+    /// Seconds from `now` to `request`'s first token if it were sent here now (the
+    /// oracle's estimate).
+    pub fn predicted_ttft(&self, request: &TraceRequest, now: f64, trace: &[TraceRequest]) -> f64 {
+        match self {
+            Self::Batching(e) => e.predicted_ttft(request, now),
+            Self::Slots(e) => e.predicted_ttft(request, now, trace),
+        }
+    }
+
+    /// Queues `request` (trace position `id`).
+    pub fn enqueue(&mut self, id: usize, request: &TraceRequest) {
+        match self {
+            Self::Batching(e) => e.enqueue(id, request),
+            Self::Slots(e) => e.enqueue(id),
+        }
+    }
+
+    /// Starts the next waiting request if it can start at `now`.
+    pub fn start_next(&mut self, trace: &[TraceRequest], now: f64) -> Option<Started> {
+        match self {
+            Self::Batching(e) => e.start_next(trace, now),
+            Self::Slots(e) => e.start_next(trace, now),
+        }
+    }
+
+    /// Request `id`'s prefill has ended (its first token).
+    pub fn end_prefill(&mut self, _id: usize) {
+        match self {
+            Self::Batching(e) => e.end_prefill(),
+            // Each slot prefills on its own: nothing waits for a prefill line.
+            Self::Slots(_) => {}
+        }
+    }
+
+    /// Request `id` (`request`) has decoded its last token.
+    pub fn finish(&mut self, id: usize, request: &TraceRequest) {
+        match self {
+            Self::Batching(e) => e.finish(request),
+            Self::Slots(e) => e.finish(id),
+        }
+    }
+}
+
+/// One batching engine's state.
+#[derive(Debug)]
+pub struct BatchingEngine {
     model: EngineModel,
     capacity: usize,
     /// Resident blocks and how many running requests use each (0: cached only).
@@ -103,7 +205,7 @@ pub struct Engine {
     prefilling: bool,
 }
 
-impl Engine {
+impl BatchingEngine {
     /// An idle engine with an empty cache.
     pub fn new(model: EngineModel) -> Self {
         Self {
@@ -253,12 +355,17 @@ mod tests {
             input_tokens,
             output_tokens,
             blocks: blocks.to_vec(),
+            block_tokens: crate::simulate::trace::TRACE_BLOCK_TOKENS,
         }
     }
 
     /// 1000 tokens/s prefill, 0.5 s overhead, 10 tokens/s decode, `blocks` of memory.
     fn model(blocks: u64) -> EngineModel {
         EngineModel {
+            kind: EngineKind::Batching,
+            slots: 2,
+            host_cache_tokens: 0,
+            block_tokens: TRACE_BLOCK_TOKENS,
             kv_tokens: blocks * TRACE_BLOCK_TOKENS,
             max_running: 4,
             prefill_tps: 1000.0,
@@ -270,7 +377,7 @@ mod tests {
     #[test]
     fn a_cold_engine_prefills_the_whole_prompt() {
         let trace = [request(1500, 10, &[1, 2, 3])];
-        let mut engine = Engine::new(model(16));
+        let mut engine = BatchingEngine::new(model(16));
         engine.enqueue(0, &trace[0]);
         assert_eq!(engine.waiting(), 1);
         let started = engine.start_next(&trace, 2.0).unwrap();
@@ -289,7 +396,7 @@ mod tests {
     #[test]
     fn a_warm_engine_prefills_only_the_uncached_tail() {
         let trace = [request(1024, 10, &[1, 2]), request(1500, 10, &[1, 2, 3])];
-        let mut engine = Engine::new(model(16));
+        let mut engine = BatchingEngine::new(model(16));
         engine.enqueue(0, &trace[0]);
         engine.start_next(&trace, 0.0).unwrap();
         engine.end_prefill();
@@ -312,7 +419,7 @@ mod tests {
             request(1000, 1, &[1, 2]),
             request(1000, 1, &[3, 4]),
         ];
-        let mut engine = Engine::new(model(4));
+        let mut engine = BatchingEngine::new(model(4));
         for id in [0, 1] {
             engine.enqueue(id, &trace[id]);
             engine.start_next(&trace, 0.0).unwrap();
@@ -334,7 +441,7 @@ mod tests {
     #[test]
     fn a_full_engine_queues_and_the_queue_is_the_waiting_count() {
         let trace = [request(1000, 10, &[1, 2]), request(1000, 10, &[3, 4])];
-        let mut engine = Engine::new(model(16));
+        let mut engine = BatchingEngine::new(model(16));
         engine.enqueue(0, &trace[0]);
         engine.enqueue(1, &trace[1]);
         assert_eq!(engine.waiting(), 2);
@@ -357,7 +464,7 @@ mod tests {
     fn memory_held_by_running_requests_makes_the_head_wait() {
         // Three blocks of memory; the first request holds two (one prompt, one output).
         let trace = [request(500, 100, &[1]), request(1024, 1, &[2, 3])];
-        let mut engine = Engine::new(model(3));
+        let mut engine = BatchingEngine::new(model(3));
         engine.enqueue(0, &trace[0]);
         engine.start_next(&trace, 0.0).unwrap();
         engine.end_prefill();

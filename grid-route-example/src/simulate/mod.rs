@@ -42,6 +42,7 @@ pub mod engine;
 pub mod policy;
 pub mod report;
 pub mod run;
+pub mod slots;
 pub mod trace;
 
 use std::fs::File;
@@ -49,10 +50,10 @@ use std::io::{BufReader, IsTerminal, Write};
 use std::time::Instant;
 
 pub use args::{EngineArgs, GatewayArgs, SimulateArgs};
-pub use engine::EngineModel;
+pub use engine::{EngineKind, EngineModel};
 pub use policy::Policy;
 pub use report::{PolicyResult, Report};
-pub use trace::{TraceError, TraceRequest, read_trace};
+pub use trace::{TraceError, TraceRequest, read_trace, read_trace_of_blocks};
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +82,8 @@ pub enum SimulateError {
 /// stderr.
 pub fn run(args: &SimulateArgs, progress: bool) -> Result<Report, SimulateError> {
     let file = File::open(&args.trace).map_err(|e| SimulateError::Trace(TraceError::Io(e)))?;
-    let trace = read_trace(BufReader::new(file)).map_err(SimulateError::Trace)?;
+    let trace = read_trace_of_blocks(BufReader::new(file), args.block_tokens)
+        .map_err(SimulateError::Trace)?;
     simulate(args, &trace, progress)
 }
 
@@ -91,16 +93,16 @@ pub fn simulate(
     trace: &[TraceRequest],
     progress: bool,
 ) -> Result<Report, SimulateError> {
-    let engine = args.engine.model();
-    let capacity = engine.capacity_blocks() as u64 * trace::TRACE_BLOCK_TOKENS;
-    if let Some((i, request)) = trace
-        .iter()
-        .enumerate()
-        .find(|(_, r)| EngineModel::blocks_needed(r) as u64 * trace::TRACE_BLOCK_TOKENS > capacity)
-    {
+    let mut engine = args.engine.model();
+    engine.block_tokens = args.block_tokens;
+    let capacity = engine.capacity_blocks() as u64 * engine.block_tokens;
+    if let Some((i, request)) = trace.iter().enumerate().find(|(_, r)| {
+        engine.kind == EngineKind::Batching
+            && EngineModel::blocks_needed(r) as u64 * engine.block_tokens > capacity
+    }) {
         return Err(SimulateError::TooLarge {
             request: i + 1,
-            tokens: EngineModel::blocks_needed(request) as u64 * trace::TRACE_BLOCK_TOKENS,
+            tokens: EngineModel::blocks_needed(request) as u64 * engine.block_tokens,
             kv_tokens: args.engine.kv_tokens,
         });
     }

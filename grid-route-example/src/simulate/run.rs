@@ -82,8 +82,9 @@ impl Loop<'_> {
         }));
     }
 
+    /// Starts what engine `engine` can start at `now` (a slot engine may start several).
     fn start(&mut self, engine: usize, now: f64) {
-        if let Some(started) = self.engines[engine].start_next(self.trace, now) {
+        while let Some(started) = self.engines[engine].start_next(self.trace, now) {
             self.per_request.cached[started.request] = started.cached_tokens;
             self.schedule(
                 started.first_token_at,
@@ -142,7 +143,7 @@ pub fn run_policy(
                 let request = &trace[event.request];
                 match event.kind {
                     Kind::FirstToken => {
-                        state.engines[event.engine].end_prefill();
+                        state.engines[event.engine].end_prefill(event.request);
                         state.per_request.ttft[event.request] =
                             now - request.arrival_ms as f64 / 1000.0;
                         router.head(event.request, 200, now);
@@ -150,7 +151,7 @@ pub fn run_policy(
                         state.schedule(now + decode, Kind::Finished, event.engine, event.request);
                     }
                     Kind::Finished => {
-                        state.engines[event.engine].finish(request);
+                        state.engines[event.engine].finish(event.request, request);
                         router.ended(event.request, state.per_request.cached[event.request], now);
                         router.finished(event.request, now);
                     }
@@ -176,6 +177,7 @@ pub fn run_policy(
                     keys: keys[id].as_ref(),
                     now,
                     engines: &state.engines,
+                    trace,
                 });
                 state.per_request.served_by[id] = engine;
                 // One draw per request whatever the share, so a share changes which

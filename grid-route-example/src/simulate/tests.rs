@@ -15,6 +15,7 @@ fn request(arrival_ms: u64, blocks: &[u64]) -> TraceRequest {
         input_tokens: 512 * blocks.len() as u64,
         output_tokens: 10,
         blocks: blocks.to_vec(),
+        block_tokens: crate::simulate::trace::TRACE_BLOCK_TOKENS,
     }
 }
 
@@ -28,6 +29,7 @@ fn args(sites: usize, policy: Policy) -> SimulateArgs {
         prefill_tps: 1000.0,
         prefill_overhead_s: 0.1,
         decode_tps: 1000.0,
+        ..EngineModel::default()
     });
     // No random exploration: the decisions below are the rule's alone.
     args.gateway.exploration = 0.0;

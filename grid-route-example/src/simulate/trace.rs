@@ -11,7 +11,8 @@ use std::io::BufRead;
 use grid_route_layer::keying::{BLOCK_BYTES, PrefixKeys};
 use serde::Deserialize;
 
-/// Tokens in one trace block (the Mooncake release's block size).
+/// Tokens in one trace block: the Mooncake release's block size, and the default of
+/// `--block-tokens` (another trace may cut its prompts finer).
 pub const TRACE_BLOCK_TOKENS: u64 = 512;
 
 /// Bytes of prompt text per token, the library's own price
@@ -19,9 +20,16 @@ pub const TRACE_BLOCK_TOKENS: u64 = 512;
 /// is 2 KiB of text.
 const BYTES_PER_TOKEN: u64 = grid_route_layer::affinity::BYTES_PER_TOKEN as u64;
 
-/// Keying blocks in one trace block: 512 tokens × 4 bytes / 256 bytes = 8.
-pub const KEY_BLOCKS_PER_TRACE_BLOCK: u64 =
-    TRACE_BLOCK_TOKENS * BYTES_PER_TOKEN / BLOCK_BYTES as u64;
+/// Keying blocks in one 512-token trace block: 512 tokens × 4 bytes / 256 bytes = 8.
+pub const KEY_BLOCKS_PER_TRACE_BLOCK: u64 = key_blocks_per_trace_block(TRACE_BLOCK_TOKENS);
+
+/// The smallest trace block: one keying block of text (256 bytes at 4 bytes a token).
+pub const MIN_BLOCK_TOKENS: u64 = BLOCK_BYTES as u64 / BYTES_PER_TOKEN;
+
+/// Keying blocks in a trace block of `block_tokens` (a multiple of [`MIN_BLOCK_TOKENS`]).
+pub const fn key_blocks_per_trace_block(block_tokens: u64) -> u64 {
+    block_tokens * BYTES_PER_TOKEN / BLOCK_BYTES as u64
+}
 
 /// One request of the trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,8 +40,11 @@ pub struct TraceRequest {
     pub input_tokens: u64,
     /// Completion tokens.
     pub output_tokens: u64,
-    /// One id per 512-token prompt block, each standing for the prefix up to its block.
+    /// One id per `block_tokens` prompt block, each standing for the prefix up to its
+    /// block.
     pub blocks: Vec<u64>,
+    /// Tokens in one block of this trace ([`TRACE_BLOCK_TOKENS`] for Mooncake's).
+    pub block_tokens: u64,
 }
 
 #[derive(Deserialize)]
@@ -65,8 +76,18 @@ pub enum TraceError {
     Empty,
 }
 
-/// Reads a whole trace. Blank lines are skipped; requests must come in arrival order.
+/// Reads a whole trace of 512-token blocks. Blank lines are skipped; requests must come in
+/// arrival order.
 pub fn read_trace(input: impl BufRead) -> Result<Vec<TraceRequest>, TraceError> {
+    read_trace_of_blocks(input, TRACE_BLOCK_TOKENS)
+}
+
+/// Reads a whole trace whose `hash_ids` stand for blocks of `block_tokens` tokens (a
+/// multiple of [`MIN_BLOCK_TOKENS`], as `--block-tokens` checks).
+pub fn read_trace_of_blocks(
+    input: impl BufRead,
+    block_tokens: u64,
+) -> Result<Vec<TraceRequest>, TraceError> {
     let mut requests: Vec<TraceRequest> = Vec::new();
     for (i, line) in input.lines().enumerate() {
         let line_no = i + 1;
@@ -84,14 +105,15 @@ pub fn read_trace(input: impl BufRead) -> Result<Vec<TraceRequest>, TraceError> 
             input_tokens: parsed.input_length,
             output_tokens: parsed.output_length,
             blocks: parsed.hash_ids,
+            block_tokens,
         };
         if request.input_tokens == 0 {
             return Err(malformed("input_length is 0".into()));
         }
-        let expected = request.input_tokens.div_ceil(TRACE_BLOCK_TOKENS);
+        let expected = request.input_tokens.div_ceil(block_tokens);
         if request.blocks.len() as u64 != expected {
             return Err(malformed(format!(
-                "{} hash_ids for input_length {} (expected {expected}, one per {TRACE_BLOCK_TOKENS} tokens)",
+                "{} hash_ids for input_length {} (expected {expected}, one per {block_tokens} tokens)",
                 request.blocks.len(),
                 request.input_tokens
             )));
@@ -117,16 +139,18 @@ pub fn read_trace(input: impl BufRead) -> Result<Vec<TraceRequest>, TraceError> 
 }
 
 impl TraceRequest {
-    /// The prefix keys the gateway would compute for this prompt: each trace block is
-    /// 2 KiB of text, eight 256-byte keying blocks, whose digests are derived from the
-    /// block's id (which already stands for its whole prefix) and the position inside it.
-    /// A partial last block gives only its full keying blocks, as a gateway would.
+    /// The prefix keys the gateway would compute for this prompt: each 512-token trace
+    /// block is 2 KiB of text, eight 256-byte keying blocks (a 64-token one is one), whose
+    /// digests are derived from the block's id (which already stands for its whole prefix)
+    /// and the position inside it. A partial last block gives only its full keying blocks,
+    /// as a gateway would.
     pub fn keys(&self) -> Option<PrefixKeys> {
         let text_blocks = self.input_tokens * BYTES_PER_TOKEN / BLOCK_BYTES as u64;
+        let per = key_blocks_per_trace_block(self.block_tokens);
         let digests: Vec<u64> = self
             .blocks
             .iter()
-            .flat_map(|&id| (0..KEY_BLOCKS_PER_TRACE_BLOCK).map(move |part| block_digest(id, part)))
+            .flat_map(|&id| (0..per).map(move |part| block_digest(id, part, per)))
             .take(text_blocks as usize)
             .collect();
         PrefixKeys::from_block_digests(&digests)
@@ -134,26 +158,23 @@ impl TraceRequest {
 
     /// Prompt tokens that block `i` holds (the last block may be partial).
     pub fn block_tokens(&self, i: usize) -> u64 {
-        let start = i as u64 * TRACE_BLOCK_TOKENS;
+        let start = i as u64 * self.block_tokens;
         self.input_tokens
             .saturating_sub(start)
-            .min(TRACE_BLOCK_TOKENS)
+            .min(self.block_tokens)
     }
 
     /// Prompt tokens in the first `blocks` blocks.
     pub fn prefix_tokens(&self, blocks: usize) -> u64 {
-        (blocks as u64 * TRACE_BLOCK_TOKENS).min(self.input_tokens)
+        (blocks as u64 * self.block_tokens).min(self.input_tokens)
     }
 }
 
-/// The digest of keying block `part` of trace block `id`: [`mix64`] over both, so different
+/// The digest of keying block `part` (of `per`) of trace block `id`: [`mix64`] over both, so different
 /// ids or parts give unrelated 64-bit values (the index's hasher passes keys through and
 /// wants them spread), the same on every run.
-fn block_digest(id: u64, part: u64) -> u64 {
-    mix64(
-        id.wrapping_mul(KEY_BLOCKS_PER_TRACE_BLOCK)
-            .wrapping_add(part),
-    )
+fn block_digest(id: u64, part: u64, per: u64) -> u64 {
+    mix64(id.wrapping_mul(per).wrapping_add(part))
 }
 
 /// splitmix64's output function (Steele, Lea and Flood 2014; constants from Vigna's
@@ -188,6 +209,7 @@ mod tests {
                 input_tokens: 1030,
                 output_tokens: 52,
                 blocks: vec![46, 47, 2353],
+                block_tokens: crate::simulate::trace::TRACE_BLOCK_TOKENS,
             }]
         );
         assert_eq!(trace[0].block_tokens(2), 6);
@@ -242,6 +264,7 @@ mod tests {
             input_tokens,
             output_tokens: 1,
             blocks: blocks.to_vec(),
+            block_tokens: crate::simulate::trace::TRACE_BLOCK_TOKENS,
         };
         let first = request(1024, &[1, 2]).keys().unwrap();
         assert_eq!(first.len(), 16);

@@ -272,10 +272,11 @@ impl Affinity {
         let narrowing = narrow(&settings, keys, &depths, |i| {
             candidates[i].load().routing_load(now)
         });
-        let mut depth = depths.iter();
-        candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
         if narrowing.outcome == Outcome::NoMatch {
-            candidates = self.roomiest(candidates, now);
+            candidates = self.roomiest(candidates, &depths, now);
+        } else {
+            let mut depth = depths.iter();
+            candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
         }
         Decision {
             outcome: Some(narrowing.outcome),
@@ -287,24 +288,51 @@ impl Affinity {
 }
 
 impl Affinity {
-    /// Where a request that matches nothing may go: the least loaded of `candidates` (as
-    /// [`least_loaded`](crate::select::least_loaded) ranks them), and among those the ones
-    /// whose index holds the fewest entries.
+    /// Where a request whose match does not stick may go: the least loaded of
+    /// `candidates` (as [`least_loaded`](crate::select::least_loaded) ranks them), among
+    /// those the ones holding the most of its prompt (`depths[i]` is candidate `i`'s; a
+    /// depth under [`MIN_STICKY_DEPTH`] counts as none), and among those the ones whose
+    /// index holds the fewest entries.
     ///
-    /// Between its turns a conversation is in no cluster's load, so by load alone a new
-    /// conversation lands as often on an engine whose cache is full of others (which it
-    /// then evicts) as on one with room. The fewest entries stand for the most room, as
-    /// the smallest radix tree does in SGLang's and vLLM's cache-aware routers. Load
-    /// still comes first: this only breaks ties.
-    fn roomiest(&self, candidates: Vec<Arc<Cluster>>, now: Instant) -> Vec<Arc<Cluster>> {
-        let rank = |c: &Cluster| {
+    /// A match too short to stick is still prefill saved where load ties: a conversation
+    /// whose new turn adds more than a fifth of its prompt goes back to its engine when
+    /// that engine is no busier than the others, instead of to whichever engine has the
+    /// most room. Between its turns a conversation is in no cluster's load, so by load and
+    /// depth alone a new conversation lands as often on an engine whose cache is full of
+    /// others (which it then evicts) as on one with room. The fewest entries stand for the
+    /// most room, as the smallest radix tree does in SGLang's and vLLM's cache-aware
+    /// routers. Load still comes first: depth and room only break ties.
+    fn roomiest(
+        &self,
+        candidates: Vec<Arc<Cluster>>,
+        depths: &[usize],
+        now: Instant,
+    ) -> Vec<Arc<Cluster>> {
+        type Rank = (f64, usize, std::cmp::Reverse<usize>, usize);
+        let rank = |c: &Cluster, depth: usize| {
             let (load, in_flight) = load_rank(c, now);
-            (load, in_flight, self.index.entries(c.id()))
+            (
+                load,
+                in_flight,
+                std::cmp::Reverse(depth),
+                self.index.entries(c.id()),
+            )
         };
-        let order = |a: &(f64, usize, usize), b: &(f64, usize, usize)| {
-            a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2))
+        let order = |a: &Rank, b: &Rank| {
+            a.0.total_cmp(&b.0)
+                .then(a.1.cmp(&b.1))
+                .then(a.2.cmp(&b.2))
+                .then(a.3.cmp(&b.3))
         };
-        let ranked: Vec<_> = candidates.into_iter().map(|c| (rank(&c), c)).collect();
+        let ranked: Vec<_> = candidates
+            .into_iter()
+            .zip(depths)
+            // Under the floor a match is no preference: identical short prompts spread.
+            .map(|(c, &depth)| {
+                let depth = if depth < MIN_STICKY_DEPTH { 0 } else { depth };
+                (rank(&c, depth), c)
+            })
+            .collect();
         let Some(best) = ranked.iter().map(|(r, _)| *r).min_by(order) else {
             return Vec::new();
         };

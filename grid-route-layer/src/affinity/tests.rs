@@ -358,6 +358,33 @@ fn a_request_matching_nothing_goes_to_the_roomiest_of_the_least_loaded() {
 }
 
 #[test]
+fn a_match_too_short_to_stick_still_wins_a_tie_on_load() {
+    let f = three_sites();
+    // A 10-block system prompt, then a turn that adds more than a fifth to it.
+    let house = text("house", 10 * 256);
+    let first = f.prompt(&[("system", &house), ("user", "first")]);
+    let next = f.prompt(&[
+        ("system", &house),
+        ("user", &text("a long question", 6 * 256)),
+    ]);
+    f.confirm("west-a", &first);
+    f.confirm(
+        "east-a",
+        &f.prompt(&[("system", &text("other", 40 * 256)), ("user", "x")]),
+    );
+    for name in ["east-a", "west-a", "north-a"] {
+        f.set_queue(name, Some(0.0));
+    }
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+    // Loads tie: west-a holds most of it (north-a has more room, and loses).
+    assert_eq!(names(&decision), ["west-a"]);
+    // Load comes first: one request more at west-a and the roomiest idle one takes it.
+    f.set_queue("west-a", Some(1.0));
+    assert_eq!(names(&f.decide(&next)), ["north-a"]);
+}
+
+#[test]
 fn a_match_under_8_kib_sticks_only_when_it_covers_the_threshold() {
     let f = two_sites();
     let prompt = f.prompt(&[("system", &text("house", 10 * 256)), ("user", "hi")]);

@@ -123,6 +123,8 @@ pub struct Route<'a> {
     pub now: f64,
     /// Every engine, as it is now (only the oracle looks).
     pub engines: &'a [Engine],
+    /// The whole trace (the oracle prices a slot engine's waiting requests from it).
+    pub trace: &'a [TraceRequest],
 }
 
 /// A routing policy driven in virtual time.

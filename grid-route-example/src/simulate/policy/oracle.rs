@@ -19,7 +19,7 @@ impl Router for Oracle {
     fn route(&mut self, route: &Route<'_>) -> usize {
         let mut best = (f64::INFINITY, 0);
         for (engine, state) in route.engines.iter().enumerate() {
-            let ttft = state.predicted_ttft(route.request, route.now);
+            let ttft = state.predicted_ttft(route.request, route.now, route.trace);
             // Strictly less: ties go to the lowest-numbered engine.
             if ttft < best.0 {
                 best = (ttft, engine);

@@ -1,0 +1,375 @@
+//! The slot engine model: a llama.cpp-like server started with `--parallel N`, in virtual
+//! time.
+//!
+//! - **Slots**: `slots` of them, each running one request at a time and holding, between
+//!   requests, the KV cache of the last prompt it ran (as block ids of the trace).
+//! - **Which slot**: a request that can start takes the idle slot whose held prompt shares
+//!   the longest prefix with its own; when none shares any, the idle slot used least
+//!   recently. That is what llama.cpp's server does by default (`get_available_slot`: the
+//!   best longest-common-prefix similarity among idle slots, else the least recently used
+//!   one); its similarity threshold (`--slot-prompt-similarity`, 0.1 of the prompt) is not
+//!   modelled. Its hit is that shared prefix.
+//! - **Host prompt cache** (`host_cache_tokens`, llama.cpp's `--cache-ram`): when a slot
+//!   takes a new prompt, the prompt it held is saved to a cache in host memory of that many
+//!   tokens, least recently used out first; a request whose prefix a saved prompt shares
+//!   further than the chosen slot's is restored from it. 0 turns it off.
+//! - **Waiting queue**: requests wait, first come first served, while every slot is busy;
+//!   their count is the queue signal (`llamacpp:requests_deferred`).
+//! - **Prefill and decode** per slot, side by side: `prefill_overhead_s` plus the uncached
+//!   tokens at `prefill_tps`, then `output_tokens / decode_tps`. The slot is busy until the
+//!   last token. Slots do not slow each other: on one CPU thread they do, and the speeds to
+//!   give are what one slot reaches while the others run (docs/routing.md, "Slot engines").
+
+use std::collections::VecDeque;
+
+use super::engine::{EngineModel, Started};
+use super::trace::TraceRequest;
+
+/// One slot.
+#[derive(Debug, Clone)]
+struct Slot {
+    /// The blocks of the prompt whose KV it holds.
+    prompt: Vec<u64>,
+    /// The request running in it.
+    running: Option<usize>,
+    /// When its request ends (its last token), while it runs.
+    ends_at: f64,
+    /// When it last started a request (least recently used first out).
+    used: u64,
+}
+
+/// A prompt saved in host memory: its blocks and their tokens.
+#[derive(Debug, Clone)]
+struct Saved {
+    blocks: Vec<u64>,
+    tokens: u64,
+    used: u64,
+}
+
+/// One slot engine's state.
+#[derive(Debug)]
+pub struct SlotEngine {
+    model: EngineModel,
+    slots: Vec<Slot>,
+    waiting: VecDeque<usize>,
+    host: Vec<Saved>,
+    host_tokens: u64,
+    clock: u64,
+}
+
+/// Blocks `a` and `b` share from the start.
+fn common_prefix(a: &[u64], b: &[u64]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl SlotEngine {
+    /// An idle engine with empty slots and an empty host cache.
+    pub fn new(model: EngineModel) -> Self {
+        Self {
+            model,
+            slots: vec![
+                Slot {
+                    prompt: Vec::new(),
+                    running: None,
+                    ends_at: 0.0,
+                    used: 0,
+                };
+                model.slots.max(1)
+            ],
+            waiting: VecDeque::new(),
+            host: Vec::new(),
+            host_tokens: 0,
+            clock: 0,
+        }
+    }
+
+    /// Requests waiting for a slot.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// The idle slot `request` would take, and the blocks it would find cached there
+    /// (from the slot or the host cache); `None` when every slot is busy.
+    fn choose(&self, request: &TraceRequest) -> Option<(usize, usize)> {
+        let (slot, shared) = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.running.is_none())
+            .map(|(i, s)| (i, common_prefix(&s.prompt, &request.blocks), s.used))
+            // The longest shared prefix; among equals (none shared, say) the least used.
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)))
+            .map(|(i, shared, _)| (i, shared))?;
+        let restored = self
+            .host
+            .iter()
+            .map(|saved| common_prefix(&saved.blocks, &request.blocks))
+            .max()
+            .unwrap_or(0);
+        Some((slot, shared.max(restored)))
+    }
+
+    /// Prompt tokens of `request` it would find cached if it started now (0 when every
+    /// slot is busy: which slot frees first decides).
+    pub fn cached_tokens(&self, request: &TraceRequest) -> u64 {
+        self.choose(request)
+            .map_or(0, |(_, blocks)| request.prefix_tokens(blocks))
+    }
+
+    /// Seconds from `now` to `request`'s first token if it were sent here now: the slots
+    /// free up in order of their running requests' ends, the waiting requests take them
+    /// first (each priced at a cold prefill and its decode), then this one prefills.
+    pub fn predicted_ttft(&self, request: &TraceRequest, now: f64, trace: &[TraceRequest]) -> f64 {
+        let mut free: Vec<f64> = self
+            .slots
+            .iter()
+            .map(|s| {
+                if s.running.is_some() {
+                    s.ends_at.max(now)
+                } else {
+                    now
+                }
+            })
+            .collect();
+        for &id in &self.waiting {
+            let Some((k, at)) = free
+                .iter()
+                .copied()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+            else {
+                break;
+            };
+            let queued = &trace[id];
+            free[k] = at
+                + self.model.prefill_seconds(queued.input_tokens)
+                + queued.output_tokens as f64 / self.model.decode_tps;
+        }
+        let start = free.iter().copied().fold(f64::INFINITY, f64::min);
+        let cached = if start <= now && self.waiting.is_empty() {
+            self.cached_tokens(request)
+        } else {
+            0
+        };
+        start - now + self.model.prefill_seconds(request.input_tokens - cached)
+    }
+
+    /// Queues `request` (trace position `id`).
+    pub fn enqueue(&mut self, id: usize) {
+        self.waiting.push_back(id);
+    }
+
+    /// Starts the head of the queue in an idle slot, if one is idle at `now`.
+    pub fn start_next(&mut self, trace: &[TraceRequest], now: f64) -> Option<Started> {
+        let &id = self.waiting.front()?;
+        let request = &trace[id];
+        let (slot, cached_blocks) = self.choose(request)?;
+        self.waiting.pop_front();
+        let old = std::mem::replace(&mut self.slots[slot].prompt, request.blocks.clone());
+        if self.model.host_cache_tokens > 0 && !old.is_empty() {
+            self.save(old);
+        }
+        let cached_tokens = request.prefix_tokens(cached_blocks);
+        let first_token_at = now
+            + self
+                .model
+                .prefill_seconds(request.input_tokens - cached_tokens);
+        self.clock += 1;
+        let s = &mut self.slots[slot];
+        s.running = Some(id);
+        s.used = self.clock;
+        s.ends_at = first_token_at + request.output_tokens as f64 / self.model.decode_tps;
+        Some(Started {
+            request: id,
+            cached_tokens,
+            first_token_at,
+        })
+    }
+
+    /// Saves a slot's prompt to the host cache, evicting the least recently used.
+    fn save(&mut self, blocks: Vec<u64>) {
+        // Tokens as the trace counts them: whole blocks (the last one's size is not known
+        // here, so it counts whole too).
+        let tokens = blocks.len() as u64 * self.model.block_tokens;
+        if tokens > self.model.host_cache_tokens {
+            return;
+        }
+        self.clock += 1;
+        if let Some(same) = self.host.iter_mut().find(|s| s.blocks == blocks) {
+            same.used = self.clock;
+            return;
+        }
+        while self.host_tokens + tokens > self.model.host_cache_tokens {
+            let Some(oldest) = self
+                .host
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, s)| s.used)
+                .map(|(i, _)| i)
+            else {
+                break;
+            };
+            self.host_tokens -= self.host.swap_remove(oldest).tokens;
+        }
+        self.host_tokens += tokens;
+        self.host.push(Saved {
+            blocks,
+            tokens,
+            used: self.clock,
+        });
+    }
+
+    /// Trace request `id` has decoded its last token: its slot is idle, holding its prompt.
+    pub fn finish(&mut self, id: usize) {
+        if let Some(slot) = self.slots.iter_mut().find(|s| s.running == Some(id)) {
+            slot.running = None;
+        }
+    }
+}
+
+#[cfg(test)]
+// Hand-computed times are sums of exactly representable values.
+#[allow(clippy::float_cmp)]
+mod tests {
+    use super::*;
+    use crate::simulate::engine::EngineKind;
+
+    fn request(input_tokens: u64, output_tokens: u64, blocks: &[u64]) -> TraceRequest {
+        TraceRequest {
+            arrival_ms: 0,
+            input_tokens,
+            output_tokens,
+            blocks: blocks.to_vec(),
+            block_tokens: crate::simulate::trace::TRACE_BLOCK_TOKENS,
+        }
+    }
+
+    /// Two slots, 1000 tokens/s prefill, 0.5 s overhead, 10 tokens/s decode.
+    fn model(host_cache_tokens: u64) -> EngineModel {
+        EngineModel {
+            kind: EngineKind::Slots,
+            slots: 2,
+            host_cache_tokens,
+            prefill_tps: 1000.0,
+            prefill_overhead_s: 0.5,
+            decode_tps: 10.0,
+            ..EngineModel::default()
+        }
+    }
+
+    fn run(engine: &mut SlotEngine, trace: &[TraceRequest], id: usize, now: f64) -> Started {
+        engine.enqueue(id);
+        engine.start_next(trace, now).unwrap()
+    }
+
+    #[test]
+    fn a_follow_up_takes_the_slot_holding_its_prefix_and_prefills_only_its_tail() {
+        let trace = [
+            request(1024, 10, &[1, 2]),
+            request(1024, 10, &[7, 8]),
+            request(1500, 10, &[1, 2, 3]),
+        ];
+        let mut engine = SlotEngine::new(model(0));
+        let a = run(&mut engine, &trace, 0, 0.0);
+        assert_eq!((a.cached_tokens, a.first_token_at), (0, 1.524));
+        let b = run(&mut engine, &trace, 1, 0.0);
+        assert_eq!(b.cached_tokens, 0);
+        engine.finish(0);
+        engine.finish(1);
+        // Both idle: the follow-up of the first takes the first's slot.
+        let c = run(&mut engine, &trace, 2, 10.0);
+        assert_eq!(c.cached_tokens, 1024);
+        assert!((c.first_token_at - 10.976).abs() < 1e-9);
+    }
+
+    #[test]
+    fn with_every_slot_busy_a_request_waits_and_counts_as_deferred() {
+        let trace = [
+            request(512, 10, &[1]),
+            request(512, 10, &[2]),
+            request(512, 10, &[3]),
+        ];
+        let mut engine = SlotEngine::new(model(0));
+        run(&mut engine, &trace, 0, 0.0);
+        run(&mut engine, &trace, 1, 0.0);
+        engine.enqueue(2);
+        assert_eq!(engine.start_next(&trace, 0.0), None);
+        assert_eq!(engine.waiting(), 1);
+        // Both slots end at 0.5 + 0.512 + 1.0 = 2.012 s; the waiting one takes the first,
+        // a fourth the other, and prefills cold: 2.012 + 1.012 s.
+        let fourth = request(512, 10, &[4]);
+        assert!((engine.predicted_ttft(&fourth, 0.0, &trace) - 3.024).abs() < 1e-9);
+        engine.finish(0);
+        let started = engine.start_next(&trace, 2.012).unwrap();
+        assert_eq!(started.request, 2);
+        assert_eq!(engine.waiting(), 0);
+    }
+
+    #[test]
+    fn a_new_prompt_takes_the_least_recently_used_idle_slot_and_evicts_its_prompt() {
+        let trace = [
+            request(512, 1, &[1]),
+            request(512, 1, &[2]),
+            request(512, 1, &[3]),
+            request(512, 1, &[1]),
+            request(512, 1, &[2]),
+        ];
+        let mut engine = SlotEngine::new(model(0));
+        for id in [0, 1] {
+            run(&mut engine, &trace, id, 0.0);
+            engine.finish(id);
+        }
+        // The third prompt shares nothing: it takes the slot of the first (used first).
+        run(&mut engine, &trace, 2, 1.0);
+        engine.finish(2);
+        assert_eq!(run(&mut engine, &trace, 3, 2.0).cached_tokens, 0, "evicted");
+        engine.finish(3);
+        assert_eq!(
+            run(&mut engine, &trace, 4, 3.0).cached_tokens,
+            0,
+            "evicted by the 4th"
+        );
+    }
+
+    #[test]
+    fn the_host_cache_restores_a_prompt_a_slot_gave_up() {
+        let trace = [
+            request(1024, 1, &[1, 2]),
+            request(512, 1, &[3]),
+            request(512, 1, &[4]),
+            request(1500, 1, &[1, 2, 5]),
+        ];
+        let mut engine = SlotEngine::new(model(4096));
+        for id in [0, 1, 2] {
+            run(&mut engine, &trace, id, id as f64);
+            engine.finish(id);
+        }
+        // The first prompt's slot went to the third request; the host cache kept it.
+        let follow_up = run(&mut engine, &trace, 3, 5.0);
+        assert_eq!(follow_up.cached_tokens, 1024);
+        // Without the host cache it is gone.
+        let mut engine = SlotEngine::new(model(0));
+        for id in [0, 1, 2] {
+            run(&mut engine, &trace, id, id as f64);
+            engine.finish(id);
+        }
+        assert_eq!(run(&mut engine, &trace, 3, 5.0).cached_tokens, 0);
+    }
+
+    #[test]
+    fn the_host_cache_holds_at_most_its_tokens_least_recently_used_out() {
+        let mut engine = SlotEngine::new(model(1024));
+        engine.save(vec![1]);
+        engine.save(vec![2]);
+        engine.save(vec![3]);
+        assert_eq!(engine.host_tokens, 1024);
+        let held: Vec<_> = engine.host.iter().map(|s| s.blocks[0]).collect();
+        assert!(
+            held.contains(&2) && held.contains(&3) && !held.contains(&1),
+            "{held:?}"
+        );
+        // A prompt larger than the whole cache is not saved.
+        engine.save(vec![4, 5, 6]);
+        assert_eq!(engine.host_tokens, 1024);
+    }
+}
