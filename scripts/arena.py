@@ -377,6 +377,8 @@ def router_configs(prefill_rate: float | None, request_seconds: float | None) ->
     return {
         "grid-defaults": RouterConfig(
             "grid-defaults", "grid-route, defaults (a config naming only the grid)", "grid", defaults=True),
+        "grid-defaults-t0.3": RouterConfig(
+            "grid-defaults-t0.3", "grid-route, defaults but threshold 0.3", "grid", defaults=True, threshold=0.3),
         "grid-recommended": RouterConfig(
             "grid-recommended", f"grid-route, {recommended}, threshold 0.3, a queued request priced at {held}",
             "grid", count_in_flight=True, priced=True, threshold=0.3, queued_measured=True),
@@ -443,7 +445,8 @@ def start_router(procs: Procs, cfg: RouterConfig, engines: list[str], args, out:
             affinity.append(f"queued_request_seconds: {args.request_seconds:.0f}")
         yaml = f"listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\n"
         if not cfg.defaults:
-            # The settings the README recommended before the defaults learned them.
+            # Every other grid-* config names the queue metric as the README did before the
+            # defaults found it.
             yaml += f"queue: {queue}\n"
         if affinity:
             yaml += "grid_site_route: { prefix_affinity: { " + ", ".join(affinity) + " } }\n"
@@ -678,6 +681,75 @@ def engine_speeds(run_dir: Path) -> tuple[float, float]:
     return median(prefill), median(decode)
 
 
+# The simulated policy of each arena router.
+SIMULATED_POLICY = {"grid-defaults": "grid-route", "vllm-cache_aware": "cache-aware",
+                    "sglang-cache_aware": "cache-aware", "grid-defaults-t0.3": "grid-route"}
+
+
+def calibrate_simulator(args, conversations: list[Conversation]) -> None:
+    """Every run of OUT whose router `simulate` models, replayed as its own trace: 3 sites
+    of one slot engine each (`--slots`), no prefill overhead, at the run's median engine
+    speeds times a factor each, and a host prompt cache of `--cache-ram` (at SmolLM2-135M's
+    23 KiB a token) plus what else the engine turns out to keep. The factors and the extra
+    cache are fitted on the grid-route runs (the triple, from a grid, that brings simulated
+    cached share and TTFT p50 and p99 closest to the arena's, in log ratio) and the same
+    triple is used for every run, so the peers' rows test the fit."""
+    runs = [json.loads(line) for line in (args.out / "results.jsonl").read_text().splitlines()]
+    cache_ram_tokens = args.cache_ram * 1024 * 1024 // (23 * 1024)
+    replays = []
+    for run in runs:
+        policy = SIMULATED_POLICY.get(run["router"])
+        if policy is None:
+            continue
+        name = f"{run['router']}-{run['repeat']}"
+        result = RunResult(run["router"], run["repeat"], run["wall"], [Turn(**t) for t in run["turns"]])
+        trace = write_trace(args.out / name, conversations, result, args)
+        replays.append((name, policy, result, trace, engine_speeds(args.out / name)))
+
+    # The simulated flags of each router beyond its policy.
+    flags = {"grid-defaults-t0.3": ["--threshold", "0.3"]}
+
+    def simulated(trace: Path, policy: str, prefill: float, decode: float, extra: int) -> dict:
+        router = trace.parent.name.rsplit("-", 1)[0]
+        command = [args.calibrate, "simulate", "--trace", str(trace), "--block-tokens", str(TRACE_BLOCK_TOKENS),
+                   "--sites", str(ENGINES), "--engine", "slots", "--slots", str(args.slots),
+                   "--host-cache-tokens", str(cache_ram_tokens + extra), "--prefill-tps", f"{prefill:.2f}",
+                   "--decode-tps", f"{decode:.3f}", "--prefill-overhead-ms", "0", "--policies", policy, "--json",
+                   *flags.get(router, [])]
+        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        return json.loads(out)["results"][0]
+
+    factors = [1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0]
+    extras = [0, 2048, 4096, 8192]
+    best = (float("inf"), 1.0, 1.0, 0)
+    for fp in factors:
+        for fd in factors:
+            for extra in extras:
+                error = 0.0
+                for name, policy, result, trace, (prefill, decode) in replays:
+                    if not name.startswith("grid-defaults-") or name.startswith("grid-defaults-t"):
+                        continue
+                    sim = simulated(trace, policy, prefill * fp, decode * fd, extra)
+                    ttfts = [t.ttft for t in result.turns]
+                    error += sum(abs(math.log(max(s, 1e-9) / max(a, 1e-9))) for s, a in (
+                        (sim["ttft_p50_s"], pct(ttfts, 50)), (sim["ttft_p99_s"], pct(ttfts, 99)),
+                        (sim["hit_share"], result.cached_share)))
+                best = min(best, (error, fp, fd, extra))
+    _, fp, fd, extra = best
+    print(f"Engine speeds: each run's median from its engines' logs, times {fp} (prefill) and {fd} (decode);")
+    print(f"host cache: {cache_ram_tokens} tokens of --cache-ram plus {extra} the engines keep besides their slots.")
+    print("The three fit the grid-route runs best.\n")
+    print("| arena run | policy simulated | engine speeds (prefill / decode tok/s) "
+          "| cached share, arena / simulate | TTFT p50, arena / simulate | TTFT p99, arena / simulate |")
+    print("|---|---|---|---|---|---|")
+    for name, policy, result, trace, (prefill, decode) in replays:
+        sim = simulated(trace, policy, prefill * fp, decode * fd, extra)
+        ttfts = [t.ttft for t in result.turns]
+        print(f"| {name} | {policy} | {prefill * fp:.0f} / {decode * fd:.1f} "
+              f"| {100 * result.cached_share:.1f}% / {100 * sim['hit_share']:.1f}% "
+              f"| {pct(ttfts, 50):.1f} / {sim['ttft_p50_s']:.1f} s | {pct(ttfts, 99):.1f} / {sim['ttft_p99_s']:.1f} s |")
+
+
 # ---------------------------------------------------------------------------------------
 # Report.
 
@@ -740,6 +812,11 @@ def main() -> None:
     parser.add_argument("--request-seconds", type=float, default=None,
                         help="queued_request_seconds of grid-recommended: how long one request holds "
                         "an engine slot; default: measured on a fresh engine with the prefill rate")
+    parser.add_argument("--calibrate", metavar="SIMULATOR", default=None,
+                        help="run nothing: replay every grid-route defaults, vllm-router and sglang-router "
+                        "cache_aware run of OUT through SIMULATOR (a grid-route-example binary) as its "
+                        "trace, on slot engines at the run's own engine speeds, and print arena against "
+                        "simulate")
     parser.add_argument("--trace-of", metavar="RUN", default=None,
                         help="run nothing: write OUT/RUN/trace.jsonl, what run RUN (say grid-defaults-1) "
                         "of OUT sent, for simulate, and print the engines' speeds in it")
@@ -750,7 +827,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.trace_of:
+    if args.trace_of or args.calibrate:
         # The workload of the runs in OUT, whatever the command line says.
         for key, value in json.loads((args.out / "workload.json").read_text()).items():
             setattr(args, key, value)
@@ -766,6 +843,9 @@ def main() -> None:
     log(f"dataset: recovered {len(records)} complete records"
         + (" (the file is cut off after them)" if cut else " (the file is whole)"))
     conversations, systems = build_workload(records, args)
+    if args.calibrate:
+        calibrate_simulator(args, conversations)
+        return
     if args.trace_of:
         results_file = args.out / "results.jsonl"
         runs = [json.loads(line) for line in results_file.read_text().splitlines()]

@@ -470,13 +470,27 @@ async fn an_unmeasured_site_gives_way_to_a_measured_one() {
 
 // ---- the defaults learn: queue gauges, prices -----------------------------------------
 
-/// A stand-in engine whose `/metrics` page is `page` (and that answers nothing else).
+/// A stand-in engine that answers every request with `page` as Prometheus text, one
+/// request a connection.
 async fn metrics_page(page: &'static str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let app =
-        axum::Router::new().route("/metrics", axum::routing::get(move || async move { page }));
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                // The poller's GET has no body: its head is all there is to read.
+                let mut head = [0u8; 4096];
+                let _ = socket.read(&mut head).await;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+                     connection: close\r\n\r\n{page}",
+                    page.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
     url
 }
 
@@ -534,7 +548,7 @@ async fn with_no_queue_block_each_endpoint_is_read_by_the_gauge_it_serves() {
 }
 
 /// The value of `series` (its full name with labels) on the gateway's `/metrics`.
-async fn scraped(gateway: &Gateway, series: &str) -> Option<f64> {
+async fn scraped_value(gateway: &Gateway, series: &str) -> Option<f64> {
     let text = get(format!("{}/metrics", gateway.admin_url())).await.text();
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
@@ -558,7 +572,7 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
     let prefill = "grid_route_prefill_tokens_per_second{site=\"learner\",cluster=\"learner-a\"}";
     let queued = "grid_route_queued_request_seconds{site=\"learner\",cluster=\"learner-a\"}";
     assert_eq!(
-        scraped(&gateway, prefill).await,
+        scraped_value(&gateway, prefill).await,
         None,
         "nothing learned yet"
     );
@@ -580,12 +594,12 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
     while let Some(answer) = sent.join_next().await {
         assert_eq!(answer.unwrap().status, StatusCode::OK);
     }
-    let rate = scraped(&gateway, prefill)
+    let rate = scraped_value(&gateway, prefill)
         .await
         .expect("a learned prefill speed");
     // The engine's speed, less what the network and the mock's own work add.
     assert!((30_000.0..=150_000.0).contains(&rate), "{rate}");
-    let seconds = scraped(&gateway, queued)
+    let seconds = scraped_value(&gateway, queued)
         .await
         .expect("a learned queued price");
     assert!(
@@ -1549,8 +1563,10 @@ async fn with_an_auto_price_the_gateway_learns_the_engines_prefill_speed() {
     let engine = MockEngine::start("127.0.0.1:0", config).await.unwrap();
     let yaml = config_yaml(
         &[("prefill", vec![cluster("prefill-a", &[&engine])])],
+        // The prefill speed learned alone (a fixed queued price): its moving average.
         "grid_site_route: { prefix_affinity: { exploration: 0.0, \
-         prefill_tokens_per_second: auto, prefill_prior_tokens_per_second: 10000 } }\n",
+         prefill_tokens_per_second: auto, prefill_prior_tokens_per_second: 10000, \
+         queued_request_seconds: 2 } }\n",
     );
     let gateway = gateway(&yaml).await;
     let series = r#"grid_route_prefill_tokens_per_second{site="prefill",cluster="prefill-a"}"#;

@@ -1,8 +1,9 @@
 //! Real engines: the example gateway in front of two llama.cpp `llama-server` processes.
 //!
 //! Each test starts two engines (SmolLM2-135M-Instruct, one CPU thread, one slot, with
-//! `--metrics`) on free ports and `Gateway::start` in front of them as two sites, polling
-//! the engines' `llamacpp:requests_deferred`, all over real sockets. Which engine answered
+//! `--metrics`) on free ports and `Gateway::start` in front of them as two sites, which
+//! finds the engines' `llamacpp:requests_deferred` gauge itself (no `queue.metric`) and
+//! learns their prices, all over real sockets. Which engine answered
 //! is read from the engines' own `/metrics` (`llamacpp:n_decode_total` moves only on the
 //! engine that ran the request); cached prompt tokens from the usage the engine reports.
 //!
@@ -251,11 +252,11 @@ impl TwoSites {
             engines.push(Engine::start(site).await);
         }
         let mut yaml = String::from(
+            // No queue metric named: the gateway finds llama.cpp's `requests_deferred`
+            // on each engine's page (the loop below waits until it has read both).
             "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n\
-             queue: { metric: \"llamacpp:requests_deferred\", poll_interval_ms: 100, \
-             window_secs: 2 }\n\
-             grid_site_route: { prefix_affinity: { exploration: 0.0, \
-             prefill_tokens_per_second: auto } }\nsites:\n",
+             queue: { poll_interval_ms: 100, window_secs: 2 }\n\
+             grid_site_route: { prefix_affinity: { exploration: 0.0 } }\nsites:\n",
         );
         for (site, engine) in sites.iter().zip(&engines) {
             let _ = writeln!(

@@ -18,18 +18,23 @@
 //!    the bytes the prompt's keys cover; never when `deepest <` [`MIN_STICKY_DEPTH`] (4),
 //!    so identical short prompts spread by load. Otherwise → [`Outcome::NoMatch`]: the
 //!    least loaded candidates stay (as [`least_loaded`](crate::select::least_loaded)
-//!    ranks them), and among those the ones whose index holds the fewest entries, the
-//!    most room. Between its turns a conversation weighs on no cluster's load, so by load
+//!    ranks them), among those the ones holding the most of the prompt (a match of at
+//!    least [`MIN_STICKY_DEPTH`] keys too short to stick still saves prefill where load
+//!    ties), and among those the ones whose index holds the fewest entries, the most
+//!    room. Between its turns a conversation weighs on no cluster's load, so by load
 //!    alone a new one lands as often on an engine whose cache is full of others (which it
 //!    then evicts) as on one with room; SGLang's and vLLM's cache-aware routers send such
 //!    a request to the worker with the smallest tree for the same reason.
 //! 3. The load gate prices the match by the prefill it saves: covered bytes / 4 bytes a
-//!    token / `prefill_tokens_per_second` (default 10000) seconds, worth that many
-//!    seconds / `queued_request_seconds` (default 2) queued requests. If the least queue
-//!    among the deepest holders exceeds the least among the other candidates by more →
-//!    [`Outcome::LoadOverride`]. 40 blocks ≈ 2,560 tokens ≈ 0.26 s ≈ 0.13 of a queued
-//!    request; 400 blocks ≈ 1.3. An unmeasured holder gives way to a measured other; two
-//!    unmeasured keep the match.
+//!    token / `prefill_tokens_per_second` seconds, worth that many seconds /
+//!    `queued_request_seconds` requests of load. If the least load among the deepest
+//!    holders exceeds the least among the other candidates by more →
+//!    [`Outcome::LoadOverride`]. At the contract's figures (10,000 tokens a second, 2 s:
+//!    the priors, and what numbers in the config fix) 40 blocks ≈ 2,560 tokens ≈ 0.26 s ≈
+//!    0.13 of a queued request; 400 blocks ≈ 1.3. By default both prices are learned per
+//!    cluster from its answers ([`Affinity::learn`], [`ClusterPrices`]); a match is priced
+//!    at the slowest prefill and the dearest queued request of its deepest holders. An
+//!    unmeasured holder gives way to a measured other; two unmeasured keep the match.
 //! 4. Else → [`Outcome::Sticky`]: only the deepest holders stay; the balancer picks
 //!    among them by queue.
 //!
