@@ -379,6 +379,9 @@ def router_configs(prefill_rate: float | None, request_seconds: float | None) ->
             "grid-defaults", "grid-route, defaults (a config naming only the grid)", "grid", defaults=True),
         "grid-defaults-t0.3": RouterConfig(
             "grid-defaults-t0.3", "grid-route, defaults but threshold 0.3", "grid", defaults=True, threshold=0.3),
+        "grid-defaults-nofeedback": RouterConfig(
+            "grid-defaults-nofeedback", "grid-route, defaults but engine_feedback off", "grid", defaults=True,
+            no_feedback=True),
         "grid-recommended": RouterConfig(
             "grid-recommended", f"grid-route, {recommended}, threshold 0.3, a queued request priced at {held}",
             "grid", count_in_flight=True, priced=True, threshold=0.3, queued_measured=True),
@@ -683,7 +686,8 @@ def engine_speeds(run_dir: Path) -> tuple[float, float]:
 
 # The simulated policy of each arena router.
 SIMULATED_POLICY = {"grid-defaults": "grid-route", "vllm-cache_aware": "cache-aware",
-                    "sglang-cache_aware": "cache-aware", "grid-defaults-t0.3": "grid-route"}
+                    "sglang-cache_aware": "cache-aware", "grid-defaults-t0.3": "grid-route",
+                    "grid-defaults-nofeedback": "grid-route"}
 
 
 def calibrate_simulator(args, conversations: list[Conversation]) -> None:
@@ -707,7 +711,8 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
         replays.append((name, policy, result, trace, engine_speeds(args.out / name)))
 
     # The simulated flags of each router beyond its policy.
-    flags = {"grid-defaults-t0.3": ["--threshold", "0.3"]}
+    flags = {"grid-defaults-t0.3": ["--threshold", "0.3"],
+             "grid-defaults-nofeedback": ["--engine-feedback", "false"]}
 
     def simulated(trace: Path, policy: str, prefill: float, decode: float, extra: int) -> dict:
         router = trace.parent.name.rsplit("-", 1)[0]
@@ -727,7 +732,8 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
             for extra in extras:
                 error = 0.0
                 for name, policy, result, trace, (prefill, decode) in replays:
-                    if not name.startswith("grid-defaults-") or name.startswith("grid-defaults-t"):
+                    if not (name.startswith("grid-defaults-") and name.rsplit("-", 1)[1].isdigit()
+                            and name.count("-") == 2):
                         continue
                     sim = simulated(trace, policy, prefill * fp, decode * fd, extra)
                     ttfts = [t.ttft for t in result.turns]

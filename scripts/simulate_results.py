@@ -67,8 +67,9 @@ def main() -> None:
     for kind, flags in KINDS.items():
         for sites in (4, 8, 16):
             print(f"### {kind} engines, {sites} sites, one replica\n")
-            plot = ["--plot", f"{IMG}/simulate-{kind}-{sites}-sites.svg"]
-            table(simulate("--sites", str(sites), *flags, *plot))
+            svg = f"simulate-{kind}-{sites}-sites.svg"
+            table(simulate("--sites", str(sites), *flags, "--plot", f"{IMG}/{svg}"))
+            print(f"![TTFT CDF, {kind} engines, {sites} sites](img/{svg})\n")
         print(f"### {kind} engines, 8 sites, 4 replicas sharing one index\n")
         table(simulate("--sites", "8", "--replicas", "4", "--shared-index", *flags))
 
