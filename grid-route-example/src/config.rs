@@ -551,6 +551,20 @@ impl GatewayConfig {
                 "must be at most 86400 (a day)",
             ));
         }
+        // A window shorter than two polls empties between them whenever a read is a little
+        // late, and its endpoints flap to unmeasured. (A zero window is the grid's error.)
+        let two_polls_ms = 2 * self.queue.poll_interval_ms;
+        if self.queue.window_secs > 0 && self.queue.window_secs * 1000 < two_polls_ms {
+            return Err(invalid_number(
+                "queue.window_secs",
+                self.queue.window_secs,
+                &format!(
+                    "must cover two polls of queue.poll_interval_ms ({} ms): at least {}",
+                    self.queue.poll_interval_ms,
+                    two_polls_ms.div_ceil(1000)
+                ),
+            ));
+        }
         let grid_spec = GridSpec::new(self.sites.iter().cloned());
         let mut grid_settings = GridSettings::default()
             .with_queue_window(Duration::from_secs(self.queue.window_secs))
@@ -1045,6 +1059,12 @@ grid_site_route:
             (
                 format!("{MINIMAL}queue: {{ window_secs: 86401 }}\n"),
                 "queue.window_secs must be at most 86400 (a day), got 86401".to_owned(),
+            ),
+            (
+                format!("{MINIMAL}queue: {{ poll_interval_ms: 1000 }}\n"),
+                "queue.window_secs must cover two polls of queue.poll_interval_ms (1000 ms): \
+                 at least 2, got 1"
+                    .to_owned(),
             ),
             (
                 format!("{MINIMAL}queue: {{ metric: \"vllm num\" }}\n"),

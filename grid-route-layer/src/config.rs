@@ -82,6 +82,10 @@ pub struct PrefixAffinityConfig {
     pub previous_tag_key_path: Option<PathBuf>,
 }
 
+/// The name this type had when only the prefill speed could be learned.
+#[deprecated(note = "renamed `Price`: `queued_request_seconds` takes one too")]
+pub type PrefillPrice = Price;
+
 /// A price of the load gate (`prefix_affinity.prefill_tokens_per_second`,
 /// `prefix_affinity.queued_request_seconds`): a number, or `auto`.
 #[derive(Debug, Clone, Copy, PartialEq)]

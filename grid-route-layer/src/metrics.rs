@@ -153,15 +153,16 @@ pub fn describe_metrics() {
     metrics::describe_gauge!(
         PREFILL_TOKENS_PER_SECOND,
         "Prefill speed learned for each backend cluster with prefill_tokens_per_second: auto, \
-         tokens a second: a moving average of uncached prompt tokens / seconds of prefill \
-         (from dispatch to the answer's start, less the learned queueing part)."
+         tokens a second: with queued_request_seconds: auto, from the least-squares fit of \
+         time to first token on load at dispatch and uncached prompt tokens; alone, a moving \
+         average of uncached prompt tokens / seconds from dispatch to the answer's start."
     );
     metrics::describe_gauge!(
         QUEUED_REQUEST_SECONDS,
         Unit::Seconds,
         "What one more request in a backend cluster's load costs a new one, learned with \
-         queued_request_seconds: auto: a moving average of (time to first token - uncached \
-         prompt tokens / prefill speed) / load at dispatch."
+         queued_request_seconds: auto: the least-squares fit of streamed answers' time to \
+         first token on their load at dispatch and their uncached prompt tokens."
     );
     metrics::describe_histogram!(
         KEYING_SECONDS,

@@ -571,24 +571,42 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
     let gateway = gateway(&yaml).await;
     let prefill = "grid_route_prefill_tokens_per_second{site=\"learner\",cluster=\"learner-a\"}";
     let queued = "grid_route_queued_request_seconds{site=\"learner\",cluster=\"learner-a\"}";
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // A JSON answer's head comes once it is whole: its time teaches nothing.
+    let json_answer = send(
+        Method::POST,
+        &url,
+        Some("application/json"),
+        chat(&text("whole", 40 * 1024)),
+    )
+    .await;
+    assert_eq!(json_answer.status, StatusCode::OK);
     assert_eq!(
         scraped_value(&gateway, prefill).await,
         None,
-        "nothing learned yet"
+        "nothing learned"
     );
-    // One at a time (load 0), then four at once (loads 0 to 3), each a new prompt.
+    // Streams, each a new prompt: one at a time (load 0), then four at once (loads 0 to 3).
+    let streamed = |topic: String| {
+        serde_json::to_vec(&json!({
+            "model": MODEL, "stream": true, "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": text(&topic, 40 * 1024)}],
+        }))
+        .unwrap()
+    };
     for i in 0..6 {
-        let mut conversation = Conversation::new(&format!("learn{i}"), 40 * 1024);
-        assert_eq!(
-            conversation.turn(&gateway, "hello").await.status,
-            StatusCode::OK
-        );
+        let answer = send(
+            Method::POST,
+            &url,
+            Some("application/json"),
+            streamed(format!("learn{i}")),
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::OK);
     }
-    let url = format!("{}/v1/chat/completions", gateway.url());
     let mut sent = tokio::task::JoinSet::new();
     for i in 0..4 {
-        let body = chat(&text(&format!("burst{i}"), 40 * 1024));
-        let url = url.clone();
+        let (url, body) = (url.clone(), streamed(format!("burst{i}")));
         sent.spawn(async move { send(Method::POST, &url, Some("application/json"), body).await });
     }
     while let Some(answer) = sent.join_next().await {
@@ -602,10 +620,9 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
     let seconds = scraped_value(&gateway, queued)
         .await
         .expect("a learned queued price");
-    assert!(
-        seconds.is_finite() && (0.001..=3_600.0).contains(&seconds),
-        "{seconds}"
-    );
+    // The mock engine runs the four side by side: more load cost them far less than the
+    // prior's 2 s a request.
+    assert!(seconds < 1.0, "{seconds}");
     // The same as the decision reads.
     let id = cluster_id(&gateway, "learner-a");
     assert_eq!(gateway.affinity().prefill_rate(&id), rate);

@@ -28,12 +28,12 @@
 //!
 //! [`ClusterLoad::record_queue`]: grid_route_layer::grid::ClusterLoad::record_queue
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use grid_route_layer::grid::Cluster;
+use grid_route_layer::grid::{Cluster, ClusterId};
 use http::Request;
 use http::header::ACCEPT;
 use http_body_util::{BodyExt, Limited};
@@ -50,15 +50,62 @@ pub const POLL_TIMEOUT: Duration = Duration::from_secs(2);
 pub const MAX_METRICS_BYTES: usize = 8 * 1024 * 1024;
 
 /// Polls every endpoint until `stop` turns true (or its sender is dropped).
+///
+/// Each endpoint's read runs on its own: every `queue.poll_interval_ms` a read starts for
+/// each endpoint of the current grid whose previous read has ended, and each is recorded
+/// when it ends. An endpoint whose page is slow (up to [`POLL_TIMEOUT`]) thus delays only
+/// its own samples, never the other endpoints', whose windows would otherwise empty.
 pub(crate) async fn poll_queues(live: Arc<Live>, mut stop: watch::Receiver<bool>) {
+    let mut reads = JoinSet::new();
+    // The endpoints being read, by cluster and URL.
+    let mut reading: HashSet<(ClusterId, Arc<str>)> = HashSet::new();
+    let mut next = tokio::time::Instant::now();
     loop {
-        let started = tokio::time::Instant::now();
-        let settings = live.settings.load_full();
-        poll_once(&live, settings.queue_metric.as_ref()).await;
-        let next = started + settings.poll_interval;
         tokio::select! {
-            () = tokio::time::sleep_until(next) => {}
+            () = tokio::time::sleep_until(next) => {
+                let settings = live.settings.load_full();
+                start_reads(&live, settings.queue_metric.as_ref(), &mut reads, &mut reading);
+                next = tokio::time::Instant::now() + settings.poll_interval;
+            }
+            Some(read) = reads.join_next() => {
+                // A read task cannot panic short of a bug; its endpoint goes unrecorded
+                // (and is read again once its entry is gone: see `start_reads`).
+                if let Ok((cluster, url, read)) = read {
+                    reading.remove(&(cluster.id().clone(), Arc::clone(&url)));
+                    record_read(&live, &cluster, &url, read);
+                }
+            }
             _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+    }
+}
+
+/// Starts a read of every endpoint of the current grid that is not being read.
+fn start_reads(
+    live: &Live,
+    metric: Option<&Arc<str>>,
+    reads: &mut JoinSet<(Arc<Cluster>, Arc<str>, Read)>,
+    reading: &mut HashSet<(ClusterId, Arc<str>)>,
+) {
+    // A read whose task failed never removed its entry: none is running when the set is
+    // empty, so forget them all then.
+    if reads.is_empty() {
+        reading.clear();
+    }
+    let view = live.grid.view();
+    for cluster in view.clusters() {
+        for url in cluster.endpoints() {
+            if !reading.insert((cluster.id().clone(), Arc::clone(url))) {
+                continue;
+            }
+            let client = live.engine.load().client.clone();
+            let cluster: Arc<Cluster> = Arc::clone(cluster);
+            let url = Arc::clone(url);
+            let metric = metric.cloned();
+            reads.spawn(async move {
+                let read = read_queue(&client, &url, metric.as_deref()).await;
+                (cluster, url, read)
+            });
         }
     }
 }
@@ -103,50 +150,29 @@ impl FoundGauges {
     }
 }
 
-/// Reads every endpoint of the current grid once and records what it read: `metric` at
-/// every endpoint, or with `None` each endpoint's own gauge among [`KNOWN_QUEUE_METRICS`].
-pub(crate) async fn poll_once(live: &Live, metric: Option<&Arc<str>>) {
-    let view = live.grid.view();
-    let mut reads = JoinSet::new();
-    for cluster in view.clusters() {
-        for url in cluster.endpoints() {
-            let client = live.engine.load().client.clone();
-            let cluster: Arc<Cluster> = Arc::clone(cluster);
-            let url = Arc::clone(url);
-            let metric = metric.cloned();
-            reads.spawn(async move {
-                let read = read_queue(&client, &url, metric.as_deref()).await;
-                (cluster, url, read)
-            });
+/// Records what a read of `cluster`'s endpoint at `url` gave.
+fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: Read) {
+    let waiting = match read {
+        Read::Unreadable => None,
+        Read::Sample(waiting) => Some(waiting),
+        Read::Found(gauge, waiting) => {
+            live.gauges.record(cluster, url, Found::Gauge(gauge));
+            Some(waiting)
         }
-    }
-    while let Some(read) = reads.join_next().await {
-        // A read task cannot panic short of a bug; its endpoint just goes unrecorded.
-        let Ok((cluster, url, read)) = read else {
-            continue;
-        };
-        let waiting = match read {
-            Read::Unreadable => None,
-            Read::Sample(waiting) => Some(waiting),
-            Read::Found(gauge, waiting) => {
-                live.gauges.record(&cluster, &url, Found::Gauge(gauge));
-                Some(waiting)
-            }
-            Read::NoKnownGauge => {
-                live.gauges.record(&cluster, &url, Found::None);
-                None
-            }
-        };
-        // Samples of endpoints that stay across a reload are shared with the new grid, so
-        // recording on the view the poll started from is recording on the live one.
-        cluster.load().record_queue(&url, waiting, Instant::now());
-        if waiting.is_some()
-            && cluster.load().endpoint_healthy(&url) == Some(false)
-            && !live.outliers.is_out(cluster.id(), &url, Instant::now())
-        {
-            cluster.load().set_endpoint_healthy(&url, true);
-            tracing::info!(cluster = %cluster.id(), endpoint = %url, "endpoint metrics read again; healthy");
+        Read::NoKnownGauge => {
+            live.gauges.record(cluster, url, Found::None);
+            None
         }
+    };
+    // Samples of endpoints that stay across a reload are shared with the new grid, so
+    // recording on the view the read started from is recording on the live one.
+    cluster.load().record_queue(url, waiting, Instant::now());
+    if waiting.is_some()
+        && cluster.load().endpoint_healthy(url) == Some(false)
+        && !live.outliers.is_out(cluster.id(), url, Instant::now())
+    {
+        cluster.load().set_endpoint_healthy(url, true);
+        tracing::info!(cluster = %cluster.id(), endpoint = %url, "endpoint metrics read again; healthy");
     }
 }
 

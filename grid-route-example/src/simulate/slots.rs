@@ -10,9 +10,10 @@
 //!   one); its similarity threshold (`--slot-prompt-similarity`, 0.1 of the prompt) is not
 //!   modelled. Its hit is that shared prefix.
 //! - **Host prompt cache** (`host_cache_tokens`, llama.cpp's `--cache-ram`): when a slot
-//!   takes a new prompt, the prompt it held is saved to a cache in host memory of that many
-//!   tokens, least recently used out first; a request whose prefix a saved prompt shares
-//!   further than the chosen slot's is restored from it. 0 turns it off.
+//!   takes a new prompt that does not extend the one it held, the old one is saved to a
+//!   cache in host memory of that many tokens, least recently used (saved or restored) out
+//!   first; a request whose prefix a saved prompt shares further than the chosen slot's is
+//!   restored from it. 0 turns it off.
 //! - **Waiting queue**: requests wait, first come first served, while every slot is busy;
 //!   their count is the queue signal (`llamacpp:requests_deferred`).
 //! - **Prefill and decode** per slot, side by side: `prefill_overhead_s` plus the uncached
@@ -100,13 +101,18 @@ impl SlotEngine {
             // The longest shared prefix; among equals (none shared, say) the least used.
             .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)))
             .map(|(i, shared, _)| (i, shared))?;
-        let restored = self
-            .host
-            .iter()
-            .map(|saved| common_prefix(&saved.blocks, &request.blocks))
-            .max()
-            .unwrap_or(0);
+        let restored = self.restorable(request).map_or(0, |(_, blocks)| blocks);
         Some((slot, shared.max(restored)))
+    }
+
+    /// The saved prompt sharing the longest prefix with `request`'s, and how many blocks.
+    fn restorable(&self, request: &TraceRequest) -> Option<(usize, usize)> {
+        self.host
+            .iter()
+            .enumerate()
+            .map(|(i, saved)| (i, common_prefix(&saved.blocks, &request.blocks)))
+            .filter(|&(_, blocks)| blocks > 0)
+            .max_by_key(|&(_, blocks)| blocks)
     }
 
     /// Prompt tokens of `request` it would find cached if it started now (0 when every
@@ -165,8 +171,17 @@ impl SlotEngine {
         let request = &trace[id];
         let (slot, cached_blocks) = self.choose(request)?;
         self.waiting.pop_front();
+        // A prompt restored from the host cache was used now: it is the most recent there.
+        if cached_blocks > common_prefix(&self.slots[slot].prompt, &request.blocks)
+            && let Some((i, _)) = self.restorable(request)
+        {
+            self.clock += 1;
+            self.host[i].used = self.clock;
+        }
         let old = std::mem::replace(&mut self.slots[slot].prompt, request.blocks.clone());
-        if self.model.host_cache_tokens > 0 && !old.is_empty() {
+        // The slot's old prompt is saved unless the new one extends it (the slot keeps it).
+        let extended = common_prefix(&old, &request.blocks) == old.len();
+        if self.model.host_cache_tokens > 0 && !old.is_empty() && !extended {
             self.save(old);
         }
         let cached_tokens = request.prefix_tokens(cached_blocks);

@@ -250,10 +250,11 @@ impl Affinity {
         let depths = self
             .index
             .depths(candidates.iter().map(|c| c.id()), keys.as_slice(), now);
-        let settings = if settings.learns_prices() {
+        let deepest = depths.iter().copied().max().unwrap_or(0);
+        // Under the floor there is no match to price (narrow returns no_match first).
+        let settings = if settings.learns_prices() && deepest >= MIN_STICKY_DEPTH {
             // The match saves the deepest holders' prefill: priced at the slowest of
             // them, the one it saves most on, against the dearest of their queues.
-            let deepest = depths.iter().copied().max().unwrap_or(0);
             let (rate, queued) = candidates
                 .iter()
                 .zip(&depths)
@@ -295,8 +296,8 @@ impl Affinity {
     /// index holds the fewest entries.
     ///
     /// A match too short to stick is still prefill saved where load ties: a conversation
-    /// whose new turn adds more than a fifth of its prompt goes back to its engine when
-    /// that engine is no busier than the others, instead of to whichever engine has the
+    /// whose new turn adds more than `1 - threshold` of its prompt (a fifth at the
+    /// default) goes back to its engine when that engine is no busier than the others, instead of to whichever engine has the
     /// most room. Between its turns a conversation is in no cluster's load, so by load and
     /// depth alone a new conversation lands as often on an engine whose cache is full of
     /// others (which it then evicts) as on one with room. The fewest entries stand for the

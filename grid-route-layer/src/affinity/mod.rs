@@ -162,10 +162,10 @@ pub use decide::{Affinity, Decision, Narrowing, Outcome, narrow};
 pub(crate) use draw::random_draw;
 pub use layer::AffinityLayer;
 pub use prices::{
-    AnswerTiming, ClusterPrices, FIT_DECAY, FIT_RIDGE, GatePrices, Learned, LearnedPrices,
-    MAX_PREFILL_TOKENS_PER_SECOND, MAX_QUEUED_REQUEST_SECONDS, MIN_PREFILL_TOKENS_PER_SECOND,
-    MIN_QUEUED_REQUEST_SECONDS, MIN_SAMPLE_TOKENS, PREFILL_SMOOTHING, PrefillEstimate, PricePriors,
-    QueuedEstimate,
+    AnswerTiming, ClusterPrices, FIT_COLLINEAR, FIT_DECAY, FIT_RIDGE, GatePrices, Learned,
+    LearnedPrices, MAX_PREFILL_TOKENS_PER_SECOND, MAX_QUEUED_REQUEST_SECONDS,
+    MIN_PREFILL_TOKENS_PER_SECOND, MIN_QUEUED_REQUEST_SECONDS, MIN_SAMPLE_TOKENS,
+    PREFILL_SMOOTHING, PrefillEstimate, PricePriors,
 };
 pub use service::AffinityService;
 pub use settings::{AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};

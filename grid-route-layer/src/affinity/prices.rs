@@ -39,20 +39,23 @@ pub const MAX_PREFILL_TOKENS_PER_SECOND: f64 = 10_000_000.0;
 pub const MIN_QUEUED_REQUEST_SECONDS: f64 = 0.001;
 /// The dearest a queued request may be learned to cost, seconds.
 pub const MAX_QUEUED_REQUEST_SECONDS: f64 = 3_600.0;
-/// Answers that prefilled fewer tokens teach nothing: their time is mostly the network,
-/// the first decoded token and the engine's own overhead, not prefill.
+/// With only the prefill speed learned, answers that prefilled fewer tokens teach nothing:
+/// their time is mostly the network, the first decoded token and the engine's own
+/// overhead, not prefill. (The fit of both prices takes every answer: one that prefilled
+/// nothing still tells what its load cost.)
 pub const MIN_SAMPLE_TOKENS: u64 = 64;
-/// The weight of each new sample in the moving averages: about the last ten answers count.
+/// The weight of each new sample in the prefill-only moving average: about the last ten
+/// answers count.
 pub const PREFILL_SMOOTHING: f64 = 0.2;
 
-/// One cluster's prefill speed: an exponentially weighted moving average of the samples
-/// *uncached prompt tokens / seconds of prefill*, starting at a prior and bounded to
+/// One cluster's prefill speed when it is the only price learned: an exponentially weighted
+/// moving average of the samples *uncached prompt tokens / seconds from dispatch to the
+/// answer's start*, starting at a prior and bounded to
 /// [[`MIN_PREFILL_TOKENS_PER_SECOND`], [`MAX_PREFILL_TOKENS_PER_SECOND`]].
 ///
-/// The seconds of prefill are the time from dispatch to the answer's start, less the
-/// queueing part when [`ClusterPrices`] learns that too. The network and the engine's own
-/// overhead are not known, so they count as prefill time: the estimate is a lower bound on
-/// the engine's real speed under its real load — the speed a request sent there meets.
+/// The time queued at the engine, the network and the engine's own overhead are not
+/// known, so they count as prefill time: the estimate is a lower bound on the engine's real
+/// speed under its real load — the speed a request sent there meets.
 ///
 /// ```
 /// use std::time::Duration;
@@ -84,9 +87,9 @@ impl PrefillEstimate {
         self.tokens_per_second
     }
 
-    /// Learns from an answer that prefilled `uncached_tokens` in `prefill` (its time to
-    /// first token, or its prefill part). Returns whether it was a sample: fewer than
-    /// [`MIN_SAMPLE_TOKENS`] is not; nor is no time at all.
+    /// Learns from an answer that prefilled `uncached_tokens` and started `prefill` after
+    /// dispatch. Returns whether it was a sample: fewer than [`MIN_SAMPLE_TOKENS`] is not;
+    /// nor is no time at all.
     pub fn observe(&mut self, uncached_tokens: u64, prefill: Duration) -> bool {
         self.observe_seconds(uncached_tokens, prefill.as_secs_f64())
     }
@@ -97,60 +100,6 @@ impl PrefillEstimate {
         }
         let sample = bounded_rate(uncached_tokens as f64 / seconds);
         self.tokens_per_second += PREFILL_SMOOTHING * (sample - self.tokens_per_second);
-        true
-    }
-}
-
-/// One cluster's price of a queued request: an exponentially weighted moving average of
-/// the samples *queueing part of the time to first token / load at dispatch*, starting at a
-/// prior and bounded to [[`MIN_QUEUED_REQUEST_SECONDS`], [`MAX_QUEUED_REQUEST_SECONDS`]].
-///
-/// Only answers sent while the cluster had at least one request of load teach it: at an
-/// idle cluster nothing queued.
-///
-/// ```
-/// use std::time::Duration;
-///
-/// use grid_route_layer::affinity::QueuedEstimate;
-///
-/// let mut estimate = QueuedEstimate::new(2.0);
-/// // A two-slot engine: with 3 requests ahead an answer waited 21 s for a slot.
-/// for _ in 0..60 {
-///     estimate.observe(3.0, Duration::from_secs(21));
-/// }
-/// assert!((estimate.seconds() - 7.0).abs() < 0.01);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct QueuedEstimate {
-    seconds: f64,
-}
-
-impl QueuedEstimate {
-    /// An estimate that starts at `prior` seconds (bounded).
-    pub fn new(prior: f64) -> Self {
-        Self {
-            seconds: bounded_queued(prior),
-        }
-    }
-
-    /// The estimated cost of one more request in the cluster's load, seconds.
-    pub fn seconds(&self) -> f64 {
-        self.seconds
-    }
-
-    /// Learns from an answer sent while the cluster's load was `load` requests and whose
-    /// start waited `queued` beyond its prefill. Returns whether it was a sample: a load
-    /// under 1 (or not a number, or unmeasured) is not.
-    pub fn observe(&mut self, load: f64, queued: Duration) -> bool {
-        self.observe_seconds(load, queued.as_secs_f64())
-    }
-
-    fn observe_seconds(&mut self, load: f64, queued: f64) -> bool {
-        if !(load.is_finite() && load >= 1.0) || queued.is_nan() {
-            return false;
-        }
-        let sample = bounded_queued(queued.max(0.0) / load);
-        self.seconds += PREFILL_SMOOTHING * (sample - self.seconds);
         true
     }
 }
@@ -180,6 +129,11 @@ pub struct AnswerTiming {
     pub load: f64,
     /// From dispatch to the answer's start.
     pub started: Duration,
+    /// Whether the start is the first generated token (an event stream's first data), not
+    /// the whole answer (a JSON answer's head, which an engine sends once it has generated
+    /// everything). Only first tokens teach the fit of both prices: a whole answer's time
+    /// is mostly decoding.
+    pub first_token: bool,
 }
 
 /// Which of the two prices a cluster learns, and where each starts.
@@ -216,12 +170,18 @@ pub struct Learned {
 /// The weight each answer loses in [`ClusterPrices`]' least-squares fit as a new one comes:
 /// about the last twenty answers count.
 pub const FIT_DECAY: f64 = 0.05;
-/// How far the fit leans towards the priors: a ridge of this share of the data's own
-/// weight, so that a fit the answers cannot decide (every answer at the same load, say)
-/// lands on the point of the line nearest where it started rather than anywhere on it.
-/// Small: a prior 100 times off (2 s against a batching engine's 20 ms) must not bend a
-/// fit the answers do decide.
-pub const FIT_RIDGE: f64 = 1e-6;
+/// How far a fit the answers cannot decide leans towards the priors, in relative terms: a
+/// ridge on `q / q0 - 1` and `s / s0 - 1` of this share of the data's own weight. Such a
+/// fit (a single answer, or loads in proportion to uncached tokens: see
+/// [`FIT_COLLINEAR`]) then lands near the point of the answers' line nearest the priors in
+/// ratio, so neither price runs to a bound because the other was credited with all the
+/// time. A fit the answers decide leans a billionth of its weight, which only keeps a price
+/// no answer speaks to (no answer ever sent under load) at its prior.
+pub const FIT_RIDGE: f64 = 1e-3;
+/// When the answers cannot decide the fit: the squared (uncentred) correlation of their
+/// loads and uncached tokens is at least this, so what they tell is one mix of the two
+/// prices, not each.
+pub const FIT_COLLINEAR: f64 = 0.99;
 
 /// One cluster's two learned estimates.
 ///
@@ -240,7 +200,7 @@ pub const FIT_RIDGE: f64 = 1e-6;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClusterPrices {
     prefill: PrefillEstimate,
-    queued: QueuedEstimate,
+    queued_seconds: f64,
     fit: TimingFit,
 }
 
@@ -267,10 +227,19 @@ impl TimingFit {
     /// The fit's `(queued_request_seconds, seconds_per_token)`, from priors `(q0, s0)`;
     /// `learn_prefill: false` holds `s` at `s0`.
     fn solve(&self, q0: f64, s0: f64, learn_prefill: bool) -> (f64, f64) {
-        // The ridge: FIT_RIDGE of the data's weight, and a tiny floor so that a term with
-        // no data at all (no answer ever sent under load) stays at its prior.
-        let rq = FIT_RIDGE * self.ll + f64::MIN_POSITIVE.sqrt();
-        let rs = FIT_RIDGE * self.uu + f64::MIN_POSITIVE.sqrt();
+        // The ridge, as weights on (q - q0)^2 and (s - s0)^2. Undecidable answers: FIT_RIDGE
+        // of the data's weight in units of the priors, lambda / q0^2 and lambda / s0^2.
+        // Otherwise a billionth of each column's own weight, and a floor so that a column
+        // with no data at all keeps its prior.
+        let collinear = self.ll > 0.0
+            && self.uu > 0.0
+            && self.lu * self.lu >= FIT_COLLINEAR * self.ll * self.uu;
+        let (rq, rs) = if collinear {
+            let lambda = FIT_RIDGE * (self.ll * q0 * q0 + self.uu * s0 * s0);
+            (lambda / (q0 * q0), lambda / (s0 * s0))
+        } else {
+            (1e-9 * self.ll + 1e-12, 1e-9 * self.uu + 1e-12)
+        };
         let (s_min, s_max) = (
             1.0 / MAX_PREFILL_TOKENS_PER_SECOND,
             1.0 / MIN_PREFILL_TOKENS_PER_SECOND,
@@ -315,7 +284,7 @@ impl ClusterPrices {
     pub fn new(priors: PricePriors) -> Self {
         Self {
             prefill: PrefillEstimate::new(priors.prefill_tokens_per_second),
-            queued: QueuedEstimate::new(priors.queued_request_seconds),
+            queued_seconds: bounded_queued(priors.queued_request_seconds),
             fit: TimingFit::default(),
         }
     }
@@ -327,12 +296,14 @@ impl ClusterPrices {
 
     /// The queued-request price, seconds.
     pub fn queued_request_seconds(&self) -> f64 {
-        self.queued.seconds()
+        self.queued_seconds
     }
 
     /// Learns from one answer the prices `priors` says to learn (see the type's docs).
-    /// An answer sent to an unmeasured cluster (`load` infinite) teaches only the prefill
-    /// speed, and only when the queued price is not learned.
+    /// With the queued price learned, an answer teaches only when its start is its first
+    /// token and its cluster's load at dispatch is known (measured, and recorded by the
+    /// balancer: [`Served::with_load`](crate::route::Served::with_load)); with only the
+    /// prefill speed learned, every answer does, as [`PrefillEstimate`] reads it.
     pub fn observe(&mut self, priors: PricePriors, answer: AnswerTiming) -> Learned {
         let mut learned = Learned::default();
         if !priors.learn_queued {
@@ -343,18 +314,22 @@ impl ClusterPrices {
             return learned;
         }
         let started = answer.started.as_secs_f64();
-        if !(answer.load.is_finite() && answer.load >= 0.0 && started.is_finite()) {
+        if !(answer.first_token
+            && answer.load.is_finite()
+            && answer.load >= 0.0
+            && started.is_finite())
+        {
             return learned;
         }
         let uncached = answer.uncached_tokens as f64;
         self.fit.add(answer.load, uncached, started);
         let (q, s) = self.fit.solve(
-            QueuedEstimate::new(priors.queued_request_seconds).seconds(),
+            bounded_queued(priors.queued_request_seconds),
             1.0 / PrefillEstimate::new(priors.prefill_tokens_per_second).tokens_per_second(),
             priors.learn_prefill,
         );
-        self.queued = QueuedEstimate::new(q);
-        learned.queued_request_seconds = Some(self.queued.seconds());
+        self.queued_seconds = bounded_queued(q);
+        learned.queued_request_seconds = Some(self.queued_seconds);
         if priors.learn_prefill {
             self.prefill = PrefillEstimate::new(1.0 / s);
             learned.prefill_tokens_per_second = Some(self.prefill.tokens_per_second());

@@ -876,6 +876,7 @@ fn answer(uncached: u64, load: f64, secs: f64) -> AnswerTiming {
         uncached_tokens: uncached,
         load,
         started: Duration::from_secs_f64(secs),
+        first_token: true,
     }
 }
 
@@ -951,21 +952,62 @@ fn an_idle_or_unmeasured_cluster_teaches_no_queued_price() {
 }
 
 #[test]
-fn the_queued_estimate_stays_within_its_bounds() {
-    let mut cheap = QueuedEstimate::new(0.0);
-    assert_eq!(cheap.seconds(), MIN_QUEUED_REQUEST_SECONDS);
+fn the_fitted_prices_stay_within_their_bounds() {
+    let f = two_sites();
+    let east = f.id("east-a");
     for _ in 0..100 {
-        assert!(cheap.observe(1_000.0, Duration::ZERO));
+        f.affinity.learn(&east, answer(1_000, 1_000.0, 0.0));
     }
-    assert_eq!(cheap.seconds(), MIN_QUEUED_REQUEST_SECONDS);
-    let mut dear = QueuedEstimate::new(f64::INFINITY);
-    assert_eq!(dear.seconds(), MAX_QUEUED_REQUEST_SECONDS);
+    let queued = f.affinity.queued_request_seconds(&east);
+    assert!(
+        (MIN_QUEUED_REQUEST_SECONDS..0.01).contains(&queued),
+        "{queued}"
+    );
     for _ in 0..100 {
-        dear.observe(1.0, Duration::MAX);
+        f.affinity.learn(&east, answer(64, 1.0, 1e9));
     }
-    assert!(dear.seconds() <= MAX_QUEUED_REQUEST_SECONDS);
-    assert!(!dear.observe(f64::NAN, Duration::from_secs(1)));
-    assert!(!dear.observe(0.5, Duration::from_secs(1)));
+    assert!(f.affinity.queued_request_seconds(&east) <= MAX_QUEUED_REQUEST_SECONDS);
+    let rate = f.affinity.prefill_rate(&east);
+    assert!((MIN_PREFILL_TOKENS_PER_SECOND..=MAX_PREFILL_TOKENS_PER_SECOND).contains(&rate));
+}
+
+#[test]
+fn one_answer_under_load_moves_both_prices_towards_it_and_neither_to_a_bound() {
+    let f = two_sites();
+    let east = f.id("east-a");
+    // Far quicker than the priors say (2 s + 0.25 s): the fit cannot tell which price was
+    // wrong, and moves both, in proportion, rather than calling the engine infinitely fast.
+    f.affinity.learn(&east, answer(2_500, 1.0, 0.1));
+    let rate = f.affinity.prefill_rate(&east);
+    let queued = f.affinity.queued_request_seconds(&east);
+    assert!((10_000.0..100_000.0).contains(&rate), "{rate}");
+    assert!(queued < 0.1, "{queued}");
+    // Loads in proportion to the tokens: undecidable too, and no bound either.
+    let f = two_sites();
+    for k in 1..40 {
+        let load = f64::from(k % 3 + 1);
+        f.affinity
+            .learn(&east, answer(1_000 * (k % 3 + 1) as u64, load, 0.3 * load));
+    }
+    let rate = f.affinity.prefill_rate(&east);
+    assert!(rate < MAX_PREFILL_TOKENS_PER_SECOND / 10.0, "{rate}");
+    assert!(f.affinity.queued_request_seconds(&east) > MIN_QUEUED_REQUEST_SECONDS);
+}
+
+#[test]
+fn a_whole_answers_time_teaches_the_fit_nothing() {
+    let f = two_sites();
+    let east = f.id("east-a");
+    // A JSON answer: its head comes once every token is generated.
+    let whole = AnswerTiming {
+        first_token: false,
+        ..answer(2_000, 1.0, 9.0)
+    };
+    for _ in 0..20 {
+        assert_eq!(f.affinity.learn(&east, whole), Learned::default());
+    }
+    assert_eq!(f.affinity.prefill_rate(&east), 10_000.0);
+    assert_eq!(f.affinity.queued_request_seconds(&east), 2.0);
 }
 
 #[test]

@@ -45,6 +45,8 @@ pub(super) struct PrefillTiming {
     pub(super) dispatched: Instant,
     /// The serving cluster's load when the request was sent (`Served::load`).
     pub(super) load: f64,
+    /// Whether the answer is an event stream, whose first data is its first token.
+    pub(super) event_stream: bool,
     /// From dispatch to the answer's start: its head for a JSON answer (which an engine
     /// sends once it has generated the whole answer), its first data for an event stream
     /// (whose head vLLM and llama.cpp send before prefilling). `None` until then.
@@ -91,6 +93,7 @@ impl Drop for Tally {
                 uncached_tokens: usage.prompt_tokens.saturating_sub(usage.cached_tokens),
                 load: timing.load,
                 started,
+                first_token: timing.event_stream,
             };
             let learned = timing.affinity.learn(&self.cluster, answer);
             if let Some(rate) = learned.prefill_tokens_per_second {

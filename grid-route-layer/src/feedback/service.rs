@@ -162,6 +162,7 @@ where
                         affinity,
                         dispatched,
                         load,
+                        event_stream,
                         started: (!event_stream).then(|| dispatched.elapsed()),
                     }),
             ),

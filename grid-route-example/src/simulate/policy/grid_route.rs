@@ -184,6 +184,7 @@ impl Router for GridRoute {
                     started: std::time::Duration::from_secs_f64(
                         (first_token - timing.dispatched).max(0.0),
                     ),
+                    first_token: true,
                 },
             );
         }
