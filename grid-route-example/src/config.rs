@@ -71,7 +71,8 @@
 //!   appended to (`http://10.0.0.7:8000/engine-a` sends `/v1/chat/completions` to
 //!   `/engine-a/v1/chat/completions`); no query, no fragment, no TLS.
 //! - `queue.metric` must be a valid Prometheus metric name; `queue.poll_interval_ms` from
-//!   10 ms to a day and `queue.window_secs` at most a day; `max_body_bytes` at least 1.
+//!   10 ms to a day and `queue.window_secs` at most a day and at least two polls;
+//!   `max_body_bytes` at least 1.
 //! - Every `timeouts`, `retries` and `outlier` value is at least 1 and at most a day (in
 //!   its own unit: 86,400,000 for `upstream_connect_ms`), 100 attempts, or 10,000
 //!   failures in a row: bounds that keep the time arithmetic they feed from overflowing.
@@ -519,52 +520,7 @@ impl GatewayConfig {
         let forward_paths = self.forward_paths()?;
         self.check_failure_handling()?;
         let timeouts = self.timeouts.durations();
-        if let Some(metric) = &self.queue.metric
-            && !is_metric_name(metric)
-        {
-            return Err(invalid(
-                "queue.metric",
-                metric,
-                "must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)",
-            ));
-        }
-        if self.queue.poll_interval_ms < MIN_POLL_INTERVAL_MS {
-            return Err(invalid_number(
-                "queue.poll_interval_ms",
-                self.queue.poll_interval_ms,
-                "must be at least 10",
-            ));
-        }
-        // The poller adds the interval to the clock, and the grid the window: a day is
-        // more than anyone means and far from overflowing either.
-        if self.queue.poll_interval_ms > 86_400_000 {
-            return Err(invalid_number(
-                "queue.poll_interval_ms",
-                self.queue.poll_interval_ms,
-                "must be at most 86400000 (a day)",
-            ));
-        }
-        if self.queue.window_secs > 86_400 {
-            return Err(invalid_number(
-                "queue.window_secs",
-                self.queue.window_secs,
-                "must be at most 86400 (a day)",
-            ));
-        }
-        // A window shorter than two polls empties between them whenever a read is a little
-        // late, and its endpoints flap to unmeasured. (A zero window is the grid's error.)
-        let two_polls_ms = 2 * self.queue.poll_interval_ms;
-        if self.queue.window_secs > 0 && self.queue.window_secs * 1000 < two_polls_ms {
-            return Err(invalid_number(
-                "queue.window_secs",
-                self.queue.window_secs,
-                &format!(
-                    "must cover two polls of queue.poll_interval_ms ({} ms): at least {}",
-                    self.queue.poll_interval_ms,
-                    two_polls_ms.div_ceil(1000)
-                ),
-            ));
-        }
+        self.check_queue()?;
         let grid_spec = GridSpec::new(self.sites.iter().cloned());
         let mut grid_settings = GridSettings::default()
             .with_queue_window(Duration::from_secs(self.queue.window_secs))
@@ -655,6 +611,57 @@ impl GatewayConfig {
             value: format!("{:?}", error.value),
             expected: error.expected.to_owned(),
         })
+    }
+
+    /// `queue`: a metric name, a poll interval and a window in range.
+    fn check_queue(&self) -> Result<(), ConfigError> {
+        if let Some(metric) = &self.queue.metric
+            && !is_metric_name(metric)
+        {
+            return Err(invalid(
+                "queue.metric",
+                metric,
+                "must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)",
+            ));
+        }
+        if self.queue.poll_interval_ms < MIN_POLL_INTERVAL_MS {
+            return Err(invalid_number(
+                "queue.poll_interval_ms",
+                self.queue.poll_interval_ms,
+                "must be at least 10",
+            ));
+        }
+        // The poller adds the interval to the clock, and the grid the window: a day is
+        // more than anyone means and far from overflowing either.
+        if self.queue.poll_interval_ms > 86_400_000 {
+            return Err(invalid_number(
+                "queue.poll_interval_ms",
+                self.queue.poll_interval_ms,
+                "must be at most 86400000 (a day)",
+            ));
+        }
+        if self.queue.window_secs > 86_400 {
+            return Err(invalid_number(
+                "queue.window_secs",
+                self.queue.window_secs,
+                "must be at most 86400 (a day)",
+            ));
+        }
+        // A window shorter than two polls empties between them whenever a read is a little
+        // late, and its endpoints flap to unmeasured. (A zero window is the grid's error.)
+        let two_polls_ms = 2 * self.queue.poll_interval_ms;
+        if self.queue.window_secs > 0 && self.queue.window_secs * 1000 < two_polls_ms {
+            return Err(invalid_number(
+                "queue.window_secs",
+                self.queue.window_secs,
+                &format!(
+                    "must cover two polls of queue.poll_interval_ms ({} ms): at least {}",
+                    self.queue.poll_interval_ms,
+                    two_polls_ms.div_ceil(1000)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// `timeouts`, `retries` and `outlier`: every value in its range. The upper bounds

@@ -177,6 +177,7 @@ fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: Read) {
 }
 
 /// What one read of an endpoint's page gave.
+#[derive(Debug, Clone, Copy)]
 enum Read {
     /// The page could not be read, or lacks the configured metric.
     Unreadable,

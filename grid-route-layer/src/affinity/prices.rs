@@ -244,36 +244,40 @@ impl TimingFit {
             1.0 / MAX_PREFILL_TOKENS_PER_SECOND,
             1.0 / MIN_PREFILL_TOKENS_PER_SECOND,
         );
-        let q_alone = |s: f64| {
-            ((self.lt - self.lu * s + rq * q0) / (self.ll + rq))
+        // Each price's best value with the other held.
+        let q_alone = |per_token: f64| {
+            ((self.lt - self.lu * per_token + rq * q0) / (self.ll + rq))
                 .clamp(MIN_QUEUED_REQUEST_SECONDS, MAX_QUEUED_REQUEST_SECONDS)
         };
-        let s_alone =
-            |q: f64| ((self.ut - self.lu * q + rs * s0) / (self.uu + rs)).clamp(s_min, s_max);
+        let s_alone = |queued: f64| {
+            ((self.ut - self.lu * queued + rs * s0) / (self.uu + rs)).clamp(s_min, s_max)
+        };
         if !learn_prefill {
             return (q_alone(s0), s0);
         }
-        // The 2×2 normal equations, then each price within its bounds: a solution outside
-        // them is replaced by the best one with that price at its bound.
-        let (a, b, d) = (self.ll + rq, self.lu, self.uu + rs);
-        let (e, f) = (self.lt + rq * q0, self.ut + rs * s0);
-        let det = a * d - b * b;
-        let (q, s) = ((e * d - b * f) / det, (a * f - b * e) / det);
-        let q_in = (MIN_QUEUED_REQUEST_SECONDS..=MAX_QUEUED_REQUEST_SECONDS).contains(&q);
-        let s_in = (s_min..=s_max).contains(&s);
-        match (q_in && det.is_finite() && det > 0.0, s_in) {
-            (true, true) => (q, s),
+        // The 2×2 normal equations [ll' lu; lu uu'] (q, s) = (lt', ut'), then each price
+        // within its bounds: a solution outside them is replaced by the best one with
+        // that price at its bound.
+        let (ll, lu, uu) = (self.ll + rq, self.lu, self.uu + rs);
+        let (lt, ut) = (self.lt + rq * q0, self.ut + rs * s0);
+        let det = ll * uu - lu * lu;
+        let queued = (lt * uu - lu * ut) / det;
+        let per_token = (ll * ut - lu * lt) / det;
+        let queued_in = (MIN_QUEUED_REQUEST_SECONDS..=MAX_QUEUED_REQUEST_SECONDS).contains(&queued);
+        let per_token_in = (s_min..=s_max).contains(&per_token);
+        match (queued_in && det.is_finite() && det > 0.0, per_token_in) {
+            (true, true) => (queued, per_token),
             (false, _) => {
-                let q = if q.is_nan() {
+                let queued = if queued.is_nan() {
                     q0
                 } else {
-                    q.clamp(MIN_QUEUED_REQUEST_SECONDS, MAX_QUEUED_REQUEST_SECONDS)
+                    queued.clamp(MIN_QUEUED_REQUEST_SECONDS, MAX_QUEUED_REQUEST_SECONDS)
                 };
-                (q, s_alone(q))
+                (queued, s_alone(queued))
             }
             (true, false) => {
-                let s = s.clamp(s_min, s_max);
-                (q_alone(s), s)
+                let per_token = per_token.clamp(s_min, s_max);
+                (q_alone(per_token), per_token)
             }
         }
     }

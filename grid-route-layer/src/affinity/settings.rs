@@ -19,6 +19,8 @@ pub const BYTES_PER_TOKEN: f64 = 4.0;
 /// or [`Default`] (the documented defaults). Copy it freely; swap it at runtime with
 /// [`Affinity::set_settings`](super::Affinity::set_settings).
 #[derive(Debug, Clone, Copy, PartialEq)]
+// Each bool is one independent setting of the config file, not a state machine.
+#[allow(clippy::struct_excessive_bools)]
 pub struct AffinitySettings {
     enabled: bool,
     threshold: f64,
@@ -43,7 +45,8 @@ impl AffinitySettings {
     pub const DEFAULT_QUEUED_REQUEST_SECONDS: f64 = 2.0;
 
     /// Values already checked by `config`.
-    #[allow(clippy::too_many_arguments)] // one per setting, called from one place
+    // One argument per setting, called from one place (`config`), each already checked.
+    #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)]
     pub(crate) fn checked(
         enabled: bool,
         threshold: f64,
