@@ -27,9 +27,10 @@ impl FeedbackLayer {
     /// `grid_route_index_forgotten_total{site,cluster}`. The prompt itself stays: the
     /// engine has just prefilled it and holds it again.
     ///
-    /// With [`learns_prefill`](crate::affinity::AffinitySettings::learns_prefill) on, each
-    /// answer also teaches `affinity` its cluster's prefill speed
-    /// ([`Affinity::learn_prefill`]), exported as `grid_route_prefill_tokens_per_second`.
+    /// With [`learns_prices`](crate::affinity::AffinitySettings::learns_prices) on (the
+    /// default), each answer also teaches `affinity` its cluster's prices
+    /// ([`Affinity::learn`]), exported as `grid_route_prefill_tokens_per_second` and
+    /// `grid_route_queued_request_seconds`.
     ///
     /// The layer must sit inside [`ConfirmLayer`](crate::confirm::ConfirmLayer), as it
     /// does in the documented stack: confirmation then refreshes the prompt at the response
