@@ -868,7 +868,7 @@ async fn a_request_the_engine_dropped_with_its_connection_after_a_stream_is_sent
     let (url, dropped) = closes_after_each_stream().await;
     let yaml = format!(
         "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n\
-         queue: {{ poll_interval_ms: 600000 }}\n\
+         queue: {{ poll_interval_ms: 600000, window_secs: 1200 }}\n\
          sites:\n  - name: east\n    clusters:\n\
          \x20     - {{ name: east-a, models: [{MODEL}], endpoints: [{url}] }}\n"
     );
