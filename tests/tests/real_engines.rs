@@ -2,8 +2,8 @@
 //!
 //! Each test starts two engines (SmolLM2-135M-Instruct, one CPU thread, one slot, with
 //! `--metrics`) on free ports and `Gateway::start` in front of them as two sites, which
-//! finds the engines' `llamacpp:requests_deferred` gauge itself (no `queue.metric`) and
-//! learns their prices, all over real sockets. Which engine answered
+//! finds the engines' `llamacpp:requests_deferred` gauge itself (no `queue.metric`), all
+//! over real sockets. Which engine answered
 //! is read from the engines' own `/metrics` (`llamacpp:n_decode_total` moves only on the
 //! engine that ran the request); cached prompt tokens from the usage the engine reports.
 //!
@@ -576,17 +576,13 @@ async fn a_follow_up_turn_stays_on_its_site_and_the_engine_serves_it_from_cache(
         predicted > 0 && cached * 2 >= predicted,
         "{cached} of {predicted}"
     );
-    // One CPU thread prefills far below the 10,000 tokens a second prior: the learned
-    // price fell from it.
+    // Both turns were JSON answers, whose head comes once they are whole: at the defaults
+    // their time teaches the prices nothing (event streams do; tests/tests/gateway.rs).
     let gauge = format!("grid_route_prefill_tokens_per_second{labels} ");
-    let learned: f64 = scrape
-        .lines()
-        .find_map(|line| line.strip_prefix(&gauge))
-        .unwrap_or_else(|| panic!("no {gauge} in {scrape}"))
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(learned < 10_000.0, "{learned}");
+    assert!(
+        !scrape.lines().any(|line| line.starts_with(&gauge)),
+        "a JSON answer taught a price: {scrape}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
