@@ -33,7 +33,15 @@ fuzz_target!(|data: &[u8]| {
             assert!(checked.listen != checked.admin_listen || checked.listen.port() == 0);
             assert!(checked.poll_interval.as_millis() >= u128::from(MIN_POLL_INTERVAL_MS));
             assert!(checked.max_body_bytes >= 1);
-            assert!(!checked.queue_metric.is_empty());
+            // A named metric is never empty; none means each endpoint's gauge is found.
+            assert!(
+                checked
+                    .queue_metric
+                    .as_deref()
+                    .is_none_or(|m| !m.is_empty())
+            );
+            // The window covers two polls.
+            assert!(checked.grid_settings.queue_window >= 2 * checked.poll_interval);
             Grid::new(&checked.grid_spec, checked.grid_settings.clone())
                 .expect("a validated config builds its grid");
         }
