@@ -788,6 +788,21 @@ def table(results: list[RunResult], configs: dict[str, RouterConfig], order: lis
         rows.append(
             f"| {label} | {shares} | {pct(ttfts, 50):.1f} / {pct(ttfts, 90):.1f} / {pct(ttfts, 99):.1f} s "
             f"| {p99s} s | {wall} | {decisions or '—'} |")
+    # Cached share by turn of the conversation, pooled over each router's runs.
+    turns = sorted({t.turn for r in results for t in r.turns})
+    rows += ["", "| router (policy) | " + " | ".join(f"turn {k + 1}" for k in turns) + " |",
+             "|---|" + "---|" * len(turns)]
+    for name in order:
+        runs = [r for r in results if r.router == name]
+        if not runs:
+            continue
+        cells = []
+        for k in turns:
+            at = [t for r in runs for t in r.turns if t.turn == k]
+            prompt = sum(t.prompt_tokens for t in at)
+            cells.append(f"{100 * sum(t.cached_tokens for t in at) / prompt:.1f}%" if prompt else "—")
+        label = " / ".join(dict.fromkeys(r.label or configs[name].label for r in runs))
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
