@@ -346,10 +346,12 @@ impl BatchingEngine {
 #[cfg(test)]
 // Hand-computed times are sums of exactly representable values.
 #[allow(clippy::float_cmp)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn request(input_tokens: u64, output_tokens: u64, blocks: &[u64]) -> TraceRequest {
+    /// A request of the engines' tests (the slot engine's too): arriving at 0, 512-token
+    /// blocks.
+    pub(crate) fn request(input_tokens: u64, output_tokens: u64, blocks: &[u64]) -> TraceRequest {
         TraceRequest {
             arrival_ms: 0,
             input_tokens,

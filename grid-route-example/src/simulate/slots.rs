@@ -248,16 +248,7 @@ impl SlotEngine {
 mod tests {
     use super::*;
     use crate::simulate::engine::EngineKind;
-
-    fn request(input_tokens: u64, output_tokens: u64, blocks: &[u64]) -> TraceRequest {
-        TraceRequest {
-            arrival_ms: 0,
-            input_tokens,
-            output_tokens,
-            blocks: blocks.to_vec(),
-            block_tokens: crate::simulate::trace::TRACE_BLOCK_TOKENS,
-        }
-    }
+    use crate::simulate::engine::tests::request;
 
     /// Two slots, 1000 tokens/s prefill, 0.5 s overhead, 10 tokens/s decode.
     fn model(host_cache_tokens: u64) -> EngineModel {

@@ -96,21 +96,18 @@ impl Drop for Tally {
                 first_token: timing.event_stream,
             };
             let learned = timing.affinity.learn(&self.cluster, answer);
-            if let Some(rate) = learned.prefill_tokens_per_second {
-                metrics::gauge!(
-                    PREFILL_TOKENS_PER_SECOND,
-                    SITE_LABEL => Arc::clone(&site),
-                    CLUSTER_LABEL => Arc::clone(&cluster)
-                )
-                .set(rate);
-            }
-            if let Some(seconds) = learned.queued_request_seconds {
-                metrics::gauge!(
-                    QUEUED_REQUEST_SECONDS,
-                    SITE_LABEL => Arc::clone(&site),
-                    CLUSTER_LABEL => Arc::clone(&cluster)
-                )
-                .set(seconds);
+            for (gauge, value) in [
+                (PREFILL_TOKENS_PER_SECOND, learned.prefill_tokens_per_second),
+                (QUEUED_REQUEST_SECONDS, learned.queued_request_seconds),
+            ] {
+                if let Some(value) = value {
+                    metrics::gauge!(
+                        gauge,
+                        SITE_LABEL => Arc::clone(&site),
+                        CLUSTER_LABEL => Arc::clone(&cluster)
+                    )
+                    .set(value);
+                }
             }
         }
         if let Some(prediction) = self.prediction.take() {
