@@ -78,6 +78,7 @@ fn decide_512x8(c: &mut Criterion) {
     let decision = affinity.decide(
         view.candidates(prompt.model()),
         Some(keys),
+        None,
         now,
         no_exploration,
     );
@@ -90,6 +91,7 @@ fn decide_512x8(c: &mut Criterion) {
             affinity.decide(
                 view.candidates(black_box(prompt.model())),
                 Some(black_box(keys)),
+                None,
                 now,
                 no_exploration,
             )

@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use crate::affinity::AffinitySettings;
 use crate::index::{IndexSettings, IndexSettingsError};
+use crate::keying::DEFAULT_SESSION_HEADERS;
 
 /// `grid_site_route.prefix_affinity` as written in the config file.
 ///
@@ -70,6 +71,14 @@ pub struct PrefixAffinityConfig {
     /// the index predicted, the index forgets what it recorded at that cluster before that
     /// prompt (the engine evicted it too).
     pub engine_feedback: bool,
+    /// `session_affinity`: a request whose prefix match does not stick but whose session
+    /// (`prompt_cache_key`, Anthropic `metadata.user_id`, a `session_headers` header) was
+    /// answered at a cluster goes back there, through the load gate. `false` reads no
+    /// session.
+    pub session_affinity: bool,
+    /// `session_headers`: headers that carry a session id, the first present wins; read
+    /// when the body names none. Default `[x-session-id]`; `[]` reads none.
+    pub session_headers: Vec<String>,
     /// `capacity`: index entries per cluster, at least 1.
     pub capacity: usize,
     /// `ttl_secs`: how long a confirmation counts, at least 1.
@@ -109,6 +118,8 @@ impl Default for PrefixAffinityConfig {
             queued_request_seconds: Price::Auto,
             queued_request_prior_seconds: AffinitySettings::DEFAULT_QUEUED_REQUEST_SECONDS,
             engine_feedback: true,
+            session_affinity: true,
+            session_headers: DEFAULT_SESSION_HEADERS.map(String::from).to_vec(),
             capacity: IndexSettings::DEFAULT_CAPACITY,
             ttl_secs: IndexSettings::DEFAULT_TTL.as_secs(),
             tag_key_path: None,
@@ -178,6 +189,23 @@ impl PrefixAffinityConfig {
         self
     }
 
+    /// Sets [`session_affinity`](Self::session_affinity).
+    #[must_use]
+    pub fn with_session_affinity(mut self, session_affinity: bool) -> Self {
+        self.session_affinity = session_affinity;
+        self
+    }
+
+    /// Sets [`session_headers`](Self::session_headers).
+    #[must_use]
+    pub fn with_session_headers<S: Into<String>>(
+        mut self,
+        headers: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.session_headers = headers.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Sets [`capacity`](Self::capacity).
     #[must_use]
     pub fn with_capacity(mut self, capacity: usize) -> Self {
@@ -215,6 +243,9 @@ pub struct PrefixAffinity {
     pub affinity: AffinitySettings,
     /// For [`PrefixIndex`](crate::index::PrefixIndex).
     pub index: IndexSettings,
+    /// For [`KeyingLayer::session_headers`](crate::keying::KeyingLayer::session_headers);
+    /// empty when `session_affinity` is off.
+    pub session_headers: Vec<http::HeaderName>,
     /// For the pinning layer.
     pub tag_key_path: Option<PathBuf>,
     /// For the pinning layer; set only beside `tag_key_path`.
@@ -259,6 +290,14 @@ impl PrefixAffinityConfig {
         if let (None, Some(previous)) = (&self.tag_key_path, &self.previous_tag_key_path) {
             return Err(ConfigError::PreviousTagKeyAlone(previous.clone()));
         }
+        let session_headers = self
+            .session_headers
+            .iter()
+            .map(|name| {
+                http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| ConfigError::SessionHeader(name.clone()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(PrefixAffinity {
             affinity: AffinitySettings::checked(
                 self.enabled,
@@ -269,8 +308,14 @@ impl PrefixAffinityConfig {
                 self.engine_feedback,
                 learn_prefill,
                 learn_queued,
+                self.session_affinity,
             ),
             index,
+            session_headers: if self.session_affinity {
+                session_headers
+            } else {
+                Vec::new()
+            },
             tag_key_path: self.tag_key_path.clone(),
             previous_tag_key_path: self.previous_tag_key_path.clone(),
         })
@@ -346,6 +391,8 @@ pub enum ConfigError {
     Index(IndexSettingsError),
     /// `previous_tag_key_path` is set without `tag_key_path`.
     PreviousTagKeyAlone(PathBuf),
+    /// A `session_headers` entry is not a valid header name.
+    SessionHeader(String),
 }
 
 impl fmt::Display for ConfigError {
@@ -386,6 +433,10 @@ impl fmt::Display for ConfigError {
                 "prefix_affinity.previous_tag_key_path needs tag_key_path: a previous key only \
                  verifies beside a current one, got {:?}",
                 path.display().to_string()
+            ),
+            Self::SessionHeader(name) => write!(
+                f,
+                "prefix_affinity.session_headers: {name:?} is not a valid header name"
             ),
         }
     }

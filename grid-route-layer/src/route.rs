@@ -32,7 +32,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::grid::{ClusterId, SiteName};
-use crate::keying::{NoKeys, PrefixKeys};
+use crate::keying::{NoKeys, PrefixKeys, SessionKey};
 
 /// The name of the `tracing` span each request runs in, opened by
 /// [`KeyingLayer`](crate::keying::KeyingLayer) (the outermost layer) at `INFO` level.
@@ -53,7 +53,8 @@ pub(crate) fn record_on_span(field: &'static str, value: impl tracing::Value) {
 /// The error type at Tower boundaries: any error, boxed.
 pub type BoxError = Box<dyn Error + Send + Sync>;
 
-/// What keying made of a request body: its model and its prefix keys, or why it has none.
+/// What keying made of a request body: its model, its prefix keys or why it has none, and
+/// its session when the client named one.
 ///
 /// Set by `KeyingLayer` on every request it could read as one of the keyed APIs; a request
 /// without it was not keyed (another path, not JSON, compressed, over the body limit) and
@@ -62,12 +63,30 @@ pub type BoxError = Box<dyn Error + Send + Sync>;
 pub struct Prompt {
     model: Option<Arc<str>>,
     keys: Result<PrefixKeys, NoKeys>,
+    session: Option<SessionKey>,
 }
 
 impl Prompt {
-    /// A prompt for `model` with these keys (or the reason it has none).
+    /// A prompt for `model` with these keys (or the reason it has none), and no session.
     pub fn new(model: Option<Arc<str>>, keys: Result<PrefixKeys, NoKeys>) -> Self {
-        Self { model, keys }
+        Self {
+            model,
+            keys,
+            session: None,
+        }
+    }
+
+    /// The same prompt in `session` (none when `None`).
+    #[must_use]
+    pub fn with_session(mut self, session: Option<SessionKey>) -> Self {
+        self.session = session;
+        self
+    }
+
+    /// The session the client named (`prompt_cache_key`, Anthropic `metadata.user_id`, a
+    /// session header), keyed and namespaced like the prefix keys.
+    pub fn session(&self) -> Option<SessionKey> {
+        self.session
     }
 
     /// The request's `model`, when it named one as a string.
@@ -94,6 +113,7 @@ impl fmt::Debug for Prompt {
             Ok(keys) => d.field("keys", keys),
             Err(reason) => d.field("no_keys", reason),
         };
+        d.field("session", &self.session.is_some());
         d.finish()
     }
 }

@@ -324,6 +324,7 @@ fn concurrent_decisions_confirmations_and_drops_leave_consistent_depths() {
                     let decision = affinity.decide(
                         view.candidates(prompt.model()),
                         Some(keys),
+                        None,
                         now,
                         random_draw(),
                     );

@@ -1042,3 +1042,105 @@ fn a_duplicate_before_an_unreadable_value_is_refused_with_affinity_on_or_off() {
     let duplicate = grid_route_layer::keying::read_model(body).unwrap_err();
     assert_eq!(duplicate.field, "model");
 }
+
+/// The session of a body, keyed under the test seed.
+fn session(api: Api, body: &Value) -> Option<grid_route_layer::keying::SessionKey> {
+    key_body(&SEED, api, body.to_string().as_bytes())
+        .expect("no duplicate fields")
+        .session()
+}
+
+#[test]
+fn the_session_is_prompt_cache_key_or_anthropic_metadata_user_id_and_not_part_of_the_prompt() {
+    let sys = long("sys");
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": sys}]});
+    let completions = json!({"model": "m", "prompt": sys});
+    let responses = json!({"model": "m", "input": sys});
+    let messages = json!({"model": "m", "messages": [{"role": "user", "content": sys}]});
+    for (api, base) in [
+        (Api::ChatCompletions, &chat),
+        (Api::Completions, &completions),
+        (Api::Responses, &responses),
+    ] {
+        let mut with = base.clone();
+        with["prompt_cache_key"] = json!("conv-1");
+        assert!(session(api, base).is_none(), "{api:?}");
+        assert!(session(api, &with).is_some(), "{api:?}");
+        // The three OpenAI APIs name one session alike.
+        assert_eq!(
+            session(api, &with),
+            session(Api::ChatCompletions, &{
+                let mut chat = chat.clone();
+                chat["prompt_cache_key"] = json!("conv-1");
+                chat
+            })
+        );
+        // The key routes; it is not prompt.
+        assert_eq!(keys(api, base), keys(api, &with), "{api:?}");
+        // Not a string, or empty: no session.
+        for none in [json!(""), json!(7), json!(null), json!({"id": "x"})] {
+            with["prompt_cache_key"] = none;
+            assert!(session(api, &with).is_none(), "{api:?}");
+        }
+        // In Anthropic's place, `metadata`, an OpenAI body names no session.
+        let mut metadata = base.clone();
+        metadata["metadata"] = json!({"user_id": "conv-1"});
+        assert!(session(api, &metadata).is_none(), "{api:?}");
+    }
+    let mut with = messages.clone();
+    with["metadata"] = json!({"user_id": "user_1_account_2_session_3"});
+    let claude = session(Api::Messages, &with);
+    assert!(claude.is_some());
+    assert_eq!(keys(Api::Messages, &messages), keys(Api::Messages, &with));
+    with["metadata"] = json!({"user_id": "user_1_account_2_session_4"});
+    assert_ne!(session(Api::Messages, &with), claude);
+    for none in [
+        json!({}),
+        json!({"user_id": 5}),
+        json!("user_1"),
+        json!([1]),
+    ] {
+        with["metadata"] = none;
+        assert!(session(Api::Messages, &with).is_none());
+        // A `metadata` the keying cannot use changes nothing else.
+        assert_eq!(keys(Api::Messages, &messages), keys(Api::Messages, &with));
+    }
+}
+
+#[test]
+fn a_session_is_namespaced_by_model_and_cache_salt() {
+    let with = |model: &str, salt: Option<&str>| {
+        let mut body = json!({"model": model, "prompt": long("p"), "prompt_cache_key": "k"});
+        if let Some(salt) = salt {
+            body["cache_salt"] = json!(salt);
+        }
+        session(Api::Completions, &body)
+    };
+    assert_eq!(with("a", None), with("a", None));
+    assert_ne!(with("a", None), with("b", None));
+    assert_ne!(with("a", None), with("a", Some("tenant-1")));
+    assert_ne!(with("a", Some("tenant-1")), with("a", Some("tenant-2")));
+    // Another seed keys the same id apart.
+    let body = json!({"model": "a", "prompt": long("p"), "prompt_cache_key": "k"}).to_string();
+    let other = key_body(&KeySeed::random(), Api::Completions, body.as_bytes()).unwrap();
+    assert_ne!(other.session(), with("a", None));
+}
+
+#[test]
+fn a_body_that_cannot_be_keyed_still_names_its_session() {
+    for body in [
+        json!({"model": "m", "prompt": [1, 2, 3], "prompt_cache_key": "k"}),
+        json!({"model": "m", "prompt": "short", "prompt_cache_key": "k"}),
+    ] {
+        let prompt = key_body(&SEED, Api::Completions, body.to_string().as_bytes()).unwrap();
+        assert!(prompt.keys().is_err());
+        assert!(prompt.session().is_some());
+    }
+    // Debug prints neither the id nor its key.
+    let body = json!({"model": "m", "prompt": "short", "prompt_cache_key": "secret-conv"});
+    let prompt = key_body(&SEED, Api::Completions, body.to_string().as_bytes()).unwrap();
+    let printed = format!("{prompt:?} {:?}", prompt.session().unwrap());
+    assert!(!printed.contains("secret"), "{printed}");
+    let key = prompt.session().unwrap().as_u64();
+    assert!(!printed.contains(&key.to_string()) && !printed.contains(&format!("{key:x}")));
+}

@@ -280,6 +280,7 @@ impl Live {
             seed: &self.seed.load(),
             tag_keys: &self.tag_keys,
             max_body_bytes: checked.max_body_bytes,
+            session_headers: &checked.prefix_affinity.session_headers,
             balancers: &self.balancers,
             max_attempts: checked.max_attempts,
         })
@@ -329,6 +330,7 @@ impl Gateway {
             seed: &seed,
             tag_keys: &tag_keys,
             max_body_bytes: checked.max_body_bytes,
+            session_headers: &checked.prefix_affinity.session_headers,
             balancers: &balancers,
             max_attempts: checked.max_attempts,
         });

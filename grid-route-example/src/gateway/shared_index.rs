@@ -15,13 +15,14 @@
 //! | bytes | field |
 //! |---|---|
 //! | 1 | format version, [`EVENT_VERSION`] |
-//! | 1 | kind: 1 confirmed, 2 dropped |
+//! | 1 | kind: 1 confirmed, 2 dropped, 3 session confirmed |
 //! | 8 | the sender's keying seed fingerprint |
 //! | 8 | the sender's replica id (random per process) |
 //! | 8 | deadline, unix milliseconds (0 for a drop) |
 //! | 4 | cluster digest (the 8-hex digest of the cluster's name, as in tagged ids) |
 //! | 1 + n | site name: its length, then its bytes |
-//! | 2 + 8k | key count, then the 64-bit prefix keys in prompt order |
+//! | 2 + 8k | key count, then the 64-bit prefix keys in prompt order (a session: its one key) |
+//! | 8 | a session confirmation only: the bytes of prompt it held |
 //!
 //! A cluster is named by its site and name digest, as tagged ids name it: fixed-size,
 //! and a replica finds it in its own grid without the name travelling. The deadline is
@@ -117,6 +118,8 @@ pub enum EventKind {
     Confirmed,
     /// The cluster failed; the keys no longer count there.
     Dropped,
+    /// The cluster answered a request of a session (the one key) with 2xx.
+    SessionConfirmed,
 }
 
 /// One event as read from the stream. `Debug` shows the key count, never the keys.
@@ -134,8 +137,10 @@ pub struct SharedEvent {
     pub site: SiteName,
     /// The cluster's name digest.
     pub digest: [u8; 4],
-    /// The prefix keys, in prompt order.
+    /// The prefix keys, in prompt order, or the session's one key.
     pub keys: Vec<u64>,
+    /// A session confirmation's bytes of prompt held (0 for other kinds).
+    pub held_bytes: u64,
 }
 
 impl std::fmt::Debug for SharedEvent {
@@ -169,6 +174,9 @@ pub enum DecodeError {
     /// More keys than a request can have.
     #[error("{0} keys, more than {MAX_KEYS}")]
     TooManyKeys(usize),
+    /// A session confirmation without exactly one key.
+    #[error("a session confirmation with {0} keys, not one")]
+    SessionKeys(usize),
 }
 
 const HEADER_BYTES: usize = 1 + 1 + 8 + 8 + 8 + 4;
@@ -181,6 +189,8 @@ struct Header<'a> {
     deadline_unix_ms: u64,
     site: &'a str,
     digest: [u8; 4],
+    /// A session confirmation's bytes held.
+    held_bytes: u64,
 }
 
 fn encode(header: &Header<'_>, keys: &[u64]) -> Vec<u8> {
@@ -191,6 +201,7 @@ fn encode(header: &Header<'_>, keys: &[u64]) -> Vec<u8> {
     out.push(match header.kind {
         EventKind::Confirmed => 1,
         EventKind::Dropped => 2,
+        EventKind::SessionConfirmed => 3,
     });
     out.extend_from_slice(&header.fingerprint.to_le_bytes());
     out.extend_from_slice(&header.replica.to_le_bytes());
@@ -203,6 +214,9 @@ fn encode(header: &Header<'_>, keys: &[u64]) -> Vec<u8> {
     out.extend_from_slice(&(keys.len() as u16).to_le_bytes());
     for key in keys {
         out.extend_from_slice(&key.to_le_bytes());
+    }
+    if header.kind == EventKind::SessionConfirmed {
+        out.extend_from_slice(&header.held_bytes.to_le_bytes());
     }
     out
 }
@@ -218,6 +232,7 @@ impl SharedEvent {
                 deadline_unix_ms: self.deadline_unix_ms,
                 site: self.site.as_str(),
                 digest: self.digest,
+                held_bytes: self.held_bytes,
             },
             &self.keys,
         )
@@ -233,6 +248,7 @@ impl SharedEvent {
         let kind = match r.u8()? {
             1 => EventKind::Confirmed,
             2 => EventKind::Dropped,
+            3 => EventKind::SessionConfirmed,
             other => return Err(DecodeError::Kind(other)),
         };
         let fingerprint = r.u64()?;
@@ -247,6 +263,14 @@ impl SharedEvent {
             return Err(DecodeError::TooManyKeys(count));
         }
         let keys = (0..count).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+        let held_bytes = if kind == EventKind::SessionConfirmed {
+            if count != 1 {
+                return Err(DecodeError::SessionKeys(count));
+            }
+            r.u64()?
+        } else {
+            0
+        };
         if !r.0.is_empty() {
             return Err(DecodeError::Length);
         }
@@ -258,6 +282,7 @@ impl SharedEvent {
             site,
             digest,
             keys,
+            held_bytes,
         })
     }
 }
@@ -351,6 +376,22 @@ pub fn apply_event(
                 now,
             )
         }
+        EventKind::SessionConfirmed => {
+            let left = event.deadline_unix_ms.saturating_sub(unix_ms(wall_now));
+            // Decoding checked there is one key.
+            let Some(&key) = event.keys.first() else {
+                return Err(Skipped::Expired);
+            };
+            index.apply(
+                &IndexEvent::SessionConfirmed {
+                    cluster: &cluster,
+                    key,
+                    held_bytes: event.held_bytes,
+                    lifetime: Duration::from_millis(left),
+                },
+                now,
+            )
+        }
         EventKind::Dropped => index.apply(
             &IndexEvent::Dropped {
                 cluster: &cluster,
@@ -405,11 +446,22 @@ impl IndexObserver for Outbox {
         let Some(queue) = queue.as_deref() else {
             return;
         };
-        let (kind, deadline_unix_ms) = match event {
-            IndexEvent::Confirmed { lifetime, .. } => {
-                (EventKind::Confirmed, unix_ms(SystemTime::now() + *lifetime))
-            }
-            IndexEvent::Dropped { .. } => (EventKind::Dropped, 0),
+        let (kind, deadline_unix_ms, held_bytes) = match event {
+            IndexEvent::Confirmed { lifetime, .. } => (
+                EventKind::Confirmed,
+                unix_ms(SystemTime::now() + *lifetime),
+                0,
+            ),
+            IndexEvent::SessionConfirmed {
+                lifetime,
+                held_bytes,
+                ..
+            } => (
+                EventKind::SessionConfirmed,
+                unix_ms(SystemTime::now() + *lifetime),
+                *held_bytes,
+            ),
+            IndexEvent::Dropped { .. } => (EventKind::Dropped, 0, 0),
             // A kind of change the wire format cannot carry stays with this replica.
             _ => return,
         };
@@ -422,6 +474,7 @@ impl IndexObserver for Outbox {
                 deadline_unix_ms,
                 site: cluster.site().as_str(),
                 digest: cluster.digest().to_bytes(),
+                held_bytes,
             },
             event.keys(),
         );
@@ -783,6 +836,7 @@ mod tests {
                 .digest()
                 .to_bytes(),
             keys: vec![1, u64::MAX, 0x9e37_79b9_7f4a_7c15],
+            held_bytes: 0,
         }
     }
 
@@ -799,6 +853,32 @@ mod tests {
             ..event
         };
         assert_eq!(SharedEvent::decode(&dropped.encode()), Ok(dropped));
+    }
+
+    #[test]
+    fn a_session_confirmation_carries_its_one_key_and_the_prompt_it_held() {
+        let session = SharedEvent {
+            kind: EventKind::SessionConfirmed,
+            keys: vec![0x5e55_1011],
+            held_bytes: 40 * 256,
+            ..event()
+        };
+        let bytes = session.encode();
+        assert_eq!(bytes[1], 3);
+        assert_eq!(bytes.len(), HEADER_BYTES + 1 + 4 + 2 + 8 + 8);
+        assert_eq!(bytes[bytes.len() - 8..], (40_u64 * 256).to_le_bytes());
+        assert_eq!(SharedEvent::decode(&bytes), Ok(session.clone()));
+        for cut in 0..bytes.len() {
+            assert!(SharedEvent::decode(&bytes[..cut]).is_err(), "{cut}");
+        }
+        let two = SharedEvent {
+            keys: vec![1, 2],
+            ..session
+        };
+        assert_eq!(
+            SharedEvent::decode(&two.encode()),
+            Err(DecodeError::SessionKeys(2))
+        );
     }
 
     #[test]
@@ -885,6 +965,35 @@ mod tests {
         assert_eq!(
             index.depth(&east, &event().keys, now + Duration::from_secs(31)),
             0
+        );
+    }
+
+    #[test]
+    fn a_peers_session_confirmation_applies_with_the_prompt_it_held() {
+        let (grid, index, east) = grid_and_index();
+        let me = Identity {
+            replica: 7,
+            fingerprint: event().fingerprint,
+        };
+        let session = SharedEvent {
+            kind: EventKind::SessionConfirmed,
+            keys: vec![0x5e55_1011],
+            held_bytes: 40 * 256,
+            ..event()
+        };
+        let wall =
+            UNIX_EPOCH + Duration::from_millis(event().deadline_unix_ms) - Duration::from_secs(30);
+        let now = Instant::now();
+        assert_eq!(apply_event(&session, me, &index, &grid, now, wall), Ok(()));
+        let key = grid_route_layer::keying::SessionKey::from_digest(0x5e55_1011);
+        assert_eq!(
+            index.session(&east, key, now).unwrap().held_bytes(),
+            40 * 256
+        );
+        assert!(
+            index
+                .session(&east, key, now + Duration::from_secs(31))
+                .is_none()
         );
     }
 

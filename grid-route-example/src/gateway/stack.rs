@@ -67,6 +67,8 @@ pub(crate) struct StackParts<'a> {
     /// The pin layer's keys, rotated on reload.
     pub(crate) tag_keys: &'a PinKeys,
     pub(crate) max_body_bytes: usize,
+    /// `prefix_affinity.session_headers` (none when `session_affinity` is off).
+    pub(crate) session_headers: &'a [http::HeaderName],
     /// The per-cluster balancers, shared by every routing stack of the gateway.
     pub(crate) balancers: &'a Balancers,
     /// `retries.max_attempts`.
@@ -79,6 +81,7 @@ pub(crate) fn routing_stack(parts: &StackParts<'_>) -> Routing {
         .layer(
             KeyingLayer::new(parts.seed.clone())
                 .body_limit(parts.max_body_bytes)
+                .session_headers(parts.session_headers.iter().cloned())
                 .follow(parts.affinity.clone()),
         )
         .layer(PinLayer::new(parts.grid.clone(), parts.tag_keys.clone()))

@@ -57,6 +57,11 @@ pub struct SimulateArgs {
     /// grid-route's replicas share one prefix index
     #[arg(long)]
     pub shared_index: bool,
+    /// Requests carry a session id, as a client sending `prompt_cache_key` would: a request
+    /// whose blocks begin with an earlier request's whole prompt continues its conversation
+    /// (Mooncake traces carry none, so it is derived)
+    #[arg(long)]
+    pub sessions: bool,
     /// The policies compared, comma-separated, in this order
     #[arg(
         long,
@@ -103,6 +108,7 @@ impl SimulateArgs {
             engines_per_site: DEFAULT_ENGINES_PER_SITE,
             replicas: DEFAULT_REPLICAS,
             shared_index: false,
+            sessions: false,
             policies: Policy::ALL.to_vec(),
             seed: DEFAULT_SEED,
             fail_share: 0.0,

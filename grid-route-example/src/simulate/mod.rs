@@ -112,6 +112,14 @@ pub fn simulate(
         .validate()
         .map_err(|e| SimulateError::Settings(e.to_string()))?;
     let keys: Vec<_> = trace.iter().map(TraceRequest::keys).collect();
+    let sessions: Vec<_> = if args.sessions {
+        trace::derive_sessions(trace)
+            .into_iter()
+            .map(trace::session_key)
+            .collect()
+    } else {
+        Vec::new()
+    };
     let setup = run::RunSetup {
         policies: policy::Setup {
             sites: args.sites,
@@ -150,6 +158,7 @@ pub fn simulate(
             policy,
             trace,
             &keys,
+            &sessions,
             &setup,
             &mut report_progress,
         ));

@@ -3,7 +3,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
-use grid_route_layer::keying::PrefixKeys;
+use grid_route_layer::keying::{PrefixKeys, SessionKey};
 
 use super::engine::{Engine, EngineModel};
 use super::policy::{Policy, Route, Setup, router};
@@ -96,12 +96,14 @@ impl Loop<'_> {
     }
 }
 
-/// Replays `trace` (with each request's `keys`) under `policy`; `progress` is told how
+/// Replays `trace` (with each request's `keys`, and its session when `sessions` is not
+/// empty) under `policy`; `progress` is told how
 /// many requests have arrived, every 1%.
 pub fn run_policy(
     policy: Policy,
     trace: &[TraceRequest],
     keys: &[Option<PrefixKeys>],
+    sessions: &[SessionKey],
     setup: &RunSetup,
     progress: &mut dyn FnMut(usize),
 ) -> PolicyResult {
@@ -175,6 +177,7 @@ pub fn run_policy(
                     id,
                     request: &trace[id],
                     keys: keys[id].as_ref(),
+                    session: sessions.get(id).copied(),
                     now,
                     engines: &state.engines,
                     trace,

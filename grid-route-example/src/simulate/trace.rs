@@ -6,9 +6,10 @@
 //! prefix. Any file in this format is accepted; a line that is not is refused with its
 //! number, and nothing is simulated.
 
+use std::collections::HashMap;
 use std::io::BufRead;
 
-use grid_route_layer::keying::{BLOCK_BYTES, PrefixKeys};
+use grid_route_layer::keying::{BLOCK_BYTES, PrefixKeys, SessionKey};
 use serde::Deserialize;
 
 /// Tokens in one trace block: the Mooncake release's block size, and the default of
@@ -168,6 +169,41 @@ impl TraceRequest {
     pub fn prefix_tokens(&self, blocks: usize) -> u64 {
         (blocks as u64 * self.block_tokens).min(self.input_tokens)
     }
+}
+
+/// Each request's conversation, derived from the blocks (Mooncake traces carry no session
+/// id): a request whose blocks begin with the whole of an earlier request's full blocks
+/// continues that request's conversation (the most recent such request when several end
+/// at the same block); any other request starts one. A session is numbered by the first
+/// request of its conversation.
+///
+/// Only whole prompts count, so two requests that share only a system prompt are not one
+/// conversation unless one of them is that prompt alone. A partial last block is left out:
+/// the next turn extends its text, so its id changes.
+pub fn derive_sessions(trace: &[TraceRequest]) -> Vec<usize> {
+    // The last full block of each earlier prompt, to the session it belongs to.
+    let mut ends: HashMap<u64, usize> = HashMap::new();
+    let mut sessions = Vec::with_capacity(trace.len());
+    for (id, request) in trace.iter().enumerate() {
+        let full = (request.input_tokens / request.block_tokens) as usize;
+        let full = full.min(request.blocks.len());
+        let session = request.blocks[..full]
+            .iter()
+            .rev()
+            .find_map(|block| ends.get(block).copied())
+            .unwrap_or(id);
+        if let Some(&last) = request.blocks[..full].last() {
+            ends.insert(last, session);
+        }
+        sessions.push(session);
+    }
+    sessions
+}
+
+/// The session key a gateway would derive for conversation `session` (see
+/// [`derive_sessions`]): any fixed spread of the number does, as keys only compare.
+pub fn session_key(session: usize) -> SessionKey {
+    SessionKey::from_digest(mix64(session as u64 ^ 0x7365_7373_696f_6e21))
 }
 
 /// The digest of keying block `part` (of `per`) of trace block `id`: [`mix64`] over both, so different

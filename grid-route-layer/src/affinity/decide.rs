@@ -10,7 +10,7 @@ use super::prices::{AnswerTiming, GatePrices, Learned, LearnedPrices};
 use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
-use crate::keying::PrefixKeys;
+use crate::keying::{PrefixKeys, SessionKey};
 use crate::select::load_rank;
 
 /// What affinity decided for a request, the `outcome` label of
@@ -31,20 +31,24 @@ pub enum Outcome {
     /// The request has no keys (unreadable, token ids, stored state, ...): every
     /// candidate stays.
     NotApplicable,
+    /// The prefix match does not stick, but the request's session was answered at a
+    /// cluster whose load the gate lets it wait for: that cluster is the only candidate.
+    Session,
 }
 
 impl Outcome {
     /// Every outcome, in the order of the metric's documentation.
-    pub const ALL: [Outcome; 5] = [
+    pub const ALL: [Outcome; 6] = [
         Outcome::Sticky,
         Outcome::NoMatch,
         Outcome::LoadOverride,
         Outcome::Exploration,
         Outcome::NotApplicable,
+        Outcome::Session,
     ];
 
     /// The metric label value: `sticky`, `no_match`, `load_override`, `exploration`,
-    /// `not_applicable`.
+    /// `not_applicable`, `session`.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Sticky => "sticky",
@@ -52,6 +56,7 @@ impl Outcome {
             Outcome::LoadOverride => "load_override",
             Outcome::Exploration => "exploration",
             Outcome::NotApplicable => "not_applicable",
+            Outcome::Session => "session",
         }
     }
 }
@@ -219,15 +224,25 @@ impl Affinity {
     ///
     /// `candidates` are the admitted clusters serving the request's model
     /// ([`GridView::candidates`](crate::grid::GridView::candidates)); `keys` the request's
-    /// prefix keys (`None` when it has none); `draw` a uniform random number in `[0, 1)`
-    /// for the exploration share. With affinity disabled or fewer than two candidates
-    /// there is nothing to decide: every candidate stays and the outcome is `None`.
-    /// Otherwise: no keys is [`Outcome::NotApplicable`], `draw < exploration` is
-    /// [`Outcome::Exploration`], else [`narrow`] on the index's depths at `now`.
+    /// prefix keys (`None` when it has none); `session` its session key, if the client
+    /// named one; `draw` a uniform random number in `[0, 1)` for the exploration share.
+    /// With affinity disabled or fewer than two candidates there is nothing to decide:
+    /// every candidate stays and the outcome is `None`. Otherwise:
+    ///
+    /// - no keys and no session is [`Outcome::NotApplicable`], `draw < exploration` is
+    ///   [`Outcome::Exploration`], else [`narrow`] on the index's depths at `now`;
+    /// - a sticky prefix match wins. Otherwise, with
+    ///   [`session_affinity`](AffinitySettings::session_affinity) on and the session last
+    ///   answered at one of the candidates ([`PrefixIndex::session`]), the load gate weighs
+    ///   that cluster against the others at the prompt it is believed to hold for the
+    ///   request: the session's last confirmed prompt, capped by the request's own. The
+    ///   gate passing is [`Outcome::Session`] with that cluster alone; failing it is
+    ///   [`Outcome::LoadOverride`], the candidates left as the prefix rule left them.
     pub fn decide(
         &self,
         mut candidates: Vec<Arc<Cluster>>,
         keys: Option<&PrefixKeys>,
+        session: Option<SessionKey>,
         now: Instant,
         draw: f64,
     ) -> Decision {
@@ -241,18 +256,26 @@ impl Affinity {
         if !settings.enabled() || candidates.len() < 2 {
             return undecided(None, candidates);
         }
-        let Some(keys) = keys else {
+        let session = session.filter(|_| settings.session_affinity());
+        if keys.is_none() && session.is_none() {
             return undecided(Some(Outcome::NotApplicable), candidates);
-        };
+        }
         if draw < settings.exploration() {
             return undecided(Some(Outcome::Exploration), candidates);
         }
+        let Some(keys) = keys else {
+            // A session without a prompt to key (token ids, an unknown part type, ...).
+            let Some(found) = self.session_gate(&settings, &candidates, session, None, now) else {
+                return undecided(Some(Outcome::NotApplicable), candidates);
+            };
+            return found.decided(candidates, 0);
+        };
         let depths = self
             .index
             .depths(candidates.iter().map(|c| c.id()), keys.as_slice(), now);
         let deepest = depths.iter().copied().max().unwrap_or(0);
         // Under the floor there is no match to price (narrow returns no_match first).
-        let settings = if settings.learns_prices() && deepest >= MIN_STICKY_DEPTH {
+        let priced = if settings.learns_prices() && deepest >= MIN_STICKY_DEPTH {
             // The match saves the deepest holders' prefill: priced at the slowest of
             // them, the one it saves most on, against the dearest of their queues.
             let (rate, queued) = candidates
@@ -270,9 +293,19 @@ impl Affinity {
         } else {
             settings
         };
-        let narrowing = narrow(&settings, keys, &depths, |i| {
+        let narrowing = narrow(&priced, keys, &depths, |i| {
             candidates[i].load().routing_load(now)
         });
+        let mut outcome = narrowing.outcome;
+        if outcome != Outcome::Sticky {
+            match self.session_gate(&settings, &candidates, session, Some(keys), now) {
+                Some(found) if found.sticks => return found.decided(candidates, deepest),
+                // The session's cluster is too busy for what it holds: the candidates stay
+                // as the prefix rule left them.
+                Some(_) => outcome = Outcome::LoadOverride,
+                None => {}
+            }
+        }
         if narrowing.outcome == Outcome::NoMatch {
             candidates = self.roomiest(candidates, &depths, now);
         } else {
@@ -280,10 +313,84 @@ impl Affinity {
             candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
         }
         Decision {
-            outcome: Some(narrowing.outcome),
+            outcome: Some(outcome),
             deepest: narrowing.deepest,
             covered_bytes: keys.covered_bytes(narrowing.deepest),
             clusters: candidates,
+        }
+    }
+
+    /// The session step: where `session` was last answered among `candidates`, and whether
+    /// the load gate lets the request wait for that cluster. `None` when there is no
+    /// session or no candidate holds it.
+    fn session_gate(
+        &self,
+        settings: &AffinitySettings,
+        candidates: &[Arc<Cluster>],
+        session: Option<SessionKey>,
+        keys: Option<&PrefixKeys>,
+        now: Instant,
+    ) -> Option<SessionFound> {
+        let session = session?;
+        // The most recent confirmation: a session that moved holds its latest prompt
+        // where it went.
+        let (at, hold) = candidates
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((i, self.index.session(c.id(), session, now)?)))
+            .max_by_key(|(_, hold)| (hold.confirmed(), hold.held_bytes()))?;
+        let held = keys.map_or(hold.held_bytes(), |keys| {
+            hold.held_bytes().min(keys.total_covered_bytes())
+        });
+        let prices = self.prices_under(settings, candidates[at].id());
+        let worth = settings
+            .priced_at(
+                prices.prefill_tokens_per_second,
+                prices.queued_request_seconds,
+            )
+            .match_worth(held);
+        let here = candidates[at].load().routing_load(now);
+        let others = candidates
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != at)
+            .map(|(_, c)| c.load().routing_load(now))
+            .fold(f64::INFINITY, f64::min);
+        // As in `narrow`: an unmeasured cluster gives way to a measured other, and two
+        // unmeasured ones give NaN, which exceeds nothing.
+        Some(SessionFound {
+            at,
+            held,
+            sticks: !(here - others > worth),
+        })
+    }
+}
+
+/// What the session step found: the cluster that last answered the session, the prompt it
+/// is believed to hold for the request, and whether the load gate lets it stick.
+struct SessionFound {
+    at: usize,
+    held: u64,
+    sticks: bool,
+}
+
+impl SessionFound {
+    fn decided(self, mut candidates: Vec<Arc<Cluster>>, deepest: usize) -> Decision {
+        if self.sticks {
+            let chosen = candidates.swap_remove(self.at);
+            Decision {
+                outcome: Some(Outcome::Session),
+                deepest,
+                covered_bytes: self.held,
+                clusters: vec![chosen],
+            }
+        } else {
+            Decision {
+                outcome: Some(Outcome::LoadOverride),
+                deepest,
+                covered_bytes: self.held,
+                clusters: candidates,
+            }
         }
     }
 }

@@ -37,6 +37,14 @@
 //!    unmeasured holder gives way to a measured other; two unmeasured keep the match.
 //! 4. Else → [`Outcome::Sticky`]: only the deepest holders stay; the balancer picks
 //!    among them by queue.
+//! 5. **Sessions.** A request that did not stick at step 2 or 3 but names a session
+//!    ([`Prompt::session`]: `prompt_cache_key`, Anthropic `metadata.user_id`, a session
+//!    header) that a candidate last answered goes back there → [`Outcome::Session`],
+//!    through the same load gate, priced at the prompt that cluster is believed to hold
+//!    for it: the session's last confirmed prompt, capped by the request's own. Failing
+//!    the gate is [`Outcome::LoadOverride`]. A session without prompt keys (token ids, an
+//!    unknown part type) takes this step alone. Off with
+//!    [`session_affinity`](AffinitySettings::session_affinity) `false`.
 //!
 //! A drained or unhealthy cluster is never a candidate, so it is never sticky.
 //!
@@ -101,7 +109,7 @@
 //!
 //! // Both sites unmeasured: the match holds and only east stays.
 //! let no_exploration = 0.5;
-//! let decision = affinity.decide(view.candidates(prompt.model()), Some(keys), now, no_exploration);
+//! let decision = affinity.decide(view.candidates(prompt.model()), Some(keys), None, now, no_exploration);
 //! assert_eq!(decision.outcome(), Some(Outcome::Sticky));
 //! assert_eq!(decision.clusters().len(), 1);
 //! assert_eq!(decision.clusters()[0].id(), east.id());
@@ -110,7 +118,7 @@
 //! // request, so load wins.
 //! east.load().record_queue("http://east", Some(10.0), now);
 //! view.clusters()[1].load().record_queue("http://west", Some(0.0), now);
-//! let decision = affinity.decide(view.candidates(prompt.model()), Some(keys), now, no_exploration);
+//! let decision = affinity.decide(view.candidates(prompt.model()), Some(keys), None, now, no_exploration);
 //! assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
 //! assert_eq!(decision.clusters().len(), 2);
 //! ```

@@ -83,6 +83,7 @@ impl<S> AffinityService<S> {
             Some(prompt) => self.affinity.decide(
                 candidates,
                 prompt.keys().ok(),
+                prompt.session(),
                 Instant::now(),
                 random_draw(),
             ),

@@ -30,6 +30,7 @@ pub struct AffinitySettings {
     engine_feedback: bool,
     learn_prefill: bool,
     learn_queued: bool,
+    session_affinity: bool,
 }
 
 impl AffinitySettings {
@@ -56,8 +57,10 @@ impl AffinitySettings {
         engine_feedback: bool,
         learn_prefill: bool,
         learn_queued: bool,
+        session_affinity: bool,
     ) -> Self {
         Self {
+            session_affinity,
             enabled,
             threshold,
             exploration,
@@ -101,6 +104,19 @@ impl AffinitySettings {
     /// (`queued_request_seconds: auto`) rather than fixed.
     pub fn learns_queued(&self) -> bool {
         self.learn_queued
+    }
+
+    /// Whether a request goes back to where its session was answered when its prefix match
+    /// does not stick (`prefix_affinity.session_affinity`).
+    pub fn session_affinity(&self) -> bool {
+        self.session_affinity
+    }
+
+    /// These settings with [`session_affinity`](Self::session_affinity) set.
+    #[must_use]
+    pub fn with_session_affinity(mut self, session_affinity: bool) -> Self {
+        self.session_affinity = session_affinity;
+        self
     }
 
     /// Whether either price is learned.
@@ -163,6 +179,7 @@ impl Default for AffinitySettings {
             engine_feedback: true,
             learn_prefill: true,
             learn_queued: true,
+            session_affinity: true,
         }
     }
 }

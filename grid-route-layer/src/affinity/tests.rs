@@ -99,6 +99,7 @@ impl Fixture {
         self.affinity.decide(
             view.candidates(prompt.model()),
             prompt.keys().ok(),
+            prompt.session(),
             self.now,
             NO_EXPLORATION,
         )
@@ -457,7 +458,7 @@ fn a_request_without_keys_is_not_applicable() {
     let view = f.grid.view();
     let decision = f
         .affinity
-        .decide(view.candidates(Some(MODEL)), None, f.now, 0.0);
+        .decide(view.candidates(Some(MODEL)), None, None, f.now, 0.0);
     assert_eq!(decision.outcome(), Some(Outcome::NotApplicable));
     assert_eq!(decision.clusters().len(), 2);
 }
@@ -469,7 +470,9 @@ fn one_candidate_or_none_is_not_a_decision() {
     let decision = f.decide(&first);
     assert_eq!(decision.outcome(), None);
     assert_eq!(names(&decision), ["east-a"]);
-    let decision = f.affinity.decide(Vec::new(), first.keys().ok(), f.now, 0.5);
+    let decision = f
+        .affinity
+        .decide(Vec::new(), first.keys().ok(), None, f.now, 0.5);
     assert_eq!(decision.outcome(), None);
     assert!(decision.clusters().is_empty());
 }
@@ -500,7 +503,7 @@ fn exploration_lands_within_a_fifth_of_its_share() {
         .filter(|_| {
             let d = f
                 .affinity
-                .decide(candidates.clone(), keys, f.now, random_draw());
+                .decide(candidates.clone(), keys, None, f.now, random_draw());
             d.outcome() == Some(Outcome::Exploration)
         })
         .count();
@@ -520,6 +523,7 @@ fn exploration_keeps_every_candidate() {
     let decision = f.affinity.decide(
         view.candidates(Some(MODEL)),
         next.keys().ok(),
+        None,
         f.now,
         0.0199,
     );
@@ -558,6 +562,7 @@ fn a_ttl_change_leaves_existing_deadlines() {
         let decision = f.affinity.decide(
             view.candidates(Some(MODEL)),
             next.keys().ok(),
+            None,
             now,
             NO_EXPLORATION,
         );
@@ -1063,4 +1068,170 @@ fn a_match_at_a_slow_learned_prefill_keeps_its_site_three_queued_requests_heavie
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::Sticky));
     assert_eq!(names(&decision), ["east-a"]);
+}
+
+/// A Chat body of these messages in session `key` (`prompt_cache_key`), with `salt`.
+fn session_body(messages: &[(&str, &str)], key: &str, salt: Option<&str>) -> Vec<u8> {
+    let mut body: serde_json::Value = serde_json::from_slice(&chat(messages)).unwrap();
+    body["prompt_cache_key"] = key.into();
+    if let Some(salt) = salt {
+        body["cache_salt"] = salt.into();
+    }
+    serde_json::to_vec(&body).unwrap()
+}
+
+/// The first two turns of a conversation without a system prompt: the second adds more
+/// than a fifth to the first, so its prefix match (about a third) cannot stick.
+fn short_conversation(f: &Fixture, key: &str, salt: Option<&str>) -> (Prompt, Prompt) {
+    let question = text("question", 10 * 256);
+    let answer = text("answer", 20 * 256);
+    let first = prompt_of(&f.seed, &session_body(&[("user", &question)], key, salt));
+    let next = prompt_of(
+        &f.seed,
+        &session_body(
+            &[
+                ("user", &question),
+                ("assistant", &answer),
+                ("user", "and?"),
+            ],
+            key,
+            salt,
+        ),
+    );
+    (first, next)
+}
+
+impl Fixture {
+    /// What `ConfirmLayer` does with a 2xx from `name`: the keys, then the session.
+    fn answered(&self, name: &str, prompt: &Prompt) {
+        crate::confirm::Verdict::Confirm.apply_to_request(
+            &self.index,
+            &self.id(name),
+            prompt.keys().ok(),
+            prompt.session(),
+            self.now,
+        );
+    }
+}
+
+#[test]
+fn a_turn_too_long_to_stick_by_prefix_goes_back_to_its_sessions_cluster() {
+    let f = two_sites();
+    let (first, next) = short_conversation(&f, "conv-1", None);
+    f.answered("west-a", &first);
+    f.set_queue("east-a", Some(0.0));
+    f.set_queue("west-a", Some(0.0));
+    // Without the session the prefix match is too short: no match, both stay.
+    let anonymous = next.clone().with_session(None);
+    assert_eq!(f.decide(&anonymous).outcome(), Some(Outcome::NoMatch));
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Session));
+    assert_eq!(names(&decision), ["west-a"]);
+    // Priced at the first turn's prompt, which the second one starts with.
+    let held = first.keys().unwrap().total_covered_bytes();
+    assert_eq!(decision.covered_bytes(), held);
+    // Off, the session is not read.
+    f.affinity
+        .set_settings(AffinitySettings::default().with_session_affinity(false));
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::NoMatch));
+}
+
+#[test]
+fn a_session_whose_cluster_is_busier_than_its_prompt_is_worth_goes_elsewhere() {
+    let f = two_sites();
+    let (first, next) = short_conversation(&f, "conv-1", None);
+    f.answered("west-a", &first);
+    // Ten blocks at the priors save 0.064 s, 0.032 of a queued request: one more queued
+    // request at west outweighs them.
+    f.set_queue("east-a", Some(0.0));
+    f.set_queue("west-a", Some(1.0));
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert_eq!(names(&decision), ["east-a"]);
+}
+
+#[test]
+fn a_session_whose_cluster_is_drained_goes_elsewhere() {
+    let f = three_sites();
+    let (first, next) = short_conversation(&f, "conv-1", None);
+    f.answered("west-a", &first);
+    // West admits no new request, so it is no candidate.
+    let candidates = vec![f.cluster("east-a"), f.cluster("north-a")];
+    let decision = f.affinity.decide(
+        candidates,
+        next.keys().ok(),
+        next.session(),
+        f.now,
+        NO_EXPLORATION,
+    );
+    assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+    assert_eq!(names(&decision), ["east-a", "north-a"]);
+}
+
+#[test]
+fn a_sticky_prefix_match_wins_over_the_session() {
+    let f = two_sites();
+    let (first, next) = short_conversation(&f, "conv-1", None);
+    f.answered("west-a", &first);
+    // East was sent the whole of the next turn's prompt by another request.
+    f.confirm("east-a", &next);
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a"]);
+}
+
+#[test]
+fn the_same_session_id_under_another_salt_or_model_is_another_session() {
+    let f = two_sites();
+    let (first, _) = short_conversation(&f, "conv-1", Some("tenant-a"));
+    let (_, other_tenant) = short_conversation(&f, "conv-1", Some("tenant-b"));
+    let (_, same_tenant) = short_conversation(&f, "conv-1", Some("tenant-a"));
+    f.answered("west-a", &first);
+    f.set_queue("east-a", Some(0.0));
+    f.set_queue("west-a", Some(0.0));
+    assert_eq!(f.decide(&same_tenant).outcome(), Some(Outcome::Session));
+    assert_ne!(other_tenant.session(), first.session());
+    assert_eq!(f.decide(&other_tenant).outcome(), Some(Outcome::NoMatch));
+}
+
+#[test]
+fn a_session_without_prompt_keys_sticks_to_where_it_was_answered() {
+    let f = two_sites();
+    let (first, _) = short_conversation(&f, "conv-1", None);
+    f.answered("west-a", &first);
+    f.set_queue("east-a", Some(0.0));
+    f.set_queue("west-a", Some(0.0));
+    // A later turn whose prompt cannot be keyed (token ids) but names the session.
+    let body = br#"{"model":"m","prompt_cache_key":"conv-1","prompt":[1,2,3]}"#;
+    let tokens = crate::keying::key_body(&f.seed, crate::keying::Api::Completions, body).unwrap();
+    assert!(tokens.keys().is_err());
+    // Completions and Chat name the same session alike.
+    assert_eq!(tokens.session(), first.session());
+    let decision = f.decide(&tokens);
+    assert_eq!(decision.outcome(), Some(Outcome::Session));
+    assert_eq!(names(&decision), ["west-a"]);
+    // A failure there drops the session too.
+    crate::confirm::Verdict::Drop.apply_to_request(
+        &f.index,
+        &f.id("west-a"),
+        tokens.keys().ok(),
+        tokens.session(),
+        f.now,
+    );
+    assert_eq!(f.decide(&tokens).outcome(), Some(Outcome::NotApplicable));
+}
+
+#[test]
+fn a_session_that_moved_follows_its_latest_answer() {
+    let f = two_sites();
+    let (first, next) = short_conversation(&f, "conv-1", None);
+    f.answered("west-a", &first);
+    let later = Fixture {
+        now: f.now + Duration::from_secs(5),
+        ..f
+    };
+    later.answered("east-a", &first);
+    later.set_queue("east-a", Some(0.0));
+    later.set_queue("west-a", Some(0.0));
+    assert_eq!(names(&later.decide(&next)), ["east-a"]);
 }

@@ -12,28 +12,45 @@ use pin_project_lite::pin_project;
 use super::verdict::Verdict;
 use crate::grid::ClusterId;
 use crate::index::PrefixIndex;
-use crate::keying::PrefixKeys;
+use crate::keying::{PrefixKeys, SessionKey};
 use crate::route::{BoxError, DispatchError, Served};
 
-/// A request's keys waiting for its answer.
+/// A request's keys and session waiting for its answer.
 #[derive(Debug)]
 pub(super) struct Pending {
-    keys: PrefixKeys,
+    keys: Option<PrefixKeys>,
+    session: Option<SessionKey>,
     index: Arc<PrefixIndex>,
 }
 
 impl Pending {
-    pub(super) fn new(keys: PrefixKeys, index: Arc<PrefixIndex>) -> Self {
-        Self { keys, index }
+    /// `None` when there is nothing to confirm: no keys and no session.
+    pub(super) fn new(
+        keys: Option<PrefixKeys>,
+        session: Option<SessionKey>,
+        index: Arc<PrefixIndex>,
+    ) -> Option<Self> {
+        (keys.is_some() || session.is_some()).then_some(Self {
+            keys,
+            session,
+            index,
+        })
     }
 
     fn settle(self, verdict: Verdict, cluster: &ClusterId, status: Option<u16>) {
-        verdict.apply(&self.index, cluster, self.keys.as_slice(), Instant::now());
+        verdict.apply_to_request(
+            &self.index,
+            cluster,
+            self.keys.as_ref(),
+            self.session,
+            Instant::now(),
+        );
         tracing::debug!(
             verdict = verdict.as_str(),
             status,
             cluster = %cluster,
-            keys = self.keys.len(),
+            keys = self.keys.as_ref().map_or(0, PrefixKeys::len),
+            session = self.session.is_some(),
             "prefix confirmation"
         );
     }

@@ -79,10 +79,16 @@ where
         // prompt that was sent is the one to confirm. With affinity disabled no prompt is
         // read at all.
         let pending = if self.affinity.settings().enabled() {
-            req.extensions()
-                .get::<Prompt>()
-                .and_then(|prompt| prompt.keys().ok())
-                .map(|keys| Pending::new(keys.clone(), Arc::clone(self.affinity.index())))
+            req.extensions().get::<Prompt>().and_then(|prompt| {
+                let session = prompt
+                    .session()
+                    .filter(|_| self.affinity.settings().session_affinity());
+                Pending::new(
+                    prompt.keys().ok().cloned(),
+                    session,
+                    Arc::clone(self.affinity.index()),
+                )
+            })
         } else {
             None
         };

@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use crate::grid::ClusterId;
 use crate::index::PrefixIndex;
+use crate::keying::{PrefixKeys, SessionKey};
 
 /// What the head of an answer does to the request's keys at the serving cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +38,34 @@ impl Verdict {
         match self {
             Verdict::Confirm => index.confirm(cluster, keys, now),
             Verdict::Drop => index.drop_keys(cluster, keys),
+            Verdict::Keep => {}
+        }
+    }
+
+    /// Applies the verdict to a request's `keys` (when it had any) and its `session` (when
+    /// it named one) at `cluster`: the keys as [`apply`](Self::apply) does, then the
+    /// session, confirmed as holding the keys' [`total_covered_bytes`] or dropped.
+    ///
+    /// [`total_covered_bytes`]: PrefixKeys::total_covered_bytes
+    pub fn apply_to_request(
+        self,
+        index: &PrefixIndex,
+        cluster: &ClusterId,
+        keys: Option<&PrefixKeys>,
+        session: Option<SessionKey>,
+        now: Instant,
+    ) {
+        if let Some(keys) = keys {
+            self.apply(index, cluster, keys.as_slice(), now);
+        }
+        let Some(session) = session else {
+            return;
+        };
+        // Written after its prompt's keys: the session is the most recent entry.
+        let held = keys.map_or(0, PrefixKeys::total_covered_bytes);
+        match self {
+            Verdict::Confirm => index.confirm_session(cluster, session, held, now),
+            Verdict::Drop => index.drop_keys(cluster, &[session.as_u64()]),
             Verdict::Keep => {}
         }
     }

@@ -15,7 +15,25 @@ use super::hasher::PassThroughState;
 /// of insertion while bounding the time one writer holds the lock after an idle spell.
 const EXPIRED_SWEEP_PER_CONFIRM: usize = 1024;
 
-type Entries = LruCache<u64, Secs, PassThroughState>;
+type Entries = LruCache<u64, Entry, PassThroughState>;
+
+/// One confirmed key: when it stops counting, and for a session key how many blocks of
+/// prompt its last confirmed request held (0 for a prefix key). Eight bytes, so an LRU
+/// node is no larger than it was with the deadline alone (the key and two links pad it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    deadline: Secs,
+    held_blocks: u32,
+}
+
+impl Entry {
+    fn prefix(deadline: Secs) -> Self {
+        Self {
+            deadline,
+            held_blocks: 0,
+        }
+    }
+}
 
 /// The keys one cluster was confirmed for, each with its deadline, least recent first out.
 ///
@@ -57,8 +75,29 @@ impl ClusterLru {
         // (the end state is the same: the head fills the whole LRU).
         let kept = keys.len().min(entries.cap().get());
         for &key in keys[..kept].iter().rev() {
-            entries.put(key, deadline);
+            entries.put(key, Entry::prefix(deadline));
         }
+    }
+
+    /// Writes a session key, most recent, holding `held_blocks` of prompt until `deadline`.
+    pub(crate) fn confirm_session(&self, key: u64, held_blocks: u32, deadline: Secs, now: Secs) {
+        let mut entries = self.write();
+        sweep_expired(&mut entries, now);
+        entries.put(
+            key,
+            Entry {
+                deadline,
+                held_blocks,
+            },
+        );
+    }
+
+    /// A live session key's deadline and held blocks.
+    pub(crate) fn session(&self, key: u64, now: Secs) -> Option<(Secs, u32)> {
+        self.read()
+            .peek(&key)
+            .filter(|entry| DeadlineClock::is_live(now, entry.deadline))
+            .map(|entry| (entry.deadline, entry.held_blocks))
     }
 
     /// Removes `keys`, wherever they are.
@@ -73,7 +112,7 @@ impl ClusterLru {
     pub(crate) fn deadline_of(&self, key: u64, now: Secs) -> Option<Secs> {
         self.read()
             .peek(&key)
-            .copied()
+            .map(|entry| entry.deadline)
             .filter(|&deadline| DeadlineClock::is_live(now, deadline))
     }
 
@@ -88,8 +127,8 @@ impl ClusterLru {
     pub(crate) fn forget_older(&self, deadline: Secs) -> Vec<u64> {
         let mut entries = self.write();
         let mut forgotten = Vec::new();
-        while let Some((&key, &entry)) = entries.peek_lru() {
-            if entry >= deadline {
+        while let Some((&key, entry)) = entries.peek_lru() {
+            if entry.deadline >= deadline {
                 break;
             }
             entries.pop_lru();
@@ -109,7 +148,7 @@ impl ClusterLru {
         let held = |i: usize| {
             entries
                 .peek(&keys[i])
-                .is_some_and(|&deadline| DeadlineClock::is_live(now, deadline))
+                .is_some_and(|entry| DeadlineClock::is_live(now, entry.deadline))
         };
         // The two common answers first: most clusters hold none of a prompt (one probe),
         // and a repeated prompt is held whole (two probes).
@@ -157,7 +196,7 @@ impl ClusterLru {
 fn sweep_expired(entries: &mut Entries, now: Secs) {
     for _ in 0..EXPIRED_SWEEP_PER_CONFIRM {
         match entries.peek_lru() {
-            Some((_, &deadline)) if !DeadlineClock::is_live(now, deadline) => {
+            Some((_, entry)) if !DeadlineClock::is_live(now, entry.deadline) => {
                 entries.pop_lru();
             }
             _ => break,

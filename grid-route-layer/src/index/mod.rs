@@ -81,7 +81,7 @@ mod prefix_index;
 mod settings;
 mod shared;
 
-pub use prefix_index::{Confirmation, PrefixIndex};
+pub use prefix_index::{Confirmation, PrefixIndex, SessionHold};
 pub use settings::{IndexSettings, IndexSettingsError};
 pub use shared::{IndexEvent, IndexObserver};
 

@@ -12,12 +12,38 @@ use super::cluster::ClusterLru;
 use super::settings::IndexSettings;
 use super::shared::{IndexEvent, IndexObserver};
 use crate::grid::ClusterId;
+use crate::keying::{BLOCK_BYTES, SessionKey};
 
 /// When a cluster was last confirmed for a key, from [`PrefixIndex::confirmation`]: a mark
 /// to give back to [`PrefixIndex::forget_older`] of the same index. Opaque (the index
 /// keeps whole seconds); marks of one index compare by time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Confirmation(Secs);
+
+/// A session's entry at one cluster, from [`PrefixIndex::session`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionHold {
+    confirmed: Confirmation,
+    held_bytes: u64,
+}
+
+impl SessionHold {
+    /// When it was last confirmed there (later marks are more recent).
+    pub fn confirmed(&self) -> Confirmation {
+        self.confirmed
+    }
+
+    /// Bytes of canonical prompt the last confirmed request of the session covered, in
+    /// whole blocks.
+    pub fn held_bytes(&self) -> u64 {
+        self.held_bytes
+    }
+}
+
+/// Whole blocks of `bytes`, saturating at what an entry holds.
+fn held_blocks(bytes: u64) -> u32 {
+    u32::try_from(bytes / BLOCK_BYTES as u64).unwrap_or(u32::MAX)
+}
 
 /// What this gateway replica remembers about which cluster holds which prompt prefix.
 ///
@@ -112,6 +138,76 @@ impl PrefixIndex {
                 lifetime,
             });
         }
+    }
+
+    /// Records that `cluster` answered a request of `session` with 2xx at `now`, holding
+    /// `held_bytes` of its prompt (its keys' [`total_covered_bytes`]; 0 when it had none).
+    ///
+    /// The session key lives in the cluster's LRU with the prefix keys: the same capacity,
+    /// TTL, eviction and forgetting. It is written after the request's own keys, so it is
+    /// the most recent of them. A later confirmation at the same cluster replaces the held
+    /// length, so it is always the last confirmed prompt's.
+    ///
+    /// [`total_covered_bytes`]: crate::keying::PrefixKeys::total_covered_bytes
+    ///
+    /// ```
+    /// use std::time::Instant;
+    ///
+    /// use grid_route_layer::grid::{ClusterId, SiteName};
+    /// use grid_route_layer::index::{IndexSettings, PrefixIndex};
+    /// use grid_route_layer::keying::SessionKey;
+    ///
+    /// let east = ClusterId::new(SiteName::new("east").unwrap(), "east-a");
+    /// let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
+    /// let session = SessionKey::from_digest(0x5eed);
+    /// let now = Instant::now();
+    /// assert!(index.session(&east, session, now).is_none());
+    /// index.confirm_session(&east, session, 10_240, now);
+    /// assert_eq!(index.session(&east, session, now).unwrap().held_bytes(), 10_240);
+    /// ```
+    pub fn confirm_session(
+        &self,
+        cluster: &ClusterId,
+        session: SessionKey,
+        held_bytes: u64,
+        now: Instant,
+    ) {
+        let state = self.state.load();
+        if let Some(lru) = state.clusters.get(cluster) {
+            let lifetime = state.settings.ttl();
+            lru.confirm_session(
+                session.as_u64(),
+                held_blocks(held_bytes),
+                self.clock.deadline(now, lifetime),
+                self.clock.now(now),
+            );
+            self.tell(&IndexEvent::SessionConfirmed {
+                cluster,
+                key: session.as_u64(),
+                held_bytes,
+                lifetime,
+            });
+        }
+    }
+
+    /// Where `session` was confirmed at `cluster`, if it still counts at `now`.
+    pub fn session(
+        &self,
+        cluster: &ClusterId,
+        session: SessionKey,
+        now: Instant,
+    ) -> Option<SessionHold> {
+        let now = self.clock.now(now);
+        let (deadline, blocks) = self
+            .state
+            .load()
+            .clusters
+            .get(cluster)?
+            .session(session.as_u64(), now)?;
+        Some(SessionHold {
+            confirmed: Confirmation(deadline),
+            held_bytes: u64::from(blocks) * BLOCK_BYTES as u64,
+        })
     }
 
     /// Forgets the request's `keys` at `cluster` (after a 429, a 5xx or a failed
@@ -230,6 +326,23 @@ impl PrefixIndex {
                 }
                 lru.confirm(
                     keys,
+                    self.clock.deadline(now, lifetime),
+                    self.clock.now(now),
+                );
+            }
+            IndexEvent::SessionConfirmed {
+                key,
+                held_bytes,
+                lifetime,
+                ..
+            } => {
+                let lifetime = lifetime.min(state.settings.ttl());
+                if lifetime == Duration::ZERO {
+                    return false;
+                }
+                lru.confirm_session(
+                    key,
+                    held_blocks(held_bytes),
                     self.clock.deadline(now, lifetime),
                     self.clock.now(now),
                 );

@@ -32,6 +32,19 @@ pub enum IndexEvent<'a> {
         /// How long the confirmation counts from the moment of the event.
         lifetime: Duration,
     },
+    /// `cluster` answered a request of session `key` with 2xx, holding `held_bytes` of its
+    /// prompt; the session counts there for `lifetime` from now. A failure drops the
+    /// session's key with [`Dropped`](Self::Dropped), like a prefix key.
+    SessionConfirmed {
+        /// The cluster that answered.
+        cluster: &'a ClusterId,
+        /// The session's key ([`SessionKey::as_u64`](crate::keying::SessionKey::as_u64)).
+        key: u64,
+        /// Bytes of canonical prompt the request covered (0 when its prompt had no keys).
+        held_bytes: u64,
+        /// How long the confirmation counts from the moment of the event.
+        lifetime: Duration,
+    },
     /// `cluster` failed a request with prompt `keys` (429, 5xx or no connection); the keys
     /// no longer count there.
     Dropped {
@@ -46,14 +59,17 @@ impl IndexEvent<'_> {
     /// The cluster the event is about.
     pub fn cluster(&self) -> &ClusterId {
         match self {
-            Self::Confirmed { cluster, .. } | Self::Dropped { cluster, .. } => cluster,
+            Self::Confirmed { cluster, .. }
+            | Self::SessionConfirmed { cluster, .. }
+            | Self::Dropped { cluster, .. } => cluster,
         }
     }
 
-    /// The prefix keys the event is about.
+    /// The keys the event is about: the prefix keys, or the one session key.
     pub fn keys(&self) -> &[u64] {
         match self {
             Self::Confirmed { keys, .. } | Self::Dropped { keys, .. } => keys,
+            Self::SessionConfirmed { key, .. } => std::slice::from_ref(key),
         }
     }
 }
@@ -72,6 +88,17 @@ impl fmt::Debug for IndexEvent<'_> {
                 .field("keys", &keys.len())
                 .field("lifetime", lifetime)
                 .finish(),
+            Self::SessionConfirmed {
+                cluster,
+                held_bytes,
+                lifetime,
+                ..
+            } => f
+                .debug_struct("SessionConfirmed")
+                .field("cluster", cluster)
+                .field("held_bytes", held_bytes)
+                .field("lifetime", lifetime)
+                .finish_non_exhaustive(),
             Self::Dropped { cluster, keys } => f
                 .debug_struct("Dropped")
                 .field("cluster", cluster)

@@ -471,7 +471,8 @@ struct Recorder(std::sync::Mutex<Told>);
 impl super::IndexObserver for Recorder {
     fn observe(&self, event: &super::IndexEvent<'_>) {
         let lifetime = match event {
-            super::IndexEvent::Confirmed { lifetime, .. } => Some(*lifetime),
+            super::IndexEvent::Confirmed { lifetime, .. }
+            | super::IndexEvent::SessionConfirmed { lifetime, .. } => Some(*lifetime),
             super::IndexEvent::Dropped { .. } => None,
         };
         self.0.lock().unwrap().push((

@@ -177,6 +177,34 @@ impl fmt::Debug for PrefixKeys {
     }
 }
 
+/// A request's session: the id a client gave to say which requests belong together
+/// (`prompt_cache_key`, Anthropic `metadata.user_id`, or a session header), keyed under the
+/// [`KeySeed`] and namespaced by `model` and `cache_salt` like the prefix keys, so two
+/// tenants that pick the same id never share a session.
+///
+/// `Debug` prints nothing of the value: like a prefix key it stands for client data.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SessionKey(u64);
+
+impl SessionKey {
+    /// A session key hashed elsewhere (a trace's conversation id): the simulator gives
+    /// replayed requests the session a gateway would have keyed.
+    pub fn from_digest(digest: u64) -> Self {
+        Self(digest)
+    }
+
+    /// The key as the index stores it.
+    pub fn as_u64(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SessionKey(..)")
+    }
+}
+
 /// Why a request gets no keys and routes on load alone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -311,6 +339,10 @@ enum Preamble {
 enum Field {
     Model,
     CacheSalt,
+    /// `prompt_cache_key`: the session id itself.
+    Session,
+    /// Anthropic `metadata`: an object whose `user_id` is the session id.
+    Metadata,
     Turns,
     Preamble(usize),
     StoredState(&'static str),
@@ -329,6 +361,10 @@ fn classify(api: Api, key: &[u8]) -> Field {
     match (api, key) {
         (_, b"model") => Field::Model,
         (_, b"cache_salt") => Field::CacheSalt,
+        (Api::ChatCompletions | Api::Completions | Api::Responses, b"prompt_cache_key") => {
+            Field::Session
+        }
+        (Api::Messages, b"metadata") => Field::Metadata,
         (Api::ChatCompletions | Api::Messages, b"messages")
         | (Api::Completions, b"prompt")
         | (Api::Responses, b"input") => Field::Turns,
@@ -352,6 +388,8 @@ fn classify(api: Api, key: &[u8]) -> Field {
 struct TopLevel {
     model: Option<Span>,
     salt: Option<Span>,
+    /// The session id's string value (the last given, as JSON parsers read duplicates).
+    session: Option<Span>,
     /// Each preamble field, rendered into its stream bytes when met (or why it has none).
     preamble: [Option<Result<Vec<u8>, NoKeys>>; PREAMBLE.len()],
     turns: Option<Result<(), NoKeys>>,
@@ -360,11 +398,39 @@ struct TopLevel {
 
 /// Keys one request body.
 ///
-/// Returns the request's [`Prompt`] (its model and keys, or why it has none), or the
-/// duplicated routing field when the body must be refused. The body is read in one pass
-/// (the preamble fields, usually small, a second time), without building a JSON tree;
-/// extra memory is a few bytes per block plus the largest canonicalised value.
+/// Returns the request's [`Prompt`] (its model, keys or why it has none, and its session
+/// when the body names one), or the duplicated routing field when the body must be
+/// refused. The body is read in one pass (the preamble fields, usually small, a second
+/// time), without building a JSON tree; extra memory is a few bytes per block plus the
+/// largest canonicalised value.
+///
+/// The session is the string `prompt_cache_key` (Chat, Completions, Responses) or
+/// Anthropic `metadata.user_id` (Messages), keyed in the request's namespace; an empty
+/// string is none.
+///
+/// ```
+/// use grid_route_layer::keying::{Api, KeySeed, key_body};
+///
+/// let seed = KeySeed::random();
+/// let body = |salt: &str| format!(r#"{{"model":"m","cache_salt":"{salt}","prompt_cache_key":"conv-7","messages":[{{"role":"user","content":"hi"}}]}}"#);
+/// let session = |salt| key_body(&seed, Api::ChatCompletions, body(salt).as_bytes()).unwrap().session();
+/// assert!(session("a").is_some());
+/// assert_eq!(session("a"), session("a"));
+/// // Another tenant's salt: the same id is another session.
+/// assert_ne!(session("a"), session("b"));
+/// ```
 pub fn key_body(seed: &KeySeed, api: Api, body: &[u8]) -> Result<Prompt, DuplicateField> {
+    key_request(seed, api, body, None)
+}
+
+/// [`key_body`], with the session id a request's header gave (`None` without one): the
+/// body's own session id wins over the header's.
+pub(crate) fn key_request(
+    seed: &KeySeed,
+    api: Api,
+    body: &[u8],
+    header_session: Option<&[u8]>,
+) -> Result<Prompt, DuplicateField> {
     // 0xFF never occurs in UTF-8 and starts the stream's markers; a body holding one is not
     // text, and refusing it here means no decoded text can forge a marker.
     if let Some(offset) = memchr::memchr(0xFF, body) {
@@ -387,7 +453,31 @@ pub fn key_body(seed: &KeySeed, api: Api, body: &[u8]) -> Result<Prompt, Duplica
         Err(Stop::NoKeys(reason)) => Err(reason),
         Ok(()) => finish_keys(seed, body, &top, model.as_deref(), &turns),
     };
-    Ok(Prompt::new(model_arc, keys))
+    let session = session_key(seed, body, &top, model.as_deref(), header_session);
+    Ok(Prompt::new(model_arc, keys).with_session(session))
+}
+
+/// The request's session key: the body's id if it gave a non-empty string, else the
+/// header's, in the request's namespace.
+fn session_key(
+    seed: &KeySeed,
+    body: &[u8],
+    top: &TopLevel,
+    model: Option<&[u8]>,
+    header: Option<&[u8]>,
+) -> Option<SessionKey> {
+    let from_body = top
+        .session
+        .and_then(|span| decode(body, span))
+        .filter(|id| !id.is_empty());
+    let id = match (&from_body, header) {
+        (Some(id), _) => id.as_slice(),
+        (None, Some(id)) if !id.is_empty() => id,
+        _ => return None,
+    };
+    let salt = top.salt.and_then(|span| decode(body, span));
+    let namespace = seed.namespace(model, salt.as_deref());
+    Some(SessionKey(seed.session(namespace, id)))
 }
 
 /// Reads only a request's `model` (and refuses duplicated routing fields), for when prefix
@@ -485,6 +575,19 @@ fn read_top_level(
         match classify(api, &key) {
             Field::Model => top.model = Some(s.skip_value()?),
             Field::CacheSalt => top.salt = Some(s.skip_value()?),
+            Field::Session => top.session = Some(s.skip_value()?),
+            Field::Metadata => {
+                let start = s.position();
+                match user_id(&mut s) {
+                    Ok(found) => top.session = found.or(top.session),
+                    Err(_) => {
+                        // Not an object of readable fields: no session, and the rest of
+                        // the body is still read.
+                        s.seek(start);
+                        s.skip_value()?;
+                    }
+                }
+            }
             Field::Preamble(i) => {
                 top.preamble[i] = if s.null()? {
                     None
@@ -521,6 +624,24 @@ fn read_top_level(
     }
     s.finish()?;
     Ok(())
+}
+
+/// The span of `user_id` in an Anthropic `metadata` object (the last one given), or none
+/// when the value is not an object or has no `user_id`.
+fn user_id(s: &mut Scanner<'_>) -> Result<Option<Span>, Unreadable> {
+    if s.peek_kind()? != Kind::Object {
+        s.skip_value()?;
+        return Ok(None);
+    }
+    let mut found = None;
+    let mut fields = s.begin_object()?;
+    while let Some(key) = s.next_key(&mut fields)? {
+        let span = s.skip_value()?;
+        if &*key == b"user_id" {
+            found = Some(span);
+        }
+    }
+    Ok(found)
 }
 
 fn walk_turns(

@@ -12,6 +12,10 @@ pub const DEFAULT_BODY_LIMIT_BYTES: usize = 10 * 1024 * 1024;
 /// Bodies over this size are keyed on Tokio's blocking pool, off the async workers.
 pub const BLOCKING_THRESHOLD_BYTES: usize = 256 * 1024;
 
+/// The headers read for a session id by default, in order: `x-session-id`, the name many
+/// gateways and agent frameworks send.
+pub const DEFAULT_SESSION_HEADERS: [&str; 1] = ["x-session-id"];
+
 /// Buffers the body of keyed requests (bounded), computes the prompt's keys and attaches
 /// them as the [`Prompt`](crate::route::Prompt) request extension, then forwards the body's
 /// bytes unchanged.
@@ -42,6 +46,15 @@ impl KeyingLayer {
     #[must_use]
     pub fn follow(self, affinity: Affinity) -> Self {
         self.with(|shared| shared.affinity = Some(affinity))
+    }
+
+    /// Reads a request's session id from the first of `headers` it carries, when its body
+    /// names none (`prompt_cache_key`, Anthropic `metadata.user_id`); by default
+    /// [`DEFAULT_SESSION_HEADERS`]. No header names: only the body is read.
+    #[must_use]
+    pub fn session_headers(self, headers: impl IntoIterator<Item = http::HeaderName>) -> Self {
+        let headers: Arc<[http::HeaderName]> = headers.into_iter().collect();
+        self.with(|shared| shared.session_headers = headers)
     }
 
     fn with(self, change: impl FnOnce(&mut Shared)) -> Self {

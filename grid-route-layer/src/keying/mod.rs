@@ -125,7 +125,12 @@ mod walk;
 pub use body::{KeyedBody, ResponseBody};
 pub use canonical::CANONICAL_LIMIT_BYTES;
 pub use future::ResponseFuture;
-pub use keys::{Api, DuplicateField, NoKeys, PrefixKeys, key_body, read_model, scan_model};
-pub use layer::{BLOCKING_THRESHOLD_BYTES, DEFAULT_BODY_LIMIT_BYTES, KeyingLayer};
+pub(crate) use keys::key_request;
+pub use keys::{
+    Api, DuplicateField, NoKeys, PrefixKeys, SessionKey, key_body, read_model, scan_model,
+};
+pub use layer::{
+    BLOCKING_THRESHOLD_BYTES, DEFAULT_BODY_LIMIT_BYTES, DEFAULT_SESSION_HEADERS, KeyingLayer,
+};
 pub use service::KeyingService;
 pub use stream::{BLOCK_BYTES, KeySeed, MAX_KEYS};

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tower::Service;
@@ -14,9 +14,9 @@ use tracing::Instrument;
 use super::body::{KeyedBody, ResponseBody};
 use super::future::ResponseFuture;
 use super::keys::{Api, read_model, scan_model};
-use super::layer::{BLOCKING_THRESHOLD_BYTES, DEFAULT_BODY_LIMIT_BYTES};
+use super::layer::{BLOCKING_THRESHOLD_BYTES, DEFAULT_BODY_LIMIT_BYTES, DEFAULT_SESSION_HEADERS};
 use super::stream::KeySeed;
-use super::{DuplicateField, key_body};
+use super::{DuplicateField, key_request};
 use crate::affinity::Affinity;
 use crate::answer::ErrorAnswer;
 use crate::metrics::{KEYING_SECONDS, KEYS_PER_REQUEST};
@@ -24,30 +24,35 @@ use crate::pin::is_stored_state_api;
 use crate::route::{BoxError, BufferedBody, Prompt, RequestModel};
 
 /// What every [`KeyingService`] made by one layer shares.
+#[derive(Clone)]
 pub(crate) struct Shared {
     pub(crate) seed: KeySeed,
     pub(crate) body_limit: usize,
     pub(crate) affinity: Option<Affinity>,
+    pub(crate) session_headers: Arc<[HeaderName]>,
 }
 
 impl Shared {
-    /// Keys under `seed`, bodies up to [`DEFAULT_BODY_LIMIT_BYTES`], whatever affinity says.
+    /// Keys under `seed`, bodies up to [`DEFAULT_BODY_LIMIT_BYTES`], whatever affinity says,
+    /// sessions from [`DEFAULT_SESSION_HEADERS`] too.
     pub(crate) fn new(seed: KeySeed) -> Self {
         Self {
             seed,
             body_limit: DEFAULT_BODY_LIMIT_BYTES,
             affinity: None,
+            session_headers: DEFAULT_SESSION_HEADERS
+                .iter()
+                .map(|name| HeaderName::from_static(name))
+                .collect(),
         }
     }
-}
 
-impl Clone for Shared {
-    fn clone(&self) -> Self {
-        Self {
-            seed: self.seed.clone(),
-            body_limit: self.body_limit,
-            affinity: self.affinity.clone(),
-        }
+    /// The session id of the first configured header the request carries.
+    fn header_session(&self, headers: &HeaderMap) -> Option<HeaderValue> {
+        self.session_headers
+            .iter()
+            .find_map(|name| headers.get(name))
+            .cloned()
     }
 }
 
@@ -56,6 +61,7 @@ impl fmt::Debug for Shared {
         f.debug_struct("KeyingLayer")
             .field("body_limit", &self.body_limit)
             .field("follows_affinity", &self.affinity.is_some())
+            .field("session_headers", &self.session_headers)
             .finish_non_exhaustive()
     }
 }
@@ -156,6 +162,7 @@ where
             Err(answer) => return ResponseFuture::answered(answer.into_response()),
         };
         let shared = self.shared.clone();
+        let header_session = shared.header_session(request.headers());
         ResponseFuture::read(async move {
             let (mut parts, body) = request.into_parts();
             let (bytes, trailers) = match read_up_to(body, shared.body_limit).await {
@@ -203,7 +210,9 @@ where
                 }
             };
             let model = match read.api {
-                Some(api) => prompt_of(&shared, api, bytes.clone()).await.map(|prompt| {
+                Some(api) => prompt_of(&shared, api, bytes.clone(), header_session)
+                    .await
+                    .map(|prompt| {
                     let model = prompt.model_arc().cloned();
                     parts.extensions.insert(prompt);
                     model
@@ -441,7 +450,12 @@ where
 
 /// Keys the body (on the blocking pool when it is large), or reads only its model when
 /// affinity is switched off.
-async fn prompt_of(shared: &Arc<Shared>, api: Api, bytes: Bytes) -> Result<Prompt, DuplicateField> {
+async fn prompt_of(
+    shared: &Arc<Shared>,
+    api: Api,
+    bytes: Bytes,
+    header_session: Option<HeaderValue>,
+) -> Result<Prompt, DuplicateField> {
     let reads_prompts = shared
         .affinity
         .as_ref()
@@ -453,7 +467,15 @@ async fn prompt_of(shared: &Arc<Shared>, api: Api, bytes: Bytes) -> Result<Promp
     let prompt = if bytes.len() > BLOCKING_THRESHOLD_BYTES {
         let shared = shared.clone();
         let len = bytes.len();
-        match tokio::task::spawn_blocking(move || key_body(&shared.seed, api, &bytes)).await {
+        let keyed = move || {
+            key_request(
+                &shared.seed,
+                api,
+                &bytes,
+                header_session.as_ref().map(HeaderValue::as_bytes),
+            )
+        };
+        match tokio::task::spawn_blocking(keyed).await {
             Ok(prompt) => prompt,
             Err(error) => {
                 // Keying does not panic; if it ever did, the request still goes through.
@@ -465,7 +487,12 @@ async fn prompt_of(shared: &Arc<Shared>, api: Api, bytes: Bytes) -> Result<Promp
             }
         }
     } else {
-        key_body(&shared.seed, api, &bytes)
+        key_request(
+            &shared.seed,
+            api,
+            &bytes,
+            header_session.as_ref().map(HeaderValue::as_bytes),
+        )
     }?;
     metrics::histogram!(KEYING_SECONDS).record(started.elapsed().as_secs_f64());
     match prompt.keys() {

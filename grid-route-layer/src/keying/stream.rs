@@ -134,6 +134,7 @@ enum Domain {
     RawDigest = 7,
     NhKey = 8,
     Block = 9,
+    Session = 10,
 }
 
 /// The secret that seeds every key. Keys are only comparable within one `KeySeed`;
@@ -242,6 +243,16 @@ impl KeySeed {
                 None => h.write_u8(0),
             }
         }
+        h.finish()
+    }
+
+    /// The key of a session id (`prompt_cache_key`, Anthropic `metadata.user_id`, a session
+    /// header) in `namespace`: ids from any of those places that are equal key alike.
+    pub(crate) fn session(&self, namespace: u64, id: &[u8]) -> u64 {
+        let mut h = self.hasher(Domain::Session);
+        h.write_u64(namespace);
+        h.write_u64(id.len() as u64);
+        h.write(id);
         h.finish()
     }
 

@@ -3,9 +3,9 @@
 //! Per request, exactly what `serve` runs: [`Affinity::decide`] over the grid's
 //! candidates with the request's keys, `now` and a seeded draw for exploration (the
 //! library's [`narrow`](grid_route_layer::affinity::narrow): the prefix index's depths,
-//! the threshold, the load gate), then `Select`'s [`least_loaded`] among the clusters that
+//! the threshold, the load gate; and with `--sessions` the session step), then `Select`'s [`least_loaded`] among the clusters that
 //! stay, then p2c inside the cluster. At the answer head, [`Verdict`] applies the status
-//! to the index, as `ConfirmLayer` does: a 200 confirms the keys, a 503 (an engine
+//! to the index, as `ConfirmLayer` does: a 200 confirms the keys and the session, a 503 (an engine
 //! refusing, `--fail-share`) drops them. When the answer ends, engine feedback weighs
 //! what the engine served from its cache against a sticky request's predicted match, as
 //! `FeedbackLayer` does with `engine_feedback` on: an engine that fell short
@@ -24,7 +24,7 @@ use grid_route_layer::confirm::Verdict;
 use grid_route_layer::feedback::EvictionMarks;
 use grid_route_layer::grid::ClusterId;
 use grid_route_layer::index::PrefixIndex;
-use grid_route_layer::keying::PrefixKeys;
+use grid_route_layer::keying::{PrefixKeys, SessionKey};
 use grid_route_layer::route::PredictedMatch;
 
 use super::gateway::{Gateways, MODEL};
@@ -38,8 +38,8 @@ pub(super) struct GridRoute {
     gateways: Gateways,
     /// One per replica; with a shared index they all read and write the same one.
     affinity: Vec<Affinity>,
-    /// Keys of requests waiting for their answer head, for confirmation.
-    keys: HashMap<usize, PrefixKeys>,
+    /// Keys and session of requests waiting for their answer head, for confirmation.
+    keys: HashMap<usize, (Option<PrefixKeys>, Option<SessionKey>)>,
     /// Sticky requests until their answer ends, for engine feedback.
     predictions: HashMap<usize, Prediction>,
     /// Every request until its answer ends, for learning prices.
@@ -112,11 +112,15 @@ impl Router for GridRoute {
             .view()
             .candidates(Some(MODEL));
         let draw = self.draws.f64();
-        let decision = self.affinity[route.replica].decide(candidates, route.keys, now, draw);
+        let decision =
+            self.affinity[route.replica].decide(candidates, route.keys, route.session, now, draw);
         let outcome = decision.outcome().map_or(UNDECIDED, Outcome::as_str);
         *self.outcomes.entry(outcome).or_default() += 1;
+        if route.keys.is_some() || route.session.is_some() {
+            self.keys
+                .insert(route.id, (route.keys.cloned(), route.session));
+        }
         if let Some(keys) = route.keys {
-            self.keys.insert(route.id, keys.clone());
             let affinity = &self.affinity[route.replica];
             if decision.outcome() == Some(Outcome::Sticky) && affinity.settings().engine_feedback()
             {
@@ -162,11 +166,12 @@ impl Router for GridRoute {
             // A refusal (503) comes at once and teaches nothing: it has no usage.
             timing.head = (status == 200).then(|| (now, cluster.clone()));
         }
-        if let Some(keys) = self.keys.remove(&id) {
-            Verdict::of_status(status).apply(
+        if let Some((keys, session)) = self.keys.remove(&id) {
+            Verdict::of_status(status).apply_to_request(
                 self.affinity[replica].index(),
                 &cluster,
-                keys.as_slice(),
+                keys.as_ref(),
+                session,
                 instant(self.base, now),
             );
         }

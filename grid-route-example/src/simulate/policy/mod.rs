@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use grid_route_layer::affinity::AffinitySettings;
 use grid_route_layer::index::IndexSettings;
-use grid_route_layer::keying::PrefixKeys;
+use grid_route_layer::keying::{PrefixKeys, SessionKey};
 
 use super::engine::Engine;
 use super::trace::TraceRequest;
@@ -119,6 +119,8 @@ pub struct Route<'a> {
     pub request: &'a TraceRequest,
     /// Its prefix keys, as the gateway would compute them.
     pub keys: Option<&'a PrefixKeys>,
+    /// Its session, when the run gives requests one (`--sessions`).
+    pub session: Option<SessionKey>,
     /// Virtual time, seconds.
     pub now: f64,
     /// Every engine, as it is now (only the oracle looks).
