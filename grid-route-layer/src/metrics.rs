@@ -40,7 +40,7 @@ use crate::grid::GridView;
 use crate::index::PrefixIndex;
 
 /// Affinity decisions by outcome (`sticky`, `no_match`, `load_override`, `exploration`,
-/// `not_applicable`).
+/// `not_applicable`, `session`).
 pub const PREFIX_AFFINITY_TOTAL: &str = "grid_route_prefix_affinity_total";
 /// Pinning decisions by outcome (`pinned`, `gone`, `unavailable`, `bad_tag`,
 /// `model_not_served`).
@@ -108,7 +108,7 @@ pub fn describe_metrics() {
         PREFIX_AFFINITY_TOTAL,
         Unit::Count,
         "Prefix affinity decisions for requests with at least two admitted clusters, by \
-         outcome: sticky, no_match, load_override, exploration, not_applicable."
+         outcome: sticky, no_match, load_override, exploration, not_applicable, session."
     );
     metrics::describe_counter!(
         PIN_TOTAL,

@@ -7,6 +7,10 @@ them (with a tag key, so stored ids carry a mac), then runs this file with:
     GRID_ROUTE_ENGINES       site=engine pairs, comma-separated: which mock engine serves
                              each site (an engine starts each reply with `[its name]`)
     GRID_ROUTE_MODEL         the model the engines serve
+    GRID_ROUTE_ADMIN_URL     http://IP:PORT of the gateway's admin port (its /metrics)
+    GRID_ROUTE_ENGINE_URLS   engine=URL pairs, comma-separated, for the mock engines' own
+                             controls (`POST /mock/queue`)
+    GRID_ROUTE_SESSION_HEADER the header the gateway is configured to read a session id from
 
 Each scenario is one function named as the behaviour it checks. The clients validate every
 answer, streamed events included, against the SDKs' own types (`_strict_response_validation`)
@@ -17,7 +21,10 @@ here. `main()` runs every scenario and exits 1 naming those that failed.
 import os
 import re
 import sys
+import time
 import traceback
+import urllib.request
+import uuid
 from pathlib import Path
 
 SETUP = "tests/sdk/setup && cargo test -p grid-route-tests --features sdk --test sdk_clients"
@@ -30,6 +37,13 @@ except ImportError as error:
 GATEWAY_URL = os.environ["GRID_ROUTE_GATEWAY_URL"]
 MODEL = os.environ.get("GRID_ROUTE_MODEL", "demo-model")
 ENGINES = dict(pair.split("=", 1) for pair in os.environ["GRID_ROUTE_ENGINES"].split(","))
+ADMIN_URL = os.environ["GRID_ROUTE_ADMIN_URL"]
+ENGINE_URLS = dict(
+    pair.split("=", 1) for pair in os.environ["GRID_ROUTE_ENGINE_URLS"].split(",")
+)
+SESSION_HEADER = os.environ["GRID_ROUTE_SESSION_HEADER"]
+# Every wait here ends: a condition not met by then fails its scenario.
+WAIT_SECONDS = 10
 
 # `resp_<site>.<cluster digest>.<mac>.<engine id>` (docs/architecture.md, "Pinning"); the gateway has a
 # tag key, so the mac is 16 hex digits.
@@ -260,6 +274,179 @@ def an_anthropic_message_streams_its_raw_events():
     assert events[-2].delta.stop_reason == "end_turn"
 
 
+# ---- Sessions: what clients already send keeps a conversation on its cluster ---------------
+#
+# Each conversation below has no system prompt and every turn adds more than a fifth of its
+# prompt while staying under 8 KiB, so no turn can stick by its prefix match: only the
+# session keeps it where it was answered. The gateway counts each such decision as
+# `grid_route_prefix_affinity_total{outcome="session"}`, which these scenarios read on the
+# admin port (they run one at a time, so a change in a count is theirs).
+
+# Bytes of each turn's question: 700 (under the four keys a match needs), then 3 and 4 KiB.
+TURN_BYTES = [700, 3072, 4096]
+
+
+SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scraped(name, **labels):
+    """The value of the series `name` with these labels on the admin port (0 when absent)."""
+    with urllib.request.urlopen(f"{ADMIN_URL}/metrics", timeout=WAIT_SECONDS) as page:
+        for line in page.read().decode().splitlines():
+            sample = SAMPLE.match(line)
+            if sample and sample["name"] == name:
+                if dict(LABEL.findall(sample["labels"] or "")) == labels:
+                    return float(sample["value"])
+    return 0.0
+
+
+def outcomes():
+    return {
+        outcome: scraped("grid_route_prefix_affinity_total", outcome=outcome)
+        for outcome in ["session", "load_override", "no_match", "sticky"]
+    }
+
+
+def question(topic, turn):
+    words = []
+    while len(" ".join(words)) < TURN_BYTES[turn]:
+        words.append(f"{topic}-{turn}-{len(words)}")
+    return " ".join(words)[: TURN_BYTES[turn]]
+
+
+def chat_turns(topic, turns, **extra):
+    """Asks `turns` turns of one conversation with Chat Completions; the engine of each."""
+    client = openai_client()
+    messages, engines = [], []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": question(topic, turn)})
+        completion = client.chat.completions.create(model=MODEL, messages=messages, **extra)
+        reply = completion.choices[0].message.content
+        engines.append(replying_engine(reply))
+        messages.append({"role": "assistant", "content": reply})
+    return engines
+
+
+def a_conversation_with_prompt_cache_key_stays_on_its_cluster():
+    before = outcomes()
+    key = f"conv-{uuid.uuid4()}"
+    engines = chat_turns(key, 3, prompt_cache_key=key)
+    assert len(set(engines)) == 1, f"the turns moved: {engines}"
+    after = outcomes()
+    assert after["session"] - before["session"] == 2, (before, after)
+
+
+def an_anthropic_conversation_with_metadata_user_id_stays_on_its_cluster():
+    client = anthropic_client()
+    # Claude Code's shape: the session is the last part of `user_id`.
+    user_id = f"user_0_account_0_session_{uuid.uuid4()}"
+    before = outcomes()
+    messages, engines = [], []
+    for turn in range(3):
+        messages.append({"role": "user", "content": question(user_id, turn)})
+        message = client.messages.create(
+            model=MODEL, max_tokens=64, messages=messages, metadata={"user_id": user_id}
+        )
+        reply = message.content[0].text
+        engines.append(replying_engine(reply))
+        messages.append({"role": "assistant", "content": reply})
+    assert len(set(engines)) == 1, f"the turns moved: {engines}"
+    after = outcomes()
+    assert after["session"] - before["session"] == 2, (before, after)
+
+
+def a_conversation_with_the_configured_session_header_stays_on_its_cluster():
+    session = f"header-{uuid.uuid4()}"
+    before = outcomes()
+    engines = chat_turns(session, 3, extra_headers={SESSION_HEADER: session})
+    assert len(set(engines)) == 1, f"the turns moved: {engines}"
+    middle = outcomes()
+    assert middle["session"] - before["session"] == 2, (before, middle)
+    # `x-session-id`, the default, is not read when the config names another header.
+    if SESSION_HEADER != "x-session-id":
+        other = f"unread-{uuid.uuid4()}"
+        chat_turns(other, 2, extra_headers={"x-session-id": other})
+        assert outcomes()["session"] == middle["session"], "an unconfigured header was read"
+
+
+def two_tenants_with_one_prompt_cache_key_do_not_share_a_session():
+    key = f"shared-{uuid.uuid4()}"
+    client = openai_client()
+    first = [{"role": "user", "content": question(key, 0)}]
+    completion = client.chat.completions.create(
+        model=MODEL, messages=first, prompt_cache_key=key, extra_body={"cache_salt": "tenant-a"}
+    )
+    reply = completion.choices[0].message.content
+    second = first + [
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": question(key, 1)},
+    ]
+    # Tenant b names the same key under its own salt: tenant a's session is not its own.
+    before = outcomes()
+    client.chat.completions.create(
+        model=MODEL, messages=second, prompt_cache_key=key, extra_body={"cache_salt": "tenant-b"}
+    )
+    middle = outcomes()
+    assert middle["session"] == before["session"], "tenant b used tenant a's session"
+    # Tenant a's own next turn is a session decision.
+    client.chat.completions.create(
+        model=MODEL, messages=second, prompt_cache_key=key, extra_body={"cache_salt": "tenant-a"}
+    )
+    assert outcomes()["session"] - middle["session"] == 1
+
+
+def set_waiting(engine, waiting):
+    """Makes `engine` report `waiting` queued requests (0: its own count again)."""
+    body = f'{{"waiting": {waiting}, "exact": {"true" if waiting else "false"}}}'.encode()
+    request = urllib.request.Request(
+        f"{ENGINE_URLS[engine]}/mock/queue",
+        data=body,
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=WAIT_SECONDS) as answer:
+        assert answer.status == 200
+
+
+def wait_for_queue(engine, check):
+    """Waits until the gateway's queue depth of `engine`'s cluster passes `check`."""
+    site = next(site for site, name in ENGINES.items() if name == engine)
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not check(depth := scraped("grid_route_queue_depth", site=site, cluster=engine)):
+        assert time.monotonic() < deadline, f"{engine}'s queue depth stayed at {depth}"
+        time.sleep(0.05)
+
+
+def a_session_whose_cluster_is_overloaded_goes_elsewhere():
+    key = f"busy-{uuid.uuid4()}"
+    client = openai_client()
+    first = [{"role": "user", "content": question(key, 0)}]
+    completion = client.chat.completions.create(model=MODEL, messages=first, prompt_cache_key=key)
+    reply = completion.choices[0].message.content
+    home = replying_engine(reply)
+    second = first + [
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": question(key, 1)},
+    ]
+    # Three queued requests at home cost more than its 700 bytes of prompt save.
+    set_waiting(home, 3)
+    try:
+        wait_for_queue(home, lambda depth: depth >= 3)
+        before = outcomes()
+        completion = client.chat.completions.create(
+            model=MODEL, messages=second, prompt_cache_key=key
+        )
+        moved = replying_engine(completion.choices[0].message.content)
+        assert moved != home, f"an overloaded {home} kept the session"
+        after = outcomes()
+        assert after["load_override"] - before["load_override"] == 1, (before, after)
+        assert after["session"] == before["session"], (before, after)
+    finally:
+        set_waiting(home, 0)
+        wait_for_queue(home, lambda depth: depth == 0)
+
+
 SCENARIOS = [
     chat_completion_answers,
     streamed_chat_completion_arrives_token_by_token,
@@ -271,6 +458,11 @@ SCENARIOS = [
     an_anthropic_message_answers,
     an_anthropic_message_streams_with_the_stream_helper,
     an_anthropic_message_streams_its_raw_events,
+    a_conversation_with_prompt_cache_key_stays_on_its_cluster,
+    an_anthropic_conversation_with_metadata_user_id_stays_on_its_cluster,
+    a_conversation_with_the_configured_session_header_stays_on_its_cluster,
+    two_tenants_with_one_prompt_cache_key_do_not_share_a_session,
+    a_session_whose_cluster_is_overloaded_goes_elsewhere,
 ]
 
 

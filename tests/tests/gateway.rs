@@ -967,6 +967,84 @@ async fn a_drained_site_takes_no_new_request() {
     }
 }
 
+/// A conversation without a system prompt whose every turn adds more than a fifth of its
+/// prompt, and stays under 8 KiB: no turn can stick by its prefix match.
+struct ShortTurns {
+    messages: Vec<Value>,
+    topic: String,
+    headers: Vec<(String, String)>,
+}
+
+impl ShortTurns {
+    fn new(topic: &str, headers: &[(&str, &str)]) -> Self {
+        Self {
+            messages: Vec::new(),
+            topic: topic.to_owned(),
+            headers: headers
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                .collect(),
+        }
+    }
+
+    /// Sends turn `n` (from 0; at most 2): 700 bytes (under the four keys a match needs to
+    /// count), then 3 and 4 KiB more.
+    async fn turn(&mut self, gateway: &Gateway) -> Answer {
+        let n = self.messages.len() / 2;
+        let question = text(&format!("{}-{n}", self.topic), [700, 3072, 4096][n]);
+        self.messages
+            .push(json!({"role": "user", "content": question}));
+        let body = serde_json::to_vec(&json!({"model": MODEL, "messages": self.messages})).unwrap();
+        let url = format!("{}/v1/chat/completions", gateway.url());
+        let mut headers: Vec<(&str, &str)> = vec![("content-type", "application/json")];
+        headers.extend(self.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+        let answer = send_with(Method::POST, &url, &headers, body).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+        let reply = answer.json()["choices"][0]["message"]["content"].clone();
+        self.messages
+            .push(json!({"role": "assistant", "content": reply}));
+        answer
+    }
+}
+
+#[tokio::test]
+async fn a_session_header_keeps_turns_that_cannot_stick_on_their_cluster_until_it_is_drained() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let sites = |drained: Option<&str>| {
+        let mut clusters = [cluster("east-a", &[&east]), cluster("west-a", &[&west])];
+        for c in &mut clusters {
+            c.admit = drained != Some(c.name);
+        }
+        let [e, w] = clusters;
+        config_yaml(&[("east", vec![e]), ("west", vec![w])], "")
+    };
+    let gateway = gateway(&sites(None)).await;
+    // Without a session, on a fresh gateway: the second turn is a no-match, which goes to
+    // the cluster whose index holds less, away from the one that holds the first turn.
+    let mut anonymous = ShortTurns::new(&format!("anonymous-{}", rand_topic()), &[]);
+    let anonymous_home = anonymous.turn(&gateway).await.engine();
+    assert_eq!(
+        anonymous.turn(&gateway).await.engine(),
+        other(&anonymous_home)
+    );
+    let session = format!("session-{}", rand_topic());
+    let mut conversation = ShortTurns::new("header", &[("x-session-id", &session)]);
+    let series = r#"grid_route_prefix_affinity_total{outcome="session"}"#;
+    let sessions_before = scraped(&gateway, series).await;
+    let home = conversation.turn(&gateway).await.engine();
+    assert_eq!(conversation.turn(&gateway).await.engine(), home);
+    assert_eq!(
+        scraped(&gateway, series).await,
+        sessions_before + 1,
+        "the second turn was not a session decision"
+    );
+    // Drained, the session's cluster takes nothing: the last turn goes elsewhere.
+    gateway.reload(&parse(&sites(Some(&home)))).unwrap();
+    wait_measured(&gateway).await;
+    assert_eq!(conversation.turn(&gateway).await.engine(), other(&home));
+}
+
 /// A topic no other conversation of the test used.
 fn rand_topic() -> u128 {
     std::time::SystemTime::now()

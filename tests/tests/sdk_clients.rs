@@ -4,7 +4,8 @@
 //! (with a tag key, so stored ids carry a mac), then runs `tests/sdk/test_clients.py` with
 //! the gateway's URL in its environment and asserts that it exits 0. The scenarios (chat,
 //! streamed chat, a `previous_response_id` chain, streamed responses, conversations,
-//! Anthropic messages, streamed and not) live in that file.
+//! Anthropic messages, streamed and not, and sessions named by `prompt_cache_key`,
+//! Anthropic `metadata.user_id` and a configured header) live in that file.
 //!
 //! It needs a Python with the pinned SDKs, so it is behind the `sdk` feature:
 //!
@@ -32,6 +33,9 @@ const MODEL: &str = "demo-model";
 const SITES: [&str; 2] = ["east", "west"];
 /// Longer than the SDK scenarios take by far (a few seconds), short enough to end a hang.
 const PYTHON_TIMEOUT: Duration = Duration::from_secs(180);
+/// The header the gateway reads a session id from: not the default, so the scenarios see
+/// that the configured one is read and the default is not.
+const SESSION_HEADER: &str = "x-session-affinity";
 const SETUP_COMMAND: &str =
     "tests/sdk/setup && cargo test -p grid-route-tests --features sdk --test sdk_clients";
 
@@ -73,7 +77,9 @@ async fn gateway(engines: &[MockEngine], tag_key: &Path) -> Gateway {
     let mut yaml = format!(
         "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n\
          queue: {{ poll_interval_ms: 20, window_secs: 1 }}\n\
-         grid_site_route: {{ prefix_affinity: {{ tag_key_path: {} }} }}\nsites:\n",
+         grid_site_route: {{ prefix_affinity: {{ tag_key_path: {}, exploration: 0.0, \
+         prefill_tokens_per_second: 10000, queued_request_seconds: 2, \
+         session_headers: [{SESSION_HEADER}] }} }}\nsites:\n",
         tag_key.display()
     );
     for (site, engine) in SITES.iter().zip(engines) {
@@ -120,6 +126,11 @@ async fn the_official_python_sdks_work_through_the_gateway() {
         .iter()
         .map(|site| format!("{site}={site}-a"))
         .collect();
+    let engine_urls: Vec<String> = SITES
+        .iter()
+        .zip(&engines)
+        .map(|(site, engine)| format!("{site}-a={}", engine.url()))
+        .collect();
 
     let script = workspace_root().join("tests/sdk/test_clients.py");
     let child = tokio::process::Command::new(&python)
@@ -127,6 +138,9 @@ async fn the_official_python_sdks_work_through_the_gateway() {
         .env("GRID_ROUTE_GATEWAY_URL", gateway.url())
         .env("GRID_ROUTE_ENGINES", engine_names.join(","))
         .env("GRID_ROUTE_MODEL", MODEL)
+        .env("GRID_ROUTE_ADMIN_URL", gateway.admin_url())
+        .env("GRID_ROUTE_ENGINE_URLS", engine_urls.join(","))
+        .env("GRID_ROUTE_SESSION_HEADER", SESSION_HEADER)
         // Whatever the caller's environment says, the clients talk to the gateway directly.
         .env("NO_PROXY", "*")
         .env("PYTHONUNBUFFERED", "1")
