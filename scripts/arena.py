@@ -363,6 +363,8 @@ class RouterConfig:
     queued_measured: bool = False
     # A config naming only the grid: no queue block, no prefix_affinity block.
     defaults: bool = False
+    # The client sends prompt_cache_key = the conversation's id (the official SDK's parameter).
+    prompt_cache_key: bool = False
 
 
 # The prior of grid-learned when no prefill rate was measured or given.
@@ -377,6 +379,9 @@ def router_configs(prefill_rate: float | None, request_seconds: float | None) ->
     return {
         "grid-defaults": RouterConfig(
             "grid-defaults", "grid-route, defaults (a config naming only the grid)", "grid", defaults=True),
+        "grid-defaults-pck": RouterConfig(
+            "grid-defaults-pck", "grid-route, defaults, the client sends prompt_cache_key", "grid",
+            defaults=True, prompt_cache_key=True),
         "grid-defaults-t0.3": RouterConfig(
             "grid-defaults-t0.3", "grid-route, defaults but threshold 0.3", "grid", defaults=True, threshold=0.3),
         "grid-defaults-nofeedback": RouterConfig(
@@ -512,9 +517,12 @@ class RunResult:
         return sum(t.cached_tokens for t in self.turns) / prompt if prompt else 0.0
 
 
-def replay(base: str, conv: Conversation, args, result: RunResult, lock: threading.Lock) -> None:
+def replay(base: str, conv: Conversation, args, result: RunResult, lock: threading.Lock,
+           session: bool = False) -> None:
     import openai
 
+    # The conversation's id as its prompt_cache_key, as coding agents send it.
+    session_fields = {"prompt_cache_key": conv.id} if session else {}
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="arena", max_retries=0, timeout=900)
     messages = [{"role": "system", "content": conv.system}] if conv.system else []
     for index, (question, answer) in enumerate(conv.turns):
@@ -526,7 +534,7 @@ def replay(base: str, conv: Conversation, args, result: RunResult, lock: threadi
         try:
             stream = client.chat.completions.create(
                 model=MODEL, messages=messages, max_tokens=args.max_tokens, temperature=0,
-                stream=True, stream_options={"include_usage": True},
+                stream=True, stream_options={"include_usage": True}, **session_fields,
             )
             for chunk in stream:
                 now = time.perf_counter()
@@ -584,7 +592,9 @@ def run_once(cfg: RouterConfig, repeat: int, conversations, args) -> RunResult:
         with NetworkWatch([os.getpid(), *procs.pids()]) as watch:
             t0 = time.perf_counter()
             with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
-                for future in [pool.submit(replay, base, c, args, result, lock) for c in conversations]:
+                futures = [pool.submit(replay, base, c, args, result, lock, cfg.prompt_cache_key)
+                           for c in conversations]
+                for future in futures:
                     future.result()
             result.wall = time.perf_counter() - t0
         if admin:
@@ -685,7 +695,8 @@ def engine_speeds(run_dir: Path) -> tuple[float, float]:
 
 
 # The simulated policy of each arena router.
-SIMULATED_POLICY = {"grid-defaults": "grid-route", "vllm-cache_aware": "cache-aware",
+SIMULATED_POLICY = {"grid-defaults": "grid-route", "grid-defaults-pck": "grid-route",
+                    "vllm-cache_aware": "cache-aware",
                     "sglang-cache_aware": "cache-aware", "grid-defaults-t0.3": "grid-route",
                     "grid-defaults-nofeedback": "grid-route"}
 
@@ -711,7 +722,7 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
         replays.append((name, policy, result, trace, engine_speeds(args.out / name)))
 
     # The simulated flags of each router beyond its policy.
-    flags = {"grid-defaults-t0.3": ["--threshold", "0.3"],
+    flags = {"grid-defaults-t0.3": ["--threshold", "0.3"], "grid-defaults-pck": ["--sessions"],
              "grid-defaults-nofeedback": ["--engine-feedback", "false"]}
 
     def simulated(trace: Path, policy: str, prefill: float, decode: float, extra: int) -> dict:

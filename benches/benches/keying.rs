@@ -4,6 +4,10 @@
 //! `keying/<body>/serde_skip` (`from_slice::<IgnoredAny>`, the cheapest full read) and
 //! `keying/<body>/serde_value` (`from_slice::<Value>`, what a gateway that builds a tree
 //! would pay). Targets on `chat_100k`: keys ≤ 2.0× serde_skip and ≤ 0.67× serde_value.
+//!
+//! And `keying/<body>+session/keys`: the same body naming a session (`prompt_cache_key`;
+//! Anthropic `metadata.user_id` for `messages_tools`). Target: at most 1.02× the body's own
+//! `keys` in the same run.
 
 use std::hint::black_box;
 
@@ -53,6 +57,36 @@ fn keying(c: &mut Criterion) {
         });
         group.bench_function(format!("{name}/serde_value"), |b| {
             b.iter(|| serde_json::from_slice::<Value>(black_box(body)));
+        });
+    }
+    // The same bodies naming a session: the field goes first, where clients put it.
+    let sessions: [(&str, Api, Vec<u8>, &str); 2] = [
+        (
+            "chat_100k",
+            Api::ChatCompletions,
+            bodies::chat_100k(),
+            r#""prompt_cache_key":"conv-7f3c9e2a-5b1d-4e8f-9a6c-2d4b8e1f0a37","#,
+        ),
+        (
+            "messages_tools",
+            Api::Messages,
+            bodies::messages_tools(),
+            r#""metadata":{"user_id":"user_5e1d_account_9a6c_session_7f3c9e2a-5b1d"},"#,
+        ),
+    ];
+    for (name, api, body, field) in &sessions {
+        assert_eq!(body.first(), Some(&b'{'));
+        let mut with = b"{".to_vec();
+        with.extend_from_slice(field.as_bytes());
+        with.extend_from_slice(&body[1..]);
+        let prompt = key_body(&seed, *api, &with).expect("bench bodies have no duplicates");
+        assert!(prompt.session().is_some(), "{name} must name a session");
+        let plain = key_body(&seed, *api, body).expect("bench bodies have no duplicates");
+        assert_eq!(prompt.keys(), plain.keys(), "a session changes no key");
+        group.throughput(Throughput::Bytes(with.len() as u64));
+        group.sample_size(100);
+        group.bench_function(format!("{name}+session/keys"), |b| {
+            b.iter(|| key_body(&seed, *api, black_box(&with)));
         });
     }
     group.finish();

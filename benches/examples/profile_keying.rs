@@ -1,7 +1,11 @@
 //! Runs one keying workload in a loop, for profilers and instruction counters:
 //! `cargo run --release -p grid-route-benches --example profile_keying -- keys 20000`
-//! (the first argument is `keys`, `skip` or `value`: keying `chat_100k`, or parsing it with
-//! serde_json as `IgnoredAny` or `Value`).
+//! (the first argument is `keys`, `session`, `skip` or `value`: keying `chat_100k`, keying
+//! it with a `prompt_cache_key` in front, or parsing it with serde_json as `IgnoredAny` or
+//! `Value`).
+//!
+//! What a session costs, in instructions (deterministic where times on a shared machine
+//! are not): `scripts/session-cost` runs `keys` and `session` under callgrind.
 
 use grid_route_layer::keying::{Api, KeySeed, key_body};
 
@@ -12,6 +16,14 @@ fn main() {
     let body = match std::env::var("BODY").as_deref() {
         Ok("sorted") => grid_route_benches::chat_100k_sorted(),
         _ => grid_route_benches::chat_100k(),
+    };
+    let body = if what == "session" {
+        let mut with =
+            br#"{"prompt_cache_key":"conv-7f3c9e2a-5b1d-4e8f-9a6c-2d4b8e1f0a37","#.to_vec();
+        with.extend_from_slice(&body[1..]);
+        with
+    } else {
+        body
     };
     let seed = KeySeed::random();
     let mut total = 0usize;

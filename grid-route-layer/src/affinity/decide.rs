@@ -334,13 +334,13 @@ impl Affinity {
         let session = session?;
         // The most recent confirmation: a session that moved holds its latest prompt
         // where it went.
-        let (at, hold) = candidates
+        let (at, entry) = candidates
             .iter()
             .enumerate()
             .filter_map(|(i, c)| Some((i, self.index.session(c.id(), session, now)?)))
             .max_by_key(|(_, hold)| (hold.confirmed(), hold.held_bytes()))?;
-        let held = keys.map_or(hold.held_bytes(), |keys| {
-            hold.held_bytes().min(keys.total_covered_bytes())
+        let held = keys.map_or(entry.held_bytes(), |keys| {
+            entry.held_bytes().min(keys.total_covered_bytes())
         });
         let prices = self.prices_under(settings, candidates[at].id());
         let worth = settings
@@ -358,10 +358,11 @@ impl Affinity {
             .fold(f64::INFINITY, f64::min);
         // As in `narrow`: an unmeasured cluster gives way to a measured other, and two
         // unmeasured ones give NaN, which exceeds nothing.
+        let overloaded = here - others > worth;
         Some(SessionFound {
             at,
             held,
-            sticks: !(here - others > worth),
+            sticks: !overloaded,
         })
     }
 }

@@ -60,7 +60,6 @@ impl AffinitySettings {
         session_affinity: bool,
     ) -> Self {
         Self {
-            session_affinity,
             enabled,
             threshold,
             exploration,
@@ -69,6 +68,7 @@ impl AffinitySettings {
             engine_feedback,
             learn_prefill,
             learn_queued,
+            session_affinity,
         }
     }
 

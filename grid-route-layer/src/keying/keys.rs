@@ -578,14 +578,13 @@ fn read_top_level(
             Field::Session => top.session = Some(s.skip_value()?),
             Field::Metadata => {
                 let start = s.position();
-                match user_id(&mut s) {
-                    Ok(found) => top.session = found.or(top.session),
-                    Err(_) => {
-                        // Not an object of readable fields: no session, and the rest of
-                        // the body is still read.
-                        s.seek(start);
-                        s.skip_value()?;
-                    }
+                if let Ok(found) = user_id(&mut s) {
+                    top.session = found.or(top.session);
+                } else {
+                    // Not an object of readable fields: no session, and the rest of the
+                    // body is still read.
+                    s.seek(start);
+                    s.skip_value()?;
                 }
             }
             Field::Preamble(i) => {
