@@ -365,6 +365,8 @@ class RouterConfig:
     defaults: bool = False
     # The client sends prompt_cache_key = the conversation's id (the official SDK's parameter).
     prompt_cache_key: bool = False
+    # Runs the gateway given by --old-gateway (an older build) instead of this tree's.
+    old: bool = False
 
 
 # The prior of grid-learned when no prefill rate was measured or given.
@@ -390,6 +392,11 @@ def router_configs(prefill_rate: float | None, request_seconds: float | None) ->
         "grid-recommended": RouterConfig(
             "grid-recommended", f"grid-route, {recommended}, threshold 0.3, a queued request priced at {held}",
             "grid", count_in_flight=True, priced=True, threshold=0.3, queued_measured=True),
+        "grid-recommended-old": RouterConfig(
+            "grid-recommended-old",
+            f"grid-route --old-gateway (an older build), {recommended}, threshold 0.3, "
+            f"a queued request priced at {held}",
+            "grid", count_in_flight=True, priced=True, threshold=0.3, queued_measured=True, old=True),
         "grid-recommended-auto": RouterConfig(
             "grid-recommended-auto",
             f"grid-route, count_in_flight, prefill learned (auto) from {prior}, threshold 0.3, "
@@ -463,7 +470,10 @@ def start_router(procs: Procs, cfg: RouterConfig, engines: list[str], args, out:
             yaml += (f"  - {{ name: s{k}, clusters: [{{ name: s{k}-a, models: [{MODEL}], "
                      f"endpoints: [{url}] }}] }}\n")
         (out / "gateway.yaml").write_text(yaml)
-        procs.start("gateway", [args.gateway, "serve", "--config", str(out / "gateway.yaml")])
+        gateway = args.old_gateway if cfg.old else args.gateway
+        if not gateway:
+            sys.exit(f"arena: {cfg.name} needs --old-gateway PATH (a release build of another commit)")
+        procs.start("gateway", [gateway, "serve", "--config", str(out / "gateway.yaml")])
         wait_ready(procs, [f"http://127.0.0.1:{admin}/healthz"], "gateway")
         # Let the gateway read every engine's queue once before the first request.
         time.sleep(1.5)
@@ -856,6 +866,9 @@ def main() -> None:
     parser.add_argument("--llama-server", required=True)
     parser.add_argument("--llama-model", required=True)
     parser.add_argument("--gateway", required=True)
+    parser.add_argument("--old-gateway", default=None,
+                        help="the grid-route-example binary of another commit, for grid-recommended-old "
+                             "(say, one built with `cargo build --release` in a worktree of it)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 
 Run it through `scripts/simulate-results`, which builds the release binary first. Each
 table is one or more `simulate --json` runs on the bundled trace (seed 1); the command of
-every run is printed above its table.
+every run is printed above its table. A fourth argument names the sections to print,
+comma-separated (`defaults,rules,replicas,window,sessions`); all of them by default.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import subprocess
 import sys
 
 BIN, TRACE, IMG = sys.argv[1], sys.argv[2], sys.argv[3]
+SECTIONS = sys.argv[4].split(",") if len(sys.argv) > 4 else None
 
 # The slot engine the bundled trace is replayed on: eight llama.cpp-style slots per engine,
 # each prefilling 10,000 and decoding 50 tokens a second, and a host prompt cache of 65,536
@@ -62,7 +64,7 @@ def table(report: dict) -> None:
     print()
 
 
-def main() -> None:
+def defaults() -> None:
     print("## At the defaults\n")
     for kind, flags in KINDS.items():
         for sites in (4, 8, 16):
@@ -73,6 +75,9 @@ def main() -> None:
         print(f"### {kind} engines, 8 sites, 4 replicas sharing one index\n")
         table(simulate("--sites", "8", "--replicas", "4", "--shared-index", *flags))
 
+
+
+def rules() -> None:
     print("## grid-route before the defaults learned, and the explicit rules' cost\n")
     print("Hit share / TTFT p50 / p99 of grid-route alone. *Before*: vLLM's gauge as the only")
     print("signal is what the old defaults read on these engines; the rows set the old")
@@ -98,6 +103,9 @@ def main() -> None:
             print(f"| {kind} | {sites} | " + " | ".join(cells) + " |")
     print()
 
+
+
+def replicas() -> None:
     print("## Replicas: own index or shared\n")
     print("Hit share / TTFT p50 of every policy, batching engines; *shared* changes grid-route only.\n")
     print("| sites | replicas | grid-route, own index | grid-route, shared index | round-robin "
@@ -114,6 +122,9 @@ def main() -> None:
             print(f"| {sites} | {replicas} | " + " | ".join(cells) + " |")
     print()
 
+
+
+def window() -> None:
     print("## The queue window\n")
     print("grid-route and least-queue at each `--queue-window-secs`, hit share / TTFT p50 / p90.\n")
     print("| engines | sites | window | grid-route | least-queue |")
@@ -127,6 +138,35 @@ def main() -> None:
                 cell = lambda r: f"{100 * r['hit_share']:.1f}% / {r['ttft_p50_s']:.3f} / {r['ttft_p90_s']:.3f} s"
                 print(f"| {kind} | {sites} | {window} s | {cell(by['grid-route'])} | {cell(by['least-queue'])} |")
     print()
+
+
+def sessions() -> None:
+    print("## Sessions\n")
+    print("grid-route with each request carrying its conversation's session (`--sessions`: a")
+    print("request whose blocks begin with an earlier request's whole prompt continues its")
+    print("conversation; the Mooncake trace carries no session id, so it is derived), against")
+    print("itself without and against cache-aware. Hit share / TTFT p50 / p99; the last column")
+    print("counts grid-route's `session` decisions with `--sessions`.\n")
+    print("| engines | sites | grid-route | grid-route, sessions | cache-aware | session decisions |")
+    print("|---|---:|---|---|---|---:|")
+    for kind, flags in KINDS.items():
+        for sites in (4, 8, 16):
+            plain = {r["policy"]: r for r in simulate(
+                "--sites", str(sites), "--policies", "grid-route,cache-aware", *flags)["results"]}
+            with_sessions = simulate("--sites", str(sites), "--policies", "grid-route", "--sessions",
+                                     *flags)["results"][0]
+            cell = lambda r: f"{100 * r['hit_share']:.1f}% / {r['ttft_p50_s']:.3f} / {r['ttft_p99_s']:.3f} s"
+            print(f"| {kind} | {sites} | {cell(plain['grid-route'])} | {cell(with_sessions)} "
+                  f"| {cell(plain['cache-aware'])} | {with_sessions['outcomes'].get('session', 0)} |")
+    print()
+
+
+def main() -> None:
+    sections = {"defaults": defaults, "rules": rules, "replicas": replicas, "window": window,
+                "sessions": sessions}
+    for name, section in sections.items():
+        if SECTIONS is None or name in SECTIONS:
+            section()
 
 
 if __name__ == "__main__":

@@ -18,14 +18,18 @@ use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(20);
 const PROMPT: &str = "a prompt nobody may read";
-/// Each credential header the client sends, with a value that must never be logged.
-const CREDENTIALS: [(&str, &str); 5] = [
+/// Each credential header the client sends, with a value that must never be logged, and
+/// the default session header, whose id is client data too.
+const CREDENTIALS: [(&str, &str); 6] = [
     ("authorization", "Bearer sk-secret-bearer-token"),
     ("x-api-key", "secret-anthropic-key"),
     ("api-key", "secret-azure-key"),
     ("proxy-authorization", "Basic secret-proxy-credential"),
     ("cookie", "session=secret-cookie-value"),
+    ("x-session-id", "secret-session-id"),
 ];
+/// A session named in the body, which no log may print either.
+const BODY_SESSION: &str = "secret-prompt-cache-key";
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -92,8 +96,9 @@ async fn serve_two_requests(engine: &MockEngine) -> String {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    let body =
-        format!(r#"{{"model":"demo-model","messages":[{{"role":"user","content":"{PROMPT}"}}]}}"#);
+    let body = format!(
+        r#"{{"model":"demo-model","prompt_cache_key":"{BODY_SESSION}","messages":[{{"role":"user","content":"{PROMPT}"}}]}}"#
+    );
     let front = format!("http://127.0.0.1:{listen}");
     let chat = format!("{front}/v1/chat/completions?api_key=secret-query");
     assert_eq!(send(Method::POST, &chat, &body).await, Some(StatusCode::OK));
@@ -177,5 +182,6 @@ async fn the_request_log_has_one_line_per_request_and_never_a_credential_even_at
         assert!(!raw.contains(secret), "the {name} header reached the log");
     }
     assert!(!raw.contains(PROMPT), "the prompt reached the log");
+    assert!(!raw.contains(BODY_SESSION), "the body's session reached the log");
     assert!(!raw.contains("secret-query"), "the query reached the log");
 }

@@ -73,8 +73,8 @@ pub struct PrefixAffinityConfig {
     pub engine_feedback: bool,
     /// `session_affinity`: a request whose prefix match does not stick but whose session
     /// (`prompt_cache_key`, Anthropic `metadata.user_id`, a `session_headers` header) was
-    /// answered at a cluster goes back there, through the load gate. `false` reads no
-    /// session.
+    /// answered at a cluster goes back there, through the load gate. `false` ignores
+    /// sessions and reads no session header.
     pub session_affinity: bool,
     /// `session_headers`: headers that carry a session id, the first present wins; read
     /// when the body names none. Default `[x-session-id]`; `[]` reads none.
@@ -477,6 +477,35 @@ mod tests {
         // Both prices are learned, from the contract's figures.
         assert!(a.learns_prefill());
         assert!(a.learns_queued());
+        // Sessions are read, from the body and from `x-session-id`.
+        assert!(a.session_affinity());
+        assert_eq!(settings.session_headers, ["x-session-id"]);
+    }
+
+    #[test]
+    fn session_headers_are_checked_and_read_only_with_session_affinity() {
+        let two = PrefixAffinityConfig::default()
+            .with_session_headers(["X-Session-Affinity", "x-session-id"])
+            .validate()
+            .unwrap();
+        // Header names are case-insensitive: kept lower-case, in order.
+        assert_eq!(two.session_headers, ["x-session-affinity", "x-session-id"]);
+        let bad = PrefixAffinityConfig::default().with_session_headers(["x session"]);
+        assert_eq!(
+            refused(&bad),
+            r#"prefix_affinity.session_headers: "x session" is not a valid header name"#
+        );
+        let off = PrefixAffinityConfig::default()
+            .with_session_affinity(false)
+            .validate()
+            .unwrap();
+        assert!(!off.affinity.session_affinity());
+        assert!(off.session_headers.is_empty());
+        let none = PrefixAffinityConfig::default()
+            .with_session_headers(Vec::<String>::new())
+            .validate()
+            .unwrap();
+        assert!(none.session_headers.is_empty() && none.affinity.session_affinity());
     }
 
     #[test]
@@ -677,5 +706,11 @@ mod tests {
         assert!(fast.contains("or `auto`"), "{fast}");
         let typo = read(r#"{"treshold": 0.5}"#).unwrap_err().to_string();
         assert!(typo.contains("unknown field `treshold`"), "{typo}");
+        assert_eq!(
+            read(r#"{"session_affinity": false, "session_headers": ["x-a"]}"#).unwrap(),
+            PrefixAffinityConfig::default()
+                .with_session_affinity(false)
+                .with_session_headers(["x-a"])
+        );
     }
 }

@@ -55,7 +55,9 @@
 //!   conversation's first turn on a private prompt, or before any answer confirmed its
 //!   prompt); `load_override`: the holder's queue outweighed the prefill it would save;
 //!   `exploration`: the 2% that skip affinity so a second site learns a shared prompt;
-//!   `not_applicable`: requests without keys. Pinned requests count nothing, and with
+//!   `not_applicable`: requests without keys; `session`: a request that did not stick but
+//!   whose session its cluster answered last (the demo's clients name no session, so it
+//!   stays at zero). Pinned requests count nothing, and with
 //!   affinity off nothing is decided, so that column is all zeros. `load_override` stays
 //!   at zero here, as it should: on these engines a queued request costs about 40 ms and
 //!   a match saves half a second or more of prefill, so the gate gives way only to a

@@ -69,6 +69,10 @@ pub(crate) fn router(live: Arc<Live>) -> Router {
         .layer(access::sensitive_response_headers())
         .layer(middleware::from_fn(access::keep_request_line))
         .layer(access::access_log())
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&live),
+            sensitive_session_headers,
+        ))
         .layer(access::sensitive_request_headers())
         .with_state(live)
 }
@@ -146,6 +150,24 @@ async fn method_not_allowed(method: Method) -> Response {
     .code("method_not_allowed")
     .into_response()
     .into_response()
+}
+
+/// Marks the configured session headers sensitive, as credentials are (outside the request
+/// log, so it prints them as `Sensitive`): a session id is client data, like a prompt.
+async fn sensitive_session_headers(
+    State(live): State<Arc<Live>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let settings = live.settings.load();
+    for name in settings.session_headers.iter() {
+        if let http::header::Entry::Occupied(mut entry) = request.headers_mut().entry(name) {
+            for value in entry.iter_mut() {
+                value.set_sensitive(true);
+            }
+        }
+    }
+    next.run(request).await
 }
 
 /// The consumer role forwards only `forward_paths`; the provider role only its allowed

@@ -215,6 +215,9 @@ pub(crate) struct Settings {
     queue_metric: Option<Arc<str>>,
     poll_interval: Duration,
     timeouts: Timeouts,
+    /// `prefix_affinity.session_headers`: marked sensitive as a request arrives, so no log
+    /// prints a session id.
+    session_headers: Arc<[http::HeaderName]>,
 }
 
 impl Settings {
@@ -228,6 +231,12 @@ impl Settings {
             queue_metric: checked.queue_metric.clone(),
             poll_interval: checked.poll_interval,
             timeouts: checked.timeouts,
+            session_headers: checked
+                .prefix_affinity
+                .session_headers
+                .iter()
+                .cloned()
+                .collect(),
         }
     }
 }

@@ -139,16 +139,14 @@ impl RetryLayer {
             {
                 return Err(error);
             }
-            // Confirmation drops the keys of the last failure; the earlier ones are ours.
-            if let Some(keys) = parts
-                .extensions
-                .get::<Prompt>()
-                .and_then(|prompt| prompt.keys().ok())
-            {
-                Verdict::of_failed_connection().apply(
+            // Confirmation drops the keys and session of the last failure; the earlier
+            // ones are ours.
+            if let Some(prompt) = parts.extensions.get::<Prompt>() {
+                Verdict::of_failed_connection().apply_to_request(
                     &self.index,
                     &cluster,
-                    keys.as_slice(),
+                    prompt.keys().ok(),
+                    prompt.session(),
                     Instant::now(),
                 );
             }

@@ -228,6 +228,38 @@ pub(crate) fn mix64(mut z: u64) -> u64 {
 mod tests {
     use super::*;
 
+    fn request(blocks: &[u64], input_tokens: u64) -> TraceRequest {
+        TraceRequest {
+            arrival_ms: 0,
+            input_tokens,
+            output_tokens: 1,
+            blocks: blocks.to_vec(),
+            block_tokens: TRACE_BLOCK_TOKENS,
+        }
+    }
+
+    #[test]
+    fn a_request_that_extends_an_earlier_whole_prompt_continues_its_conversation() {
+        let trace = [
+            // A conversation: two full blocks and a partial third.
+            request(&[1, 2, 3], 2 * 512 + 100),
+            // Another, sharing only its first block (a system prompt).
+            request(&[1, 9], 2 * 512),
+            // The first one's next turn: its two full blocks, then more (the partial
+            // block's id changed with its text).
+            request(&[1, 2, 4, 5], 4 * 512),
+            // The second one's next turn.
+            request(&[1, 9, 7], 3 * 512),
+            // The first one's third turn, extending the second turn's whole prompt.
+            request(&[1, 2, 4, 5, 6], 5 * 512),
+            // Shares the system prompt and one more block with no whole earlier prompt.
+            request(&[1, 8], 2 * 512),
+        ];
+        assert_eq!(derive_sessions(&trace), [0, 1, 0, 1, 0, 5]);
+        assert_eq!(session_key(0), session_key(0));
+        assert_ne!(session_key(0), session_key(1));
+    }
+
     fn read(text: &str) -> Result<Vec<TraceRequest>, TraceError> {
         read_trace(text.as_bytes())
     }

@@ -299,7 +299,10 @@ impl Affinity {
         let mut outcome = narrowing.outcome;
         if outcome != Outcome::Sticky {
             match self.session_gate(&settings, &candidates, session, Some(keys), now) {
-                Some(found) if found.sticks => return found.decided(candidates, deepest),
+                Some(found) if found.sticks => {
+                    let depth = depths[found.at];
+                    return found.decided(candidates, depth);
+                }
                 // The session's cluster is too busy for what it holds: the candidates stay
                 // as the prefix rule left them.
                 Some(_) => outcome = Outcome::LoadOverride,
@@ -376,19 +379,20 @@ struct SessionFound {
 }
 
 impl SessionFound {
-    fn decided(self, mut candidates: Vec<Arc<Cluster>>, deepest: usize) -> Decision {
+    /// The decision, with `depth` the chosen cluster's depth for the request's keys.
+    fn decided(self, mut candidates: Vec<Arc<Cluster>>, depth: usize) -> Decision {
         if self.sticks {
             let chosen = candidates.swap_remove(self.at);
             Decision {
                 outcome: Some(Outcome::Session),
-                deepest,
+                deepest: depth,
                 covered_bytes: self.held,
                 clusters: vec![chosen],
             }
         } else {
             Decision {
                 outcome: Some(Outcome::LoadOverride),
-                deepest,
+                deepest: depth,
                 covered_bytes: self.held,
                 clusters: candidates,
             }
@@ -479,12 +483,14 @@ impl Decision {
         self.outcome
     }
 
-    /// The largest depth among the candidates (0 when no depth was looked up).
+    /// The largest depth among the candidates (0 when no depth was looked up); for
+    /// [`Outcome::Session`], the depth at the session's cluster.
     pub fn deepest(&self) -> usize {
         self.deepest
     }
 
-    /// Bytes of prompt the deepest match covers.
+    /// Bytes of prompt the deepest match covers; for a decision the session step made, the
+    /// bytes the session's cluster is believed to hold for the request.
     pub fn covered_bytes(&self) -> u64 {
         self.covered_bytes
     }

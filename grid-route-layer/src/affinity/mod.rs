@@ -11,8 +11,9 @@
 //! With at least two admitted candidates for the request's model ([`Affinity::decide`];
 //! with fewer there is nothing to choose, and nothing is counted):
 //!
-//! 1. No keys → [`Outcome::NotApplicable`]. A random share `exploration` (default 0.02)
-//!    → [`Outcome::Exploration`], so that a second site learns a shared prompt.
+//! 1. No keys and no session → [`Outcome::NotApplicable`]. A random share `exploration`
+//!    (default 0.02) → [`Outcome::Exploration`], so that a second site learns a shared
+//!    prompt.
 //! 2. `deepest` is the largest depth. It sticks when it covers at least
 //!    [`STICKY_MATCH_BYTES`] (32 blocks, 8 KiB) or at least `threshold` (default 0.8) of
 //!    the bytes the prompt's keys cover; never when `deepest <` [`MIN_STICKY_DEPTH`] (4),

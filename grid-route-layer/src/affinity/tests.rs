@@ -1192,6 +1192,17 @@ fn the_same_session_id_under_another_salt_or_model_is_another_session() {
     assert_eq!(f.decide(&same_tenant).outcome(), Some(Outcome::Session));
     assert_ne!(other_tenant.session(), first.session());
     assert_eq!(f.decide(&other_tenant).outcome(), Some(Outcome::NoMatch));
+    // Another model: the same id and salt are another session.
+    let mut body: serde_json::Value = serde_json::from_slice(&session_body(
+        &[("user", "and?")],
+        "conv-1",
+        Some("tenant-a"),
+    ))
+    .unwrap();
+    body["model"] = "other-model".into();
+    let other_model = prompt_of(&f.seed, &serde_json::to_vec(&body).unwrap());
+    assert!(other_model.session().is_some());
+    assert_ne!(other_model.session(), first.session());
 }
 
 #[test]

@@ -12,7 +12,7 @@ use super::cluster::ClusterLru;
 use super::settings::IndexSettings;
 use super::shared::{IndexEvent, IndexObserver};
 use crate::grid::ClusterId;
-use crate::keying::{BLOCK_BYTES, SessionKey};
+use crate::keying::{BLOCK_BYTES, HASHED_BLOCKS, SessionKey};
 
 /// When a cluster was last confirmed for a key, from [`PrefixIndex::confirmation`]: a mark
 /// to give back to [`PrefixIndex::forget_older`] of the same index. Opaque (the index
@@ -40,9 +40,12 @@ impl SessionHold {
     }
 }
 
-/// Whole blocks of `bytes`, saturating at what an entry holds.
+/// Whole blocks of `bytes`, at most the blocks a prompt's keys can cover
+/// ([`HASHED_BLOCKS`], about 4 MiB): no confirmation, a peer's included, can claim a session
+/// holds more than any match could save.
 fn held_blocks(bytes: u64) -> u32 {
-    u32::try_from(bytes / BLOCK_BYTES as u64).unwrap_or(u32::MAX)
+    let blocks = (bytes / BLOCK_BYTES as u64).min(HASHED_BLOCKS as u64);
+    u32::try_from(blocks).unwrap_or(u32::MAX)
 }
 
 /// What this gateway replica remembers about which cluster holds which prompt prefix.

@@ -632,3 +632,50 @@ fn a_peers_confirmation_never_outlives_the_local_ttl() {
         0
     );
 }
+
+#[test]
+fn a_session_entry_lives_by_the_rules_of_the_keys_beside_it() {
+    use crate::keying::SessionKey;
+
+    let east = cluster("east", "east-a");
+    let index = PrefixIndex::new(settings(8, 30), [east.clone()]);
+    let session = SessionKey::from_digest(0x5e55_1011);
+    let now = Instant::now();
+    index.confirm(&east, &chain(1, 4), now);
+    index.confirm_session(&east, session, 4 * 256, now);
+    // One entry beside the prompt's four, holding the prompt's length in whole blocks.
+    assert_eq!(index.entries(&east), 5);
+    let held = index.session(&east, session, now).unwrap();
+    assert_eq!(held.held_bytes(), 1024);
+    // A later confirmation replaces the held length and is a later mark.
+    let later = now + Duration::from_secs(2);
+    index.confirm_session(&east, session, 10 * 256 + 100, later);
+    let again = index.session(&east, session, later).unwrap();
+    assert_eq!(again.held_bytes(), 10 * 256);
+    assert!(again.confirmed() > held.confirmed());
+    // The TTL: gone 30 s after its confirmation.
+    assert!(
+        index
+            .session(&east, session, later + Duration::from_secs(31))
+            .is_none()
+    );
+    // Engine feedback: forgetting what came before a later prompt forgets the session too.
+    let fresh = chain(2, 2);
+    let after = later + Duration::from_secs(3);
+    index.confirm(&east, &fresh, after);
+    let mark = index.confirmation(&east, fresh[1], after).unwrap();
+    assert_eq!(index.forget_older(&east, mark), 5);
+    assert!(index.session(&east, session, after).is_none());
+    // Eviction: eight more keys push it out of an eight-entry LRU.
+    index.confirm_session(&east, session, 256, after);
+    index.confirm(&east, &chain(3, 8), after);
+    assert!(index.session(&east, session, after).is_none());
+    // A drop: the key, like any other.
+    index.confirm_session(&east, session, 256, after);
+    index.drop_keys(&east, &[session.as_u64()]);
+    assert!(index.session(&east, session, after).is_none());
+    // An unknown cluster holds no session and takes none.
+    let gone = cluster("east", "east-gone");
+    index.confirm_session(&gone, session, 256, after);
+    assert!(index.session(&gone, session, after).is_none());
+}

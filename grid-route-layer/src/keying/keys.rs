@@ -578,11 +578,13 @@ fn read_top_level(
             Field::Session => top.session = Some(s.skip_value()?),
             Field::Metadata => {
                 let start = s.position();
+                // The last `metadata` is the one a JSON parser keeps: its `user_id` or none.
                 if let Ok(found) = user_id(&mut s) {
-                    top.session = found.or(top.session);
+                    top.session = found;
                 } else {
                     // Not an object of readable fields: no session, and the rest of the
                     // body is still read.
+                    top.session = None;
                     s.seek(start);
                     s.skip_value()?;
                 }

@@ -133,4 +133,5 @@ pub use layer::{
     BLOCKING_THRESHOLD_BYTES, DEFAULT_BODY_LIMIT_BYTES, DEFAULT_SESSION_HEADERS, KeyingLayer,
 };
 pub use service::KeyingService;
+pub(crate) use stream::HASHED_BLOCKS;
 pub use stream::{BLOCK_BYTES, KeySeed, MAX_KEYS};

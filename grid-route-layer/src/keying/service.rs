@@ -47,11 +47,11 @@ impl Shared {
         }
     }
 
-    /// The session id of the first configured header the request carries.
+    /// The session id of the first configured header the request carries with a value.
     fn header_session(&self, headers: &HeaderMap) -> Option<HeaderValue> {
         self.session_headers
             .iter()
-            .find_map(|name| headers.get(name))
+            .find_map(|name| headers.get(name).filter(|value| !value.is_empty()))
             .cloned()
     }
 }
@@ -456,13 +456,13 @@ async fn prompt_of(
     bytes: Bytes,
     header_session: Option<HeaderValue>,
 ) -> Result<Prompt, DuplicateField> {
-    let reads_prompts = shared
-        .affinity
-        .as_ref()
-        .is_none_or(|affinity| affinity.settings().enabled());
-    if !reads_prompts {
+    let settings = shared.affinity.as_ref().map(Affinity::settings);
+    if settings.is_some_and(|s| !s.enabled()) {
         return read_model(&bytes);
     }
+    // Sessions switched off: none is read from a header, and the body's is dropped below.
+    let sessions = settings.is_none_or(|s| s.session_affinity());
+    let header_session = header_session.filter(|_| sessions);
     let started = Instant::now();
     let prompt = if bytes.len() > BLOCKING_THRESHOLD_BYTES {
         let shared = shared.clone();
@@ -494,6 +494,11 @@ async fn prompt_of(
             header_session.as_ref().map(HeaderValue::as_bytes),
         )
     }?;
+    let prompt = if sessions {
+        prompt
+    } else {
+        prompt.with_session(None)
+    };
     metrics::histogram!(KEYING_SECONDS).record(started.elapsed().as_secs_f64());
     match prompt.keys() {
         Ok(keys) => {

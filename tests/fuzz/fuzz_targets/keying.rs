@@ -1,14 +1,15 @@
 //! The keying scanner, for all four keyed APIs, on arbitrary request bodies.
 //!
 //! Holds, for every body and API:
-//! - keying never panics, and keying the same body twice gives the same model and keys;
+//! - keying never panics, and keying the same body twice gives the same model, keys and
+//!   session;
 //! - at most `MAX_KEYS` keys, and they cover no more bytes than the stream has blocks;
 //! - the model and a duplicated routing field agree with `read_model` (the reader used when
 //!   prefix affinity is off), so switching affinity off never changes how a request routes
 //!   by model or whether it is refused;
 //! - for a body that is valid JSON (as `serde_json` reads it) and small enough that no value
 //!   is keyed by a digest of its raw bytes: removing or adding whitespace between tokens
-//!   changes neither the model nor the keys. A media source that is not a string (an
+//!   changes neither the model, the keys nor the session. A media source that is not a string (an
 //!   object or array with none of the fields keying reads) is digested as sent, by design,
 //!   so bodies with a media field holding anything but a string are left out of this
 //!   check (found by this target; see RELIABILITY.md).
@@ -69,6 +70,7 @@ fuzz_target!(|body: &[u8]| {
 fn assert_same(a: &Prompt, b: &Prompt, what: &str) {
     assert_eq!(a.model(), b.model(), "{what}: models differ");
     assert_eq!(a.keys(), b.keys(), "{what}: keys differ");
+    assert_eq!(a.session(), b.session(), "{what}: sessions differ");
 }
 
 /// Fields whose value keying digests as a media source: a string is decoded first, any

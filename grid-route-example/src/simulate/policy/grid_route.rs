@@ -3,16 +3,17 @@
 //! Per request, exactly what `serve` runs: [`Affinity::decide`] over the grid's
 //! candidates with the request's keys, `now` and a seeded draw for exploration (the
 //! library's [`narrow`](grid_route_layer::affinity::narrow): the prefix index's depths,
-//! the threshold, the load gate; and with `--sessions` the session step), then `Select`'s [`least_loaded`] among the clusters that
-//! stay, then p2c inside the cluster. At the answer head, [`Verdict`] applies the status
-//! to the index, as `ConfirmLayer` does: a 200 confirms the keys and the session, a 503 (an engine
-//! refusing, `--fail-share`) drops them. When the answer ends, engine feedback weighs
-//! what the engine served from its cache against a sticky request's predicted match, as
-//! `FeedbackLayer` does with `engine_feedback` on: an engine that fell short
-//! evicted the prompt, and the index forgets what it recorded at that cluster before it:
-//! the library's [`EvictionMarks`], as in `serve`; and the answer's time to first token,
-//! its uncached tokens and its cluster's load at dispatch teach the cluster's two prices
-//! ([`Affinity::learn`]), as `FeedbackLayer` does.
+//! the threshold, the load gate; with `--sessions`, the session step), then `Select`'s
+//! [`least_loaded`] among the clusters that stay, then p2c inside the cluster. At the
+//! answer head, [`Verdict`] applies the status to the index, as `ConfirmLayer` does: a
+//! 200 confirms the keys and the session, a 503 (an engine refusing, `--fail-share`)
+//! drops them. When the answer ends, engine feedback weighs what the engine served from
+//! its cache against a sticky request's predicted match, as `FeedbackLayer` does with
+//! `engine_feedback` on: an engine that fell short evicted the prompt, and the index
+//! forgets what it recorded at that cluster before it: the library's [`EvictionMarks`],
+//! as in `serve`; and the answer's time to first token, its uncached tokens and its
+//! cluster's load at dispatch teach the cluster's two prices ([`Affinity::learn`]), as
+//! `FeedbackLayer` does.
 //!
 //! [`least_loaded`]: grid_route_layer::select::least_loaded
 
@@ -112,13 +113,16 @@ impl Router for GridRoute {
             .view()
             .candidates(Some(MODEL));
         let draw = self.draws.f64();
+        // As KeyingLayer: with sessions off, a request carries none.
+        let session = route
+            .session
+            .filter(|_| self.affinity[route.replica].settings().session_affinity());
         let decision =
-            self.affinity[route.replica].decide(candidates, route.keys, route.session, now, draw);
+            self.affinity[route.replica].decide(candidates, route.keys, session, now, draw);
         let outcome = decision.outcome().map_or(UNDECIDED, Outcome::as_str);
         *self.outcomes.entry(outcome).or_default() += 1;
-        if route.keys.is_some() || route.session.is_some() {
-            self.keys
-                .insert(route.id, (route.keys.cloned(), route.session));
+        if route.keys.is_some() || session.is_some() {
+            self.keys.insert(route.id, (route.keys.cloned(), session));
         }
         if let Some(keys) = route.keys {
             let affinity = &self.affinity[route.replica];
