@@ -182,6 +182,9 @@ async fn the_request_log_has_one_line_per_request_and_never_a_credential_even_at
         assert!(!raw.contains(secret), "the {name} header reached the log");
     }
     assert!(!raw.contains(PROMPT), "the prompt reached the log");
-    assert!(!raw.contains(BODY_SESSION), "the body's session reached the log");
+    assert!(
+        !raw.contains(BODY_SESSION),
+        "the body's session reached the log"
+    );
     assert!(!raw.contains("secret-query"), "the query reached the log");
 }

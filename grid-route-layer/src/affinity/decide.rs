@@ -235,7 +235,8 @@ impl Affinity {
     ///   [`session_affinity`](AffinitySettings::session_affinity) on and the session last
     ///   answered at one of the candidates ([`PrefixIndex::session`]), the load gate weighs
     ///   that cluster against the others at the prompt it is believed to hold for the
-    ///   request: the session's last confirmed prompt, capped by the request's own. The
+    ///   request: the session's last confirmed prompt, capped by the request's own and by
+    ///   the index's depth for the request's keys there. The
     ///   gate passing is [`Outcome::Session`] with that cluster alone; failing it is
     ///   [`Outcome::LoadOverride`], the candidates left as the prefix rule left them.
     pub fn decide(
@@ -298,7 +299,7 @@ impl Affinity {
         });
         let mut outcome = narrowing.outcome;
         if outcome != Outcome::Sticky {
-            match self.session_gate(&settings, &candidates, session, Some(keys), now) {
+            match self.session_gate(&settings, &candidates, session, Some((keys, &depths)), now) {
                 Some(found) if found.sticks => {
                     let depth = depths[found.at];
                     return found.decided(candidates, depth);
@@ -331,7 +332,7 @@ impl Affinity {
         settings: &AffinitySettings,
         candidates: &[Arc<Cluster>],
         session: Option<SessionKey>,
-        keys: Option<&PrefixKeys>,
+        keys: Option<(&PrefixKeys, &[usize])>,
         now: Instant,
     ) -> Option<SessionFound> {
         let session = session?;
@@ -342,8 +343,17 @@ impl Affinity {
             .enumerate()
             .filter_map(|(i, c)| Some((i, self.index.session(c.id(), session, now)?)))
             .max_by_key(|(_, hold)| (hold.confirmed(), hold.held_bytes()))?;
-        let held = keys.map_or(entry.held_bytes(), |keys| {
-            entry.held_bytes().min(keys.total_covered_bytes())
+        // What the cluster is believed to hold for this request: the session's last
+        // confirmed prompt, capped by the request's own, and by how deep the index still
+        // holds the request's keys there. The index's depth is what it knows of the
+        // prompt itself: after an eviction it forgot, or when the session's last prompt
+        // was another conversation's (one `user_id` for all of a user's chats), the
+        // session alone would price a prefix the engine does not hold.
+        let held = keys.map_or(entry.held_bytes(), |(keys, depths)| {
+            entry
+                .held_bytes()
+                .min(keys.total_covered_bytes())
+                .min(keys.covered_bytes(depths[at]))
         });
         let prices = self.prices_under(settings, candidates[at].id());
         let worth = settings
