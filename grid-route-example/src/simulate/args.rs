@@ -58,8 +58,8 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub shared_index: bool,
     /// Requests carry a session id, as a client sending `prompt_cache_key` would: a request
-    /// whose blocks begin with an earlier request's whole prompt continues its conversation
-    /// (Mooncake traces carry none, so it is derived)
+    /// whose blocks begin with an earlier request's whole prompt continues its conversation,
+    /// each request continued at most once (Mooncake traces carry none, so it is derived)
     #[arg(long)]
     pub sessions: bool,
     /// The policies compared, comma-separated, in this order

@@ -173,25 +173,26 @@ impl TraceRequest {
 
 /// Each request's conversation, derived from the blocks (Mooncake traces carry no session
 /// id): a request whose blocks begin with the whole of an earlier request's full blocks
-/// continues that request's conversation (the most recent such request when several end
-/// at the same block); any other request starts one. A session is numbered by the first
-/// request of its conversation.
+/// continues that request's conversation, and each request is continued at most once, by
+/// the first that extends it; any other request starts a conversation. A session is
+/// numbered by the first request of its conversation.
 ///
-/// Only whole prompts count, so two requests that share only a system prompt are not one
-/// conversation unless one of them is that prompt alone. A partial last block is left out:
-/// the next turn extends its text, so its id changes.
+/// Continued at most once, because a conversation is a chain of turns: a request holding
+/// only a prompt many others share (the bundled trace's requests all begin with one
+/// system-prompt block) would otherwise make one conversation of everything after it. A
+/// partial last block is left out: the next turn extends its text, so its id changes.
 pub fn derive_sessions(trace: &[TraceRequest]) -> Vec<usize> {
-    // The last full block of each earlier prompt, to the session it belongs to.
+    // The last full block of each earlier prompt not yet continued, to its session.
     let mut ends: HashMap<u64, usize> = HashMap::new();
     let mut sessions = Vec::with_capacity(trace.len());
     for (id, request) in trace.iter().enumerate() {
         let full = (request.input_tokens / request.block_tokens) as usize;
         let full = full.min(request.blocks.len());
-        let session = request.blocks[..full]
+        let continued = request.blocks[..full]
             .iter()
             .rev()
-            .find_map(|block| ends.get(block).copied())
-            .unwrap_or(id);
+            .find_map(|block| ends.remove(block));
+        let session = continued.unwrap_or(id);
         if let Some(&last) = request.blocks[..full].last() {
             ends.insert(last, session);
         }
@@ -254,8 +255,11 @@ mod tests {
             request(&[1, 2, 4, 5, 6], 5 * 512),
             // Shares the system prompt and one more block with no whole earlier prompt.
             request(&[1, 8], 2 * 512),
+            // Extends the first one's first turn, which its second turn already continued:
+            // a conversation of its own.
+            request(&[1, 2, 3], 3 * 512),
         ];
-        assert_eq!(derive_sessions(&trace), [0, 1, 0, 1, 0, 5]);
+        assert_eq!(derive_sessions(&trace), [0, 1, 0, 1, 0, 5, 6]);
         assert_eq!(session_key(0), session_key(0));
         assert_ne!(session_key(0), session_key(1));
     }

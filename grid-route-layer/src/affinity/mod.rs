@@ -39,12 +39,13 @@
 //! 4. Else → [`Outcome::Sticky`]: only the deepest holders stay; the balancer picks
 //!    among them by queue.
 //! 5. **Sessions.** A request that did not stick at step 2 or 3 but names a session
-//!    ([`Prompt::session`]: `prompt_cache_key`, Anthropic `metadata.user_id`, a session
-//!    header) that a candidate last answered goes back there → [`Outcome::Session`],
-//!    through the same load gate, priced at the prompt that cluster is believed to hold
-//!    for it: the session's last confirmed prompt, capped by the request's own. Failing
-//!    the gate is [`Outcome::LoadOverride`]. A session without prompt keys (token ids, an
-//!    unknown part type) takes this step alone. Off with
+//!    ([`Prompt::session`](crate::route::Prompt::session): `prompt_cache_key`, Anthropic
+//!    `metadata.user_id`, a session header) that a candidate last answered goes back there
+//!    → [`Outcome::Session`], through the same load gate, priced at the prompt that
+//!    cluster is believed to hold for it: the session's last confirmed prompt, capped by
+//!    the request's own and by the index's depth for its keys there. Failing the gate is
+//!    [`Outcome::LoadOverride`]. A session without prompt keys (token ids, an unknown part
+//!    type) takes this step alone. Off with
 //!    [`session_affinity`](AffinitySettings::session_affinity) `false`.
 //!
 //! A drained or unhealthy cluster is never a candidate, so it is never sticky.
