@@ -520,6 +520,9 @@ class RunResult:
     sockets: int = 0
     # The router's settings as run (a later invocation may calibrate other figures).
     label: str = ""
+    # grid-route's learned prices at the end of the run, per cluster: (prefill tokens a
+    # second, seconds a queued request), from its gauges.
+    prices: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def cached_share(self) -> float:
@@ -590,6 +593,22 @@ def scrape_decisions(admin: str) -> dict[str, float]:
     return counts
 
 
+def scrape_prices(admin: str) -> dict[str, list[float]]:
+    """grid-route's two learned prices per cluster, from its gauges."""
+    status, body = http_get(f"{admin}/metrics")
+    prices: dict[str, list[float]] = {}
+    if status != 200:
+        return prices
+    for line in body.splitlines():
+        for i, name in enumerate(["grid_route_prefill_tokens_per_second{",
+                                  "grid_route_queued_request_seconds{"]):
+            if line.startswith(name):
+                labels, value = line.rsplit(" ", 1)
+                cluster = labels.split('cluster="', 1)[1].split('"', 1)[0]
+                prices.setdefault(cluster, [0.0, 0.0])[i] = float(value)
+    return prices
+
+
 def run_once(cfg: RouterConfig, repeat: int, conversations, args) -> RunResult:
     out = args.out / f"{cfg.name}-{repeat}"
     out.mkdir(parents=True, exist_ok=True)
@@ -609,6 +628,7 @@ def run_once(cfg: RouterConfig, repeat: int, conversations, args) -> RunResult:
             result.wall = time.perf_counter() - t0
         if admin:
             result.decisions = scrape_decisions(admin)
+            result.prices = scrape_prices(admin)
         procs.check_alive()
     finally:
         procs.stop()
@@ -934,7 +954,8 @@ def main() -> None:
         for line in results_file.read_text().splitlines():
             d = json.loads(line)
             earlier = RunResult(d["router"], d["repeat"], d["wall"], [Turn(**t) for t in d["turns"]],
-                                d["errors"], d["decisions"], d["sockets"], d.get("label", ""))
+                                d["errors"], d["decisions"], d["sockets"], d.get("label", ""),
+                                d.get("prices", {}))
             results.append(earlier)
             if earlier.router not in order:
                 order.append(earlier.router)
@@ -950,7 +971,10 @@ def main() -> None:
             log(f"{name} #{repeat}: cached {100 * result.cached_share:.1f}%, TTFT p50/p90/p99 "
                 f"{pct(ttfts, 50):.1f}/{pct(ttfts, 90):.1f}/{pct(ttfts, 99):.1f} s, wall {result.wall:.0f} s, "
                 f"{len(result.turns)} turns, {len(result.errors)} errors, {result.sockets} sockets all loopback"
-                + (f", decisions {result.decisions}" if result.decisions else ""))
+                + (f", decisions {result.decisions}" if result.decisions else "")
+                + (", learned prices " + ", ".join(f"{c} {p:.0f} tok/s {q:.2f} s" for c, (p, q)
+                                                   in sorted(result.prices.items()))
+                   if result.prices else ""))
             for error in result.errors[:3]:
                 log(f"  error: {error}")
             with open(args.out / "results.jsonl", "a") as f:
@@ -958,6 +982,7 @@ def main() -> None:
                     "router": name, "repeat": repeat, "wall": result.wall,
                     "cached_share": result.cached_share, "errors": result.errors,
                     "decisions": result.decisions, "sockets": result.sockets, "label": result.label,
+                    "prices": result.prices,
                     "turns": [t.__dict__ for t in result.turns],
                 }) + "\n")
             (args.out / "table.md").write_text(table(results, configs, order) + "\n")
