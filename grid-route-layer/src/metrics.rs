@@ -51,11 +51,12 @@ pub const DECISIONS_TOTAL: &str = "grid_route_decisions_total";
 pub const PROMPT_TOKENS_TOTAL: &str = "grid_route_prompt_tokens_total";
 /// The part of [`PROMPT_TOKENS_TOTAL`] the engines served from their cache.
 pub const CACHED_PROMPT_TOKENS_TOTAL: &str = "grid_route_cached_prompt_tokens_total";
-/// Cached prompt tokens the index predicted for sticky requests (matched bytes / 4).
+/// Cached prompt tokens the index predicted for sticky and session requests (matched bytes
+/// / 4).
 pub const PREDICTED_CACHED_TOKENS_TOTAL: &str = "grid_route_predicted_cached_tokens_total";
-/// Cached prompt tokens the engines reported for the same sticky requests.
+/// Cached prompt tokens the engines reported for the same requests.
 pub const DELIVERED_CACHED_TOKENS_TOTAL: &str = "grid_route_delivered_cached_tokens_total";
-/// Index entries forgotten because an engine reported it had evicted a sticky prompt.
+/// Index entries forgotten because an engine reported it had evicted a predicted prompt.
 pub const INDEX_FORGOTTEN_TOTAL: &str = "grid_route_index_forgotten_total";
 /// Each cluster's learned prefill speed, tokens a second (`prefill_tokens_per_second: auto`).
 pub const PREFILL_TOKENS_PER_SECOND: &str = "grid_route_prefill_tokens_per_second";
@@ -137,20 +138,20 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         PREDICTED_CACHED_TOKENS_TOTAL,
         Unit::Count,
-        "Cached prompt tokens the prefix index predicted for the sticky requests each backend \
-         cluster answered (matched bytes / 4 bytes a token)."
+        "Cached prompt tokens the prefix index predicted for the sticky and session requests \
+         each backend cluster answered (matched bytes / 4 bytes a token)."
     );
     metrics::describe_counter!(
         DELIVERED_CACHED_TOKENS_TOTAL,
         Unit::Count,
-        "Cached prompt tokens the engines of each backend cluster reported for the sticky \
-         requests counted in grid_route_predicted_cached_tokens_total."
+        "Cached prompt tokens the engines of each backend cluster reported for the requests \
+         counted in grid_route_predicted_cached_tokens_total."
     );
     metrics::describe_counter!(
         INDEX_FORGOTTEN_TOTAL,
         Unit::Count,
         "Prefix index entries of each backend cluster forgotten because one of its engines \
-         reported far less of a sticky prompt cached than predicted (engine_feedback): the \
+         reported far less of a predicted prompt cached than predicted (engine_feedback): the \
          entries recorded there before that prompt."
     );
     metrics::describe_gauge!(

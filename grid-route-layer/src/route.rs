@@ -12,7 +12,7 @@
 //! | [`Pinned`] | request extension | [`PinLayer`] | [`AffinityLayer`], [`Select`] |
 //! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
 //! | [`Outcome`] | request extension | [`AffinityLayer`], when it counted a decision | the gateway (its request log) |
-//! | [`PredictedMatch`] | request extension | [`AffinityLayer`], for a sticky request | [`FeedbackLayer`] |
+//! | [`PredictedMatch`] | request extension | [`AffinityLayer`], for a sticky or session request | [`FeedbackLayer`] |
 //! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], [`PinLayer`], [`FeedbackLayer`] |
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
 //! | [`NoCandidate`] | error | [`Select`] | the gateway (404 when no cluster serves the model, else 503) |
@@ -246,11 +246,15 @@ impl Candidates {
     }
 }
 
-/// How much of a sticky request's prompt the index predicts the serving cluster holds.
+/// How much of a sticky (or session) request's prompt the index predicts the serving cluster
+/// holds.
 ///
 /// Set by [`AffinityLayer`](crate::affinity::AffinityLayer) when the outcome is
 /// [`Sticky`](crate::affinity::Outcome::Sticky): every candidate left then holds the prompt
-/// to the same depth, so whichever one the balancer picks, this is its matched depth.
+/// to the same depth, so whichever one the balancer picks, this is its matched depth; and
+/// when it is [`Session`](crate::affinity::Outcome::Session) with a depth at the session's
+/// cluster, the only candidate, at the bytes it is believed to hold
+/// ([`predicted_match`](crate::affinity::predicted_match)).
 /// [`FeedbackLayer`](crate::feedback::FeedbackLayer) weighs it against the cached tokens
 /// the engine reports. Absent: affinity predicted no match worth sticking to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -54,7 +54,7 @@
 //!
 //! [`AffinityLayer`] reads the request's [`Prompt`] (model and keys) and writes the
 //! [`Candidates`] extension for the balancer inside (and the [`Outcome`] itself, for the
-//! gateway's request log, when it counted one, and for a sticky request the
+//! gateway's request log, when it counted one, and for a sticky or session request the
 //! [`PredictedMatch`] that [`FeedbackLayer`](crate::feedback::FeedbackLayer) weighs
 //! against the engine's report), counting
 //! `grid_route_prefix_affinity_total{outcome}` and emitting a `debug` event with the
@@ -177,7 +177,7 @@ pub use prices::{
     MIN_PREFILL_TOKENS_PER_SECOND, MIN_QUEUED_REQUEST_SECONDS, MIN_SAMPLE_TOKENS,
     PREFILL_SMOOTHING, PrefillEstimate, PricePriors,
 };
-pub use service::AffinityService;
+pub use service::{AffinityService, predicted_match};
 pub use settings::{AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 
 #[cfg(test)]

@@ -92,10 +92,19 @@ impl<S> AffinityService<S> {
             None => return (ids(&candidates), None, None),
         };
         record(&decision);
-        let predicted = (decision.outcome() == Some(Outcome::Sticky))
-            .then(|| PredictedMatch::new(decision.deepest(), decision.covered_bytes()));
+        let predicted = predicted_match(&decision);
         (ids(decision.clusters()), decision.outcome(), predicted)
     }
+}
+
+/// What the serving cluster is predicted to hold of the prompt, for engine feedback: for a
+/// sticky request, the deepest match (every candidate left holds it); for a session
+/// request with keys, the session's cluster (the only candidate) at its depth, priced at
+/// the bytes it is believed to hold. `None` for any other outcome, or with no depth.
+pub fn predicted_match(decision: &Decision) -> Option<PredictedMatch> {
+    let weighed = matches!(decision.outcome(), Some(Outcome::Sticky | Outcome::Session));
+    (weighed && decision.deepest() > 0)
+        .then(|| PredictedMatch::new(decision.deepest(), decision.covered_bytes()))
 }
 
 fn ids(clusters: &[Arc<Cluster>]) -> Candidates {

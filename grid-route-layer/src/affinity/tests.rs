@@ -1130,6 +1130,11 @@ fn a_turn_too_long_to_stick_by_prefix_goes_back_to_its_sessions_cluster() {
     // Priced at the first turn's prompt, which the second one starts with.
     let held = first.keys().unwrap().total_covered_bytes();
     assert_eq!(decision.covered_bytes(), held);
+    // Engine feedback weighs it at the session cluster's depth, as it weighs a sticky one.
+    let predicted = predicted_match(&decision).unwrap();
+    assert_eq!(predicted.depth(), first.keys().unwrap().len());
+    assert_eq!(predicted.covered_bytes(), held);
+    assert_eq!(predicted_match(&f.decide(&anonymous)), None);
     // Off, the session is not read.
     f.affinity
         .set_settings(AffinitySettings::default().with_session_affinity(false));
@@ -1221,6 +1226,8 @@ fn a_session_without_prompt_keys_sticks_to_where_it_was_answered() {
     let decision = f.decide(&tokens);
     assert_eq!(decision.outcome(), Some(Outcome::Session));
     assert_eq!(names(&decision), ["west-a"]);
+    // No keys, no depth: nothing for engine feedback to weigh.
+    assert_eq!(predicted_match(&decision), None);
     // A failure there drops the session too.
     crate::confirm::Verdict::Drop.apply_to_request(
         &f.index,

@@ -53,7 +53,7 @@ pub(super) struct PrefillTiming {
     pub(super) started: Option<Duration>,
 }
 
-/// A sticky request's predicted match, weighed against the engine's report.
+/// A sticky or session request's predicted match, weighed against the engine's report.
 pub(super) struct Prediction {
     pub(super) matched: PredictedMatch,
     /// What the index forgets with, when the layer was told to teach it.

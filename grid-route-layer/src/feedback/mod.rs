@@ -15,7 +15,7 @@
 //!
 //! # Engine feedback into the index
 //!
-//! For a sticky request, affinity leaves a [`PredictedMatch`](crate::route::PredictedMatch):
+//! For a sticky or session request, affinity leaves a [`PredictedMatch`](crate::route::PredictedMatch):
 //! the depth the serving cluster holds the prompt to. The layer counts what that predicts
 //! ([`predicted_tokens`], the matched bytes at 4 bytes a token) in
 //! `grid_route_predicted_cached_tokens_total{site,cluster}` and what the engine reported in

@@ -8,7 +8,7 @@
 //! answer head, [`Verdict`] applies the status to the index, as `ConfirmLayer` does: a
 //! 200 confirms the keys and the session, a 503 (an engine refusing, `--fail-share`)
 //! drops them. When the answer ends, engine feedback weighs what the engine served from
-//! its cache against a sticky request's predicted match, as `FeedbackLayer` does with
+//! its cache against a sticky or session request's predicted match, as `FeedbackLayer` does with
 //! `engine_feedback` on: an engine that fell short evicted the prompt, and the index
 //! forgets what it recorded at that cluster before it: the library's [`EvictionMarks`],
 //! as in `serve`; and the answer's time to first token, its uncached tokens and its
@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use grid_route_layer::affinity::{Affinity, AnswerTiming, Outcome};
+use grid_route_layer::affinity::{Affinity, AnswerTiming, Outcome, predicted_match};
 use grid_route_layer::confirm::Verdict;
 use grid_route_layer::feedback::EvictionMarks;
 use grid_route_layer::grid::ClusterId;
@@ -126,10 +126,10 @@ impl Router for GridRoute {
         }
         if let Some(keys) = route.keys {
             let affinity = &self.affinity[route.replica];
-            if decision.outcome() == Some(Outcome::Sticky) && affinity.settings().engine_feedback()
+            // What FeedbackService reads when the request goes out.
+            if let Some(matched) = predicted_match(&decision)
+                && affinity.settings().engine_feedback()
             {
-                // What FeedbackService reads when the request goes out.
-                let matched = PredictedMatch::new(decision.deepest(), decision.covered_bytes());
                 let candidates = decision.clusters().iter().map(|c| c.id());
                 let marks = EvictionMarks::read(affinity.index(), candidates, keys, matched, now);
                 self.predictions.insert(
