@@ -188,3 +188,79 @@ async fn the_request_log_has_one_line_per_request_and_never_a_credential_even_at
     );
     assert!(!raw.contains("secret-query"), "the query reached the log");
 }
+
+/// An endpoint whose `/metrics` serves no known queue gauge: `serve` says so once at
+/// `warn`, however often it reads the page, and keeps reading it.
+#[tokio::test]
+async fn a_metrics_page_without_a_known_gauge_is_logged_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let reads = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&reads);
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+            async { "# a page of other metrics\nprocess_cpu_seconds_total 1.5\n" }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let scratch = tempfile::tempdir().unwrap();
+    let file = scratch.path().join("gateway.yaml");
+    let log = scratch.path().join("gateway.log");
+    let (listen, admin) = (free_port(), free_port());
+    std::fs::write(
+        &file,
+        format!(
+            "listen: 127.0.0.1:{listen}\nadmin_listen: 127.0.0.1:{admin}\n\
+             queue: {{ poll_interval_ms: 20 }}\n\
+             sites:\n  - name: east\n    clusters:\n\
+             \x20     - {{ name: east-a, models: [demo-model], endpoints: [{endpoint}] }}\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
+        .args(["serve", "--log-format", "json", "--config"])
+        .arg(&file)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // Ten reads of the page at least, each of which finds no known gauge.
+    let deadline = Instant::now() + WAIT;
+    while reads.load(Ordering::Relaxed) < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "serve never read the page ten times"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + WAIT;
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "serve did not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let raw = std::fs::read_to_string(&log).unwrap();
+    let warned: Vec<Value> = raw
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| {
+            line["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("metrics page serves no known queue gauge"))
+        })
+        .collect();
+    assert_eq!(warned.len(), 1, "{raw}");
+    assert_eq!(warned[0]["level"], "WARN");
+    assert_eq!(warned[0]["fields"]["cluster"], "east/east-a");
+}
