@@ -903,6 +903,9 @@ def main() -> None:
     unknown = [name for name in order if name not in configs]
     if unknown:
         sys.exit(f"arena: unknown routers {unknown}; known: {', '.join(configs)}")
+    old = [name for name in order if configs[name].old]
+    if old and not args.old_gateway:
+        sys.exit(f"arena: {', '.join(old)} needs --old-gateway PATH (a release build of another commit)")
 
     records, cut = recover_records(Path(args.dataset))
     log(f"dataset: recovered {len(records)} complete records"

@@ -243,8 +243,9 @@ pub struct PrefixAffinity {
     pub affinity: AffinitySettings,
     /// For [`PrefixIndex`](crate::index::PrefixIndex).
     pub index: IndexSettings,
-    /// For [`KeyingLayer::session_headers`](crate::keying::KeyingLayer::session_headers);
-    /// empty when `session_affinity` is off.
+    /// For [`KeyingLayer::session_headers`](crate::keying::KeyingLayer::session_headers),
+    /// which reads none while `session_affinity` is off; a gateway marks them sensitive
+    /// either way, since clients may send them.
     pub session_headers: Vec<http::HeaderName>,
     /// For the pinning layer.
     pub tag_key_path: Option<PathBuf>,
@@ -311,11 +312,7 @@ impl PrefixAffinityConfig {
                 self.session_affinity,
             ),
             index,
-            session_headers: if self.session_affinity {
-                session_headers
-            } else {
-                Vec::new()
-            },
+            session_headers,
             tag_key_path: self.tag_key_path.clone(),
             previous_tag_key_path: self.previous_tag_key_path.clone(),
         })
@@ -483,7 +480,7 @@ mod tests {
     }
 
     #[test]
-    fn session_headers_are_checked_and_read_only_with_session_affinity() {
+    fn session_headers_are_checked_and_kept_whether_sessions_are_on_or_off() {
         let two = PrefixAffinityConfig::default()
             .with_session_headers(["X-Session-Affinity", "x-session-id"])
             .validate()
@@ -500,7 +497,8 @@ mod tests {
             .validate()
             .unwrap();
         assert!(!off.affinity.session_affinity());
-        assert!(off.session_headers.is_empty());
+        // Still named, for a gateway to keep out of its logs; keying reads none.
+        assert_eq!(off.session_headers, ["x-session-id"]);
         let none = PrefixAffinityConfig::default()
             .with_session_headers(Vec::<String>::new())
             .validate()

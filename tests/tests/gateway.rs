@@ -1034,6 +1034,8 @@ async fn a_session_header_keeps_turns_that_cannot_stick_on_their_cluster_until_i
     assert_ne!(anonymous.turn(&gateway).await.engine(), anonymous_home);
     let session = format!("session-{}", rand_topic());
     let mut conversation = ShortTurns::new("header", &[("x-session-id", &session)]);
+    // Exact counts: the tests of this binary share one recorder, and no other one names a
+    // session (a new test that does must not run beside this one).
     let series = r#"grid_route_prefix_affinity_total{outcome="session"}"#;
     let sessions_before = scraped(&gateway, series).await;
     let home = conversation.turn(&gateway).await.engine();

@@ -138,7 +138,7 @@ use arc_swap::ArcSwap;
 use grid_route_layer::affinity::Affinity;
 use grid_route_layer::grid::{ClusterId, Grid, GridView, SiteName};
 use grid_route_layer::index::PrefixIndex;
-use grid_route_layer::keying::KeySeed;
+use grid_route_layer::keying::{DEFAULT_SESSION_HEADERS, KeySeed};
 use grid_route_layer::metrics::{CONFIG_RELOAD_TOTAL, RESULT_LABEL};
 use grid_route_layer::pin::PinKeys;
 use tokio::net::TcpListener;
@@ -215,8 +215,8 @@ pub(crate) struct Settings {
     queue_metric: Option<Arc<str>>,
     poll_interval: Duration,
     timeouts: Timeouts,
-    /// `prefix_affinity.session_headers`: marked sensitive as a request arrives, so no log
-    /// prints a session id.
+    /// `prefix_affinity.session_headers` and `x-session-id`: marked sensitive as a request
+    /// arrives, so no log prints a session id.
     session_headers: Arc<[http::HeaderName]>,
 }
 
@@ -231,11 +231,14 @@ impl Settings {
             queue_metric: checked.queue_metric.clone(),
             poll_interval: checked.poll_interval,
             timeouts: checked.timeouts,
+            // The configured names, and the default one whatever the config says: clients
+            // send it whether or not this gateway reads it.
             session_headers: checked
                 .prefix_affinity
                 .session_headers
                 .iter()
                 .cloned()
+                .chain(DEFAULT_SESSION_HEADERS.map(http::HeaderName::from_static))
                 .collect(),
         }
     }

@@ -67,7 +67,7 @@ pub(crate) struct StackParts<'a> {
     /// The pin layer's keys, rotated on reload.
     pub(crate) tag_keys: &'a PinKeys,
     pub(crate) max_body_bytes: usize,
-    /// `prefix_affinity.session_headers` (none when `session_affinity` is off).
+    /// `prefix_affinity.session_headers` (read only while `session_affinity` is on).
     pub(crate) session_headers: &'a [http::HeaderName],
     /// The per-cluster balancers, shared by every routing stack of the gateway.
     pub(crate) balancers: &'a Balancers,

@@ -9,6 +9,7 @@ use tower::Service;
 
 use super::decide::{Affinity, Decision, Outcome};
 use super::draw::random_draw;
+use super::settings::MIN_STICKY_DEPTH;
 use crate::grid::{Cluster, Grid};
 use crate::metrics::{OUTCOME_LABEL, PREFIX_AFFINITY_TOTAL};
 use crate::route::{Candidates, Pinned, PredictedMatch, Prompt, RequestModel, record_on_span};
@@ -66,7 +67,7 @@ impl<S> AffinityService<S> {
     crate::define_inner_service_accessors!();
 
     /// The candidates, the outcome when the request was a counted decision, and the
-    /// predicted match when it is sticky.
+    /// predicted match when it is sticky or a session's ([`predicted_match`]).
     fn candidates<B>(
         &self,
         req: &Request<B>,
@@ -99,11 +100,14 @@ impl<S> AffinityService<S> {
 
 /// What the serving cluster is predicted to hold of the prompt, for engine feedback: for a
 /// sticky request, the deepest match (every candidate left holds it); for a session
-/// request with keys, the session's cluster (the only candidate) at its depth, priced at
-/// the bytes it is believed to hold. `None` for any other outcome, or with no depth.
+/// request, the session's cluster (the only candidate) at its depth, priced at the bytes it
+/// is believed to hold, when that depth is at least [`MIN_STICKY_DEPTH`] as a sticky
+/// match's is (a shorter prefix is too small to weigh an engine's report against: engines
+/// cache in blocks, and one shared short key would make the index forget most of the
+/// cluster). `None` for any other outcome.
 pub fn predicted_match(decision: &Decision) -> Option<PredictedMatch> {
     let weighed = matches!(decision.outcome(), Some(Outcome::Sticky | Outcome::Session));
-    (weighed && decision.deepest() > 0)
+    (weighed && decision.deepest() >= MIN_STICKY_DEPTH)
         .then(|| PredictedMatch::new(decision.deepest(), decision.covered_bytes()))
 }
 

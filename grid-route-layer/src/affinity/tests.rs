@@ -1253,3 +1253,29 @@ fn a_session_that_moved_follows_its_latest_answer() {
     later.set_queue("west-a", Some(0.0));
     assert_eq!(names(&later.decide(&next)), ["east-a"]);
 }
+
+#[test]
+fn a_session_shallower_than_a_sticky_match_is_not_weighed_against_the_engine() {
+    let f = two_sites();
+    let short = text("hello", 2 * 256);
+    let first = prompt_of(&f.seed, &session_body(&[("user", &short)], "conv-2", None));
+    let next = prompt_of(
+        &f.seed,
+        &session_body(
+            &[
+                ("user", &short),
+                ("assistant", "hi"),
+                ("user", &text("more", 4096)),
+            ],
+            "conv-2",
+            None,
+        ),
+    );
+    f.answered("west-a", &first);
+    f.set_queue("east-a", Some(0.0));
+    f.set_queue("west-a", Some(0.0));
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Session));
+    assert!(decision.deepest() > 0 && decision.deepest() < MIN_STICKY_DEPTH);
+    assert_eq!(predicted_match(&decision), None);
+}

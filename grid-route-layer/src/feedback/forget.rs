@@ -54,8 +54,8 @@ pub fn fell_short(predicted: PredictedMatch, delivered_tokens: u64) -> bool {
     predicted_tokens > 0 && (delivered_tokens as f64) < FORGET_BELOW_SHARE * predicted_tokens as f64
 }
 
-/// When each sticky candidate was last confirmed for the prompt's deepest matched key, read
-/// as the request goes out (before confirmation refreshes it), and the forget rule applied
+/// When each candidate of a predicted match was last confirmed for the prompt's deepest
+/// matched key, read as the request goes out (before confirmation refreshes it), and the forget rule applied
 /// to the engine's report once the answer ends.
 ///
 /// The one implementation of the rule: [`FeedbackLayer`](super::FeedbackLayer) uses it,

@@ -65,7 +65,7 @@ impl<S> FeedbackService<S> {
     }
 
     /// What the request's answer will be weighed against: its predicted match, when
-    /// affinity made it sticky, and when each candidate was last confirmed for the
+    /// affinity made it sticky or sent it to its session's cluster, and when each candidate was last confirmed for the
     /// prompt's deepest matched key (read now, before confirmation refreshes it).
     fn prediction<B>(&self, request: &Request<B>, now: Instant) -> Option<Prediction> {
         let matched = *request.extensions().get::<PredictedMatch>()?;
