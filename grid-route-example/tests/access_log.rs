@@ -58,40 +58,80 @@ async fn send(method: Method, url: &str, body: &str) -> Option<StatusCode> {
     Some(status)
 }
 
+/// `serve` running at `RUST_LOG=rust_log` with JSON logs, on a config of `sites` (the YAML
+/// after the listen addresses), until [`Serving::stop`].
+struct Serving {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+    listen: u16,
+    admin: u16,
+    _scratch: tempfile::TempDir,
+}
+
+impl Serving {
+    fn start(rest_of_config: &str, rust_log: &str) -> Self {
+        let scratch = tempfile::tempdir().unwrap();
+        let file = scratch.path().join("gateway.yaml");
+        let log = scratch.path().join("gateway.log");
+        let (listen, admin) = (free_port(), free_port());
+        std::fs::write(
+            &file,
+            format!(
+                "listen: 127.0.0.1:{listen}\nadmin_listen: 127.0.0.1:{admin}\n{rest_of_config}"
+            ),
+        )
+        .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
+            .args(["serve", "--log-format", "json", "--config"])
+            .arg(&file)
+            .env("RUST_LOG", rust_log)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            log,
+            listen,
+            admin,
+            _scratch: scratch,
+        }
+    }
+
+    /// Stops it with SIGTERM, checks that it exits 0 in time, and returns its log.
+    async fn stop(mut self) -> String {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + WAIT;
+        let exit = loop {
+            if let Some(exit) = self.child.try_wait().unwrap() {
+                break exit;
+            }
+            assert!(Instant::now() < deadline, "serve did not stop");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(exit.success(), "{exit}");
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
 /// Runs `serve` at `RUST_LOG=trace` with JSON logs in front of `engine`, sends it a chat
 /// request and a request for a path it does not serve, stops it, and returns its log.
 async fn serve_two_requests(engine: &MockEngine) -> String {
-    let scratch = tempfile::tempdir().unwrap();
-    let file = scratch.path().join("gateway.yaml");
-    let log = scratch.path().join("gateway.log");
-    let (listen, admin) = (free_port(), free_port());
-    std::fs::write(
-        &file,
-        format!(
-            "listen: 127.0.0.1:{listen}\nadmin_listen: 127.0.0.1:{admin}\n\
-             sites:\n  - name: east\n    clusters:\n\
+    let serving = Serving::start(
+        &format!(
+            "sites:\n  - name: east\n    clusters:\n\
              \x20     - {{ name: east-a, models: [demo-model], endpoints: [{}] }}\n",
             engine.url()
         ),
-    )
-    .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
-        .args(["serve", "--log-format", "json", "--config"])
-        .arg(&file)
-        .env("RUST_LOG", "trace")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+        "trace",
+    );
     let deadline = Instant::now() + WAIT;
-    while send(
-        Method::GET,
-        &format!("http://127.0.0.1:{admin}/healthz"),
-        "",
-    )
-    .await
-    .is_none()
-    {
+    let health = format!("http://127.0.0.1:{}/healthz", serving.admin);
+    while send(Method::GET, &health, "").await.is_none() {
         assert!(Instant::now() < deadline, "serve did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -99,29 +139,14 @@ async fn serve_two_requests(engine: &MockEngine) -> String {
     let body = format!(
         r#"{{"model":"demo-model","prompt_cache_key":"{BODY_SESSION}","messages":[{{"role":"user","content":"{PROMPT}"}}]}}"#
     );
-    let front = format!("http://127.0.0.1:{listen}");
+    let front = format!("http://127.0.0.1:{}", serving.listen);
     let chat = format!("{front}/v1/chat/completions?api_key=secret-query");
     assert_eq!(send(Method::POST, &chat, &body).await, Some(StatusCode::OK));
     assert_eq!(
         send(Method::GET, &format!("{front}/not-served"), "").await,
         Some(StatusCode::NOT_FOUND)
     );
-
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let deadline = Instant::now() + WAIT;
-    let exit = loop {
-        if let Some(exit) = child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(Instant::now() < deadline, "serve did not stop");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert!(exit.success(), "{exit}");
-    std::fs::read_to_string(&log).unwrap()
+    serving.stop().await
 }
 
 #[tokio::test]
@@ -209,28 +234,14 @@ async fn a_metrics_page_without_a_known_gauge_is_logged_once() {
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let scratch = tempfile::tempdir().unwrap();
-    let file = scratch.path().join("gateway.yaml");
-    let log = scratch.path().join("gateway.log");
-    let (listen, admin) = (free_port(), free_port());
-    std::fs::write(
-        &file,
-        format!(
-            "listen: 127.0.0.1:{listen}\nadmin_listen: 127.0.0.1:{admin}\n\
-             queue: {{ poll_interval_ms: 20 }}\n\
+    let serving = Serving::start(
+        &format!(
+            "queue: {{ poll_interval_ms: 20 }}\n\
              sites:\n  - name: east\n    clusters:\n\
              \x20     - {{ name: east-a, models: [demo-model], endpoints: [{endpoint}] }}\n"
         ),
-    )
-    .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
-        .args(["serve", "--log-format", "json", "--config"])
-        .arg(&file)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+        "info",
+    );
     // Ten reads of the page at least, each of which finds no known gauge.
     let deadline = Instant::now() + WAIT;
     while reads.load(Ordering::Relaxed) < 10 {
@@ -240,17 +251,7 @@ async fn a_metrics_page_without_a_known_gauge_is_logged_once() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let deadline = Instant::now() + WAIT;
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "serve did not stop");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let raw = std::fs::read_to_string(&log).unwrap();
+    let raw = serving.stop().await;
     let warned: Vec<Value> = raw
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())

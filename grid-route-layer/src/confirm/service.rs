@@ -78,11 +78,10 @@ where
         // The keys are taken now: inner layers may rewrite or drop the extension, but the
         // prompt that was sent is the one to confirm. With affinity disabled no prompt is
         // read at all.
-        let pending = if self.affinity.settings().enabled() {
+        let settings = self.affinity.settings();
+        let pending = if settings.enabled() {
             req.extensions().get::<Prompt>().and_then(|prompt| {
-                let session = prompt
-                    .session()
-                    .filter(|_| self.affinity.settings().session_affinity());
+                let session = prompt.session().filter(|_| settings.session_affinity());
                 Pending::new(
                     prompt.keys().ok().cloned(),
                     session,
