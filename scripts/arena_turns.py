@@ -1,0 +1,71 @@
+"""Reads one grid-route run of the arena turn by turn: which engine answered each turn, with
+what affinity outcome, and how much of its prompt was cached; and how many new conversations
+started on an engine that already had more live conversations than another.
+
+    python3 scripts/arena_turns.py OUT RUN        # say target/arena-s21 grid-defaults-pck-1
+
+The arena's results.jsonl gives each turn's send time and tokens; the gateway's request log
+(OUT/RUN/gateway.log) gives each answer's head time, latency, outcome and site. A turn is
+matched to the log line whose head time minus latency is nearest its send time.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import re
+import sys
+from pathlib import Path
+
+ACCESS = re.compile(r'(\S+)Z .*grid_route_example::access.*outcome="(\w+)" site="(\w+)".*latency_ms=([\d.]+)')
+
+
+def turns(out: Path, run: str) -> list[dict]:
+    router, repeat = run.rsplit("-", 1)
+    result = next(r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())
+                  if r["router"] == router and r["repeat"] == int(repeat))
+    sent = []
+    for line in (out / run / "gateway.log").read_text().splitlines():
+        m = ACCESS.match(line)
+        if m:
+            head = datetime.datetime.fromisoformat(m[1]).replace(tzinfo=datetime.timezone.utc).timestamp()
+            sent.append((head - float(m[4]) / 1000, m[2], m[3]))
+    used: set[int] = set()
+    rows = []
+    for t in sorted(result["turns"], key=lambda t: t["sent_at"]):
+        _, i = min((abs(s[0] - t["sent_at"]), i) for i, s in enumerate(sent) if i not in used)
+        used.add(i)
+        rows.append({**t, "outcome": sent[i][1], "site": sent[i][2]})
+    return rows
+
+
+def main() -> None:
+    out, run = Path(sys.argv[1]), sys.argv[2]
+    rows = turns(out, run)
+    by_conversation = collections.defaultdict(list)
+    for row in rows:
+        by_conversation[row["conversation"]].append(row)
+    for conversation, rs in by_conversation.items():
+        print(conversation, " | ".join(
+            f"turn {r['turn'] + 1} {r['site']} {r['outcome']} {r['cached_tokens']}/{r['prompt_tokens']}"
+            for r in sorted(rs, key=lambda r: r["turn"])))
+    first = {c: min(r["sent_at"] for r in rs) for c, rs in by_conversation.items()}
+    last = {c: max(r["sent_at"] for r in rs) for c, rs in by_conversation.items()}
+    sites = sorted({r["site"] for r in rows})
+    home: dict[str, str] = {}
+    busier = 0
+    for row in sorted(rows, key=lambda r: r["sent_at"]):
+        if row["turn"] == 0:
+            # Live: started before this one and with a turn still to come (within a second).
+            live = collections.Counter(home[c] for c in home if first[c] < row["sent_at"] <= last[c] + 1)
+            if live[row["site"]] > min(live[s] for s in sites):
+                busier += 1
+        home[row["conversation"]] = row["site"]
+    moved = sum(len({r["site"] for r in rs}) > 1 for rs in by_conversation.values())
+    print(f"{moved} of {len(by_conversation)} conversations answered on more than one engine; "
+          f"{busier} of {len(by_conversation)} started on an engine with more live conversations than another")
+
+
+if __name__ == "__main__":
+    main()
