@@ -630,3 +630,52 @@ async fn redis_holds_keys_and_no_prompt_text() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_session_answered_through_one_replica_keeps_its_next_turn_through_the_other() {
+    let bed = Testbed::start("session").await;
+    let (a, b) = (bed.replica("a").await, bed.replica("b").await);
+    // No system prompt, a first turn under the four keys a match needs, a second one four
+    // times as long: the second turn cannot stick by its prefix, and by the index's room
+    // alone it would go to the engine holding less, away from the first turn's.
+    let question = "a short first question about the okapi ".repeat(16);
+    let body = |messages: &Value| {
+        serde_json::to_vec(&json!({
+            "model": MODEL,
+            "prompt_cache_key": "conversation-okapi",
+            "messages": messages,
+        }))
+        .unwrap()
+    };
+    let mut messages = json!([{"role": "user", "content": question}]);
+    let first = send(
+        Method::POST,
+        &format!("{}/v1/chat/completions", a.front),
+        body(&messages),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::OK);
+    let home = first.engine();
+    // Two events: the first turn's keys, then its session.
+    eventually(
+        "replica b learns the first turn and its session",
+        || async { b.applied().await >= 2.0 },
+    )
+    .await;
+    let reply: Value = serde_json::from_slice(&first.body).unwrap();
+    let turns = messages.as_array_mut().unwrap();
+    turns.push(json!({"role": "assistant", "content": reply["choices"][0]["message"]["content"]}));
+    turns.push(json!({"role": "user", "content": "and now a much longer question ".repeat(100)}));
+    let second = send(
+        Method::POST,
+        &format!("{}/v1/chat/completions", b.front),
+        body(&messages),
+    )
+    .await;
+    assert_eq!(second.engine(), home);
+    assert_eq!(
+        b.metric("grid_route_prefix_affinity_total{outcome=\"session\"}")
+            .await,
+        1.0
+    );
+}
