@@ -384,6 +384,9 @@ def router_configs(prefill_rate: float | None, request_seconds: float | None) ->
         "grid-defaults-pck": RouterConfig(
             "grid-defaults-pck", "grid-route, defaults, the client sends prompt_cache_key", "grid",
             defaults=True, prompt_cache_key=True),
+        "grid-defaults-old": RouterConfig(
+            "grid-defaults-old", "grid-route --old-gateway (an older build), defaults", "grid",
+            defaults=True, old=True),
         "grid-defaults-t0.3": RouterConfig(
             "grid-defaults-t0.3", "grid-route, defaults but threshold 0.3", "grid", defaults=True, threshold=0.3),
         "grid-defaults-nofeedback": RouterConfig(

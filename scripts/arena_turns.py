@@ -1,6 +1,15 @@
 """Reads one grid-route run of the arena turn by turn: which engine answered each turn, with
-what affinity outcome, and how much of its prompt was cached; and how many new conversations
-started on an engine that already had more live conversations than another.
+what affinity outcome, and how much of its prompt was cached; how many new conversations
+started on an engine that already had more live conversations than another; and where the
+cached share went.
+
+Where it went: a turn after the first can at best find its conversation's previous prompt
+cached, so the run's ceiling from history is the sum of those over all prompt tokens. Each
+turn's shortfall against it is counted by its outcome, whether the conversation stayed on
+its engine or moved, and the load it met: the other turns in flight at that engine when it
+was sent (a turn ends when its conversation's next one is sent; a conversation's last turn
+one second after its first token, which is not logged). First turns add what they found
+cached (a shared system prompt).
 
     python3 scripts/arena_turns.py OUT RUN        # say target/arena-s21 grid-defaults-pck-1
 
@@ -40,6 +49,40 @@ def turns(out: Path, run: str) -> list[dict]:
     return rows
 
 
+def losses(rows: list[dict], by_conversation: dict[str, list[dict]]) -> None:
+    ends = {}
+    for rs in by_conversation.values():
+        rs = sorted(rs, key=lambda r: r["turn"])
+        for a, b in zip(rs, rs[1:]):
+            ends[id(a)] = b["sent_at"]
+        ends[id(rs[-1])] = rs[-1]["sent_at"] + rs[-1]["ttft"] + 1.0
+    load = {id(r): sum(1 for o in rows if o is not r and o["site"] == r["site"]
+                       and o["sent_at"] < r["sent_at"] < ends[id(o)]) for r in rows}
+    total = sum(r["prompt_tokens"] for r in rows)
+    ceiling = 0
+    lost: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[str] = collections.Counter()
+    found: collections.Counter[str] = collections.Counter()
+    for rs in by_conversation.values():
+        rs = sorted(rs, key=lambda r: r["turn"])
+        found[rs[0]["outcome"]] += rs[0]["cached_tokens"]
+        for a, b in zip(rs, rs[1:]):
+            best = min(a["prompt_tokens"], b["prompt_tokens"])
+            ceiling += best
+            kind = f"{'moved' if a['site'] != b['site'] else 'stayed'}, {b['outcome']}, load {load[id(b)]}"
+            lost[kind] += max(0, best - b["cached_tokens"])
+            count[kind] += 1
+    cached = sum(r["cached_tokens"] for r in rows)
+    print(f"cached {100 * cached / total:.1f}% of {total} prompt tokens; the ceiling from history is "
+          f"{100 * ceiling / total:.1f}%")
+    for kind, tokens in sorted(lost.items(), key=lambda kv: -kv[1]):
+        if tokens:
+            print(f"  lost {100 * tokens / total:4.1f} points in {count[kind]} later turns ({kind})")
+    for outcome, tokens in sorted(found.items(), key=lambda kv: -kv[1]):
+        if tokens:
+            print(f"  found {100 * tokens / total:4.1f} points in first turns ({outcome})")
+
+
 def main() -> None:
     out, run = Path(sys.argv[1]), sys.argv[2]
     rows = turns(out, run)
@@ -54,17 +97,19 @@ def main() -> None:
     last = {c: max(r["sent_at"] for r in rs) for c, rs in by_conversation.items()}
     sites = sorted({r["site"] for r in rows})
     home: dict[str, str] = {}
-    busier = 0
+    busier: collections.Counter[str] = collections.Counter()
     for row in sorted(rows, key=lambda r: r["sent_at"]):
         if row["turn"] == 0:
             # Live: started before this one and with a turn still to come (within a second).
             live = collections.Counter(home[c] for c in home if first[c] < row["sent_at"] <= last[c] + 1)
             if live[row["site"]] > min(live[s] for s in sites):
-                busier += 1
+                busier[row["outcome"]] += 1
         home[row["conversation"]] = row["site"]
+    losses(rows, by_conversation)
     moved = sum(len({r["site"] for r in rs}) > 1 for rs in by_conversation.values())
     print(f"{moved} of {len(by_conversation)} conversations answered on more than one engine; "
-          f"{busier} of {len(by_conversation)} started on an engine with more live conversations than another")
+          f"{sum(busier.values())} of {len(by_conversation)} started on an engine with more live conversations than another"
+          + (f" ({', '.join(f'{o} {n}' for o, n in sorted(busier.items()))})" if busier else ""))
 
 
 if __name__ == "__main__":
