@@ -384,6 +384,10 @@ def router_configs(prefill_rate: float | None, request_seconds: float | None) ->
         "grid-defaults-pck": RouterConfig(
             "grid-defaults-pck", "grid-route, defaults, the client sends prompt_cache_key", "grid",
             defaults=True, prompt_cache_key=True),
+        "grid-defaults-pck-old": RouterConfig(
+            "grid-defaults-pck-old",
+            "grid-route --old-gateway (an older build), defaults, the client sends prompt_cache_key", "grid",
+            defaults=True, prompt_cache_key=True, old=True),
         "grid-defaults-old": RouterConfig(
             "grid-defaults-old", "grid-route --old-gateway (an older build), defaults", "grid",
             defaults=True, old=True),

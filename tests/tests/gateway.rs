@@ -1034,8 +1034,8 @@ async fn a_session_header_keeps_turns_that_cannot_stick_on_their_cluster_until_i
     assert_ne!(anonymous.turn(&gateway).await.engine(), anonymous_home);
     let session = format!("session-{}", rand_topic());
     let mut conversation = ShortTurns::new("header", &[("x-session-id", &session)]);
-    // Exact counts: the tests of this binary share one recorder, and no other one names a
-    // session (a new test that does must not run beside this one).
+    // Exact counts: the tests of this binary share one recorder, and no other one makes a
+    // `session` decision (a new test that does must not run beside this one).
     let series = r#"grid_route_prefix_affinity_total{outcome="session"}"#;
     let sessions_before = scraped(&gateway, series).await;
     let home = conversation.turn(&gateway).await.engine();
@@ -1051,6 +1051,81 @@ async fn a_session_header_keeps_turns_that_cannot_stick_on_their_cluster_until_i
     wait_measured(&gateway).await;
     assert_ne!(conversation.turn(&gateway).await.engine(), home);
     assert_eq!(scraped(&gateway, series).await, sessions_before + 1);
+}
+
+/// The body of one Chat turn under `system`: the messages so far, then `question`.
+fn turn_under(system: &str, earlier: &[(&str, &str)], question: &str) -> Vec<u8> {
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    for (role, content) in earlier {
+        messages.push(json!({"role": role, "content": content}));
+    }
+    messages.push(json!({"role": "user", "content": question}));
+    serde_json::to_vec(&json!({"model": MODEL, "messages": messages})).unwrap()
+}
+
+/// Sends a Chat body, with the `x-session-id` header when `session` is given.
+async fn chat_as(gateway: &Gateway, session: Option<&str>, body: Vec<u8>) -> Answer {
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(session) = session {
+        headers.push(("x-session-id", session));
+    }
+    let answer = send_with(Method::POST, &url, &headers, body).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    answer
+}
+
+#[tokio::test]
+async fn a_new_session_under_a_shared_system_prompt_is_not_crowded_onto_a_busier_cluster() {
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    // A CPU-like prefill price: the 9 KiB system prompt saves about 23 s there, eleven
+    // queued requests, so the load gate keeps it one queued request heavier.
+    let yaml = config_yaml(
+        &[
+            ("east", vec![cluster("east-a", &[&east])]),
+            ("west", vec![cluster("west-a", &[&west])]),
+        ],
+        "grid_site_route: { prefix_affinity: { exploration: 0.0, \
+         prefill_tokens_per_second: 100, queued_request_seconds: 2 } }\n",
+    );
+    let gateway = gateway(&yaml).await;
+    let topic = rand_topic();
+    let system = text(&format!("house rules {topic}"), 9 * 1024);
+    let (a, b) = (format!("a-{topic}"), format!("b-{topic}"));
+    // Each question is longer than a keying block, so a's own prompt reaches past the
+    // system prompt's keys.
+    let a_asks = text("a asks", 1024);
+    let first = chat_as(&gateway, Some(&a), turn_under(&system, &[], &a_asks)).await;
+    let home = first.engine();
+    let reply = first.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (busy, idle) = if home == "east-a" {
+        (&east, &west)
+    } else {
+        (&west, &east)
+    };
+    set_queue(busy, 1).await;
+    set_queue(idle, 0).await;
+    eventually("the gateway sees the queue", || async {
+        queue_depth(&gateway, &home) == 1.0 && queue_depth(&gateway, other(&home)) == 0.0
+    })
+    .await;
+    // A turn naming no session is the load gate's to weigh: it keeps the system prompt's
+    // cluster one queued request heavier.
+    let anonymous = turn_under(&system, &[], &text("someone asks", 1024));
+    assert_eq!(chat_as(&gateway, None, anonymous).await.engine(), home);
+    // b is a new conversation: it would share only a's system prompt, so it goes by load.
+    let b_first = turn_under(&system, &[], &text("b asks", 1024));
+    assert_eq!(
+        chat_as(&gateway, Some(&b), b_first).await.engine(),
+        other(&home)
+    );
+    // a's own next turn keeps its cluster through the same queue.
+    let a_next = turn_under(&system, &[("user", &a_asks), ("assistant", &reply)], "and?");
+    assert_eq!(chat_as(&gateway, Some(&a), a_next).await.engine(), home);
 }
 
 /// A topic no other conversation of the test used.

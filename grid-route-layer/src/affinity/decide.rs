@@ -231,6 +231,10 @@ impl Affinity {
     ///
     /// - no keys and no session is [`Outcome::NotApplicable`], `draw < exploration` is
     ///   [`Outcome::Exploration`], else [`narrow`] on the index's depths at `now`;
+    /// - a sticky match for a request whose session no candidate has answered (a new
+    ///   conversation, which can only be matching a head others share) is
+    ///   [`Outcome::LoadOverride`] when its least loaded holder is busier than the least
+    ///   loaded other candidate: it is not crowded in beside the conversations there;
     /// - a sticky prefix match wins. Otherwise, with
     ///   [`session_affinity`](AffinitySettings::session_affinity) on and the session last
     ///   answered at one of the candidates ([`PrefixIndex::session`]), the load gate weighs
@@ -294,9 +298,15 @@ impl Affinity {
         } else {
             settings
         };
-        let narrowing = narrow(&priced, keys, &depths, |i| {
+        let mut narrowing = narrow(&priced, keys, &depths, |i| {
             candidates[i].load().routing_load(now)
         });
+        if narrowing.outcome == Outcome::Sticky
+            && let Some(session) = session
+            && self.crowds(&candidates, &depths, narrowing.deepest, session, now)
+        {
+            narrowing.outcome = Outcome::LoadOverride;
+        }
         let mut outcome = narrowing.outcome;
         if outcome != Outcome::Sticky {
             match self.session_gate(&settings, &candidates, session, Some((keys, &depths)), now) {
@@ -322,6 +332,41 @@ impl Affinity {
             covered_bytes: keys.covered_bytes(narrowing.deepest),
             clusters: candidates,
         }
+    }
+
+    /// Whether a sticky match would crowd a new conversation in beside others: the
+    /// request names a session no candidate has answered (its first turn), and the least
+    /// loaded of the deepest holders is busier than the least loaded other candidate.
+    ///
+    /// What such a request matches is a head other conversations share (a system prompt),
+    /// not its own history. Sent to the busier holder it saves that head's prefill once,
+    /// and for as long as it lasts it shares the holder with the conversations already
+    /// there: on an engine with a few slots, one of them loses its prompt at every turn.
+    /// A conversation that has been answered before keeps the load gate's rule.
+    fn crowds(
+        &self,
+        candidates: &[Arc<Cluster>],
+        depths: &[usize],
+        deepest: usize,
+        session: SessionKey,
+        now: Instant,
+    ) -> bool {
+        if candidates
+            .iter()
+            .any(|c| self.index.session(c.id(), session, now).is_some())
+        {
+            return false;
+        }
+        let (mut holders, mut others) = (f64::INFINITY, f64::INFINITY);
+        for (c, &depth) in candidates.iter().zip(depths) {
+            let load = c.load().routing_load(now);
+            if depth == deepest {
+                holders = holders.min(load);
+            } else {
+                others = others.min(load);
+            }
+        }
+        holders > others
     }
 
     /// The session step: where `session` was last answered among `candidates`, and whether

@@ -48,6 +48,14 @@
 //!    type) takes this step alone. Off with
 //!    [`session_affinity`](AffinitySettings::session_affinity) `false`.
 //!
+//!    A session no candidate has answered is a new conversation: whatever it matches is
+//!    a head other conversations share (a system prompt), not its own history. When the
+//!    least loaded holder of that match is busier than the least loaded other candidate,
+//!    the match is [`Outcome::LoadOverride`] even where step 3 would let it stick. It
+//!    would save that head's prefill once and then share the holder with the
+//!    conversations already there for as long as it lasts; on an engine with a few slots
+//!    (llama.cpp's `--parallel 2`) one of them loses its prompt at every turn.
+//!
 //! A drained or unhealthy cluster is never a candidate, so it is never sticky.
 //!
 //! # The layer

@@ -1156,6 +1156,82 @@ fn a_session_whose_cluster_is_busier_than_its_prompt_is_worth_goes_elsewhere() {
 }
 
 #[test]
+fn a_new_conversation_matching_a_shared_head_is_not_crowded_in_beside_others() {
+    let f = two_sites();
+    learning(&f);
+    let east = f.id("east-a");
+    // East prefills 100 tokens a second: a 40-block system prompt saves 26 s there, 13
+    // queued requests, so the load gate alone keeps it through a queue one longer.
+    for _ in 0..40 {
+        f.affinity.learn(&east, answer(1_000, 0.0, 10.0));
+    }
+    let house = text("house", 40 * 256);
+    let turn = |key: &str, question: &str| {
+        prompt_of(
+            &f.seed,
+            &session_body(&[("system", &house), ("user", question)], key, None),
+        )
+    };
+    // Conversation a was answered at east; b is new, under the same system prompt.
+    let a = turn("conv-a", "first question of a");
+    f.answered("east-a", &a);
+    let a_next = prompt_of(
+        &f.seed,
+        &session_body(
+            &[
+                ("system", &house),
+                ("user", "first question of a"),
+                ("assistant", "an answer"),
+                ("user", "and then?"),
+            ],
+            "conv-a",
+            None,
+        ),
+    );
+    let b = turn("conv-b", "first question of b");
+    f.set_queue("east-a", Some(1.0));
+    f.set_queue("west-a", Some(0.0));
+    // b would only share a's system prompt: it goes by load.
+    let decision = f.decide(&b);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert_eq!(names(&decision), ["east-a", "west-a"]);
+    // The same head without a session is the load gate's to weigh: it sticks.
+    assert_eq!(
+        f.decide(&b.clone().with_session(None)).outcome(),
+        Some(Outcome::Sticky)
+    );
+    // a's own next turn sticks through the same queue.
+    assert_eq!(f.decide(&a_next).outcome(), Some(Outcome::Sticky));
+    // With the queues equal there is no one to crowd: b sticks to the head.
+    let f2 = two_sites();
+    learning(&f2);
+    f2.affinity
+        .learn(&f2.id("east-a"), answer(1_000, 0.0, 10.0));
+    let b2 = prompt_of(
+        &f2.seed,
+        &session_body(
+            &[("system", &house), ("user", "first question of b")],
+            "conv-b",
+            None,
+        ),
+    );
+    f2.answered(
+        "east-a",
+        &prompt_of(
+            &f2.seed,
+            &session_body(
+                &[("system", &house), ("user", "first question of a")],
+                "conv-a",
+                None,
+            ),
+        ),
+    );
+    f2.set_queue("east-a", Some(0.0));
+    f2.set_queue("west-a", Some(0.0));
+    assert_eq!(f2.decide(&b2).outcome(), Some(Outcome::Sticky));
+}
+
+#[test]
 fn a_session_whose_cluster_is_drained_goes_elsewhere() {
     let f = three_sites();
     let (first, next) = short_conversation(&f, "conv-1", None);
