@@ -324,6 +324,15 @@ async fn two_sites() -> (MockEngine, MockEngine, Gateway) {
 
 /// Two sites, each with one cluster `<site>-a` of one engine named after it.
 async fn two_sites_named(east_site: &str, west_site: &str) -> (MockEngine, MockEngine, Gateway) {
+    two_sites_with(east_site, west_site, "").await
+}
+
+/// [`two_sites_named`], with `extra` top-level YAML (see [`config_yaml`]).
+async fn two_sites_with(
+    east_site: &str,
+    west_site: &str,
+    extra: &str,
+) -> (MockEngine, MockEngine, Gateway) {
     let (east_name, west_name) = (format!("{east_site}-a"), format!("{west_site}-a"));
     let east = engine(&east_name).await;
     let west = engine(&west_name).await;
@@ -332,7 +341,7 @@ async fn two_sites_named(east_site: &str, west_site: &str) -> (MockEngine, MockE
             (east_site, vec![cluster(&east_name, &[&east])]),
             (west_site, vec![cluster(&west_name, &[&west])]),
         ],
-        "",
+        extra,
     );
     let gateway = gateway(&yaml).await;
     (east, west, gateway)
@@ -351,6 +360,28 @@ async fn set_queue(engine: &MockEngine, waiting: u64) {
     let body = json!({"waiting": waiting, "exact": true}).to_string();
     let answer = send(Method::POST, &url, Some("application/json"), body).await;
     assert_eq!(answer.status, StatusCode::OK);
+}
+
+/// Gives `home`'s engine (`east` or `west`) `waiting` queued requests and the other's none,
+/// waits until the gateway has read both, and returns `home`'s engine.
+async fn queue_at<'a>(
+    gateway: &Gateway,
+    (east, west): (&'a MockEngine, &'a MockEngine),
+    home: &str,
+    waiting: u64,
+) -> &'a MockEngine {
+    let (busy, idle) = if home == "east-a" {
+        (east, west)
+    } else {
+        (west, east)
+    };
+    set_queue(busy, waiting).await;
+    set_queue(idle, 0).await;
+    eventually("the gateway sees the queues", || async {
+        queue_depth(gateway, home) == waiting as f64 && queue_depth(gateway, other(home)) == 0.0
+    })
+    .await;
+    busy
 }
 
 // ---- affinity -----------------------------------------------------------------------
@@ -403,18 +434,8 @@ async fn a_deeper_queue_overrides_a_short_match() {
     let (east, west, gateway) = two_sites().await;
     let mut conversation = Conversation::new("gate", 9 * 1024);
     let home = conversation.turn(&gateway, "hello").await.engine();
-    let (busy, idle) = if home == "east-a" {
-        (&east, &west)
-    } else {
-        (&west, &east)
-    };
     // 9 KiB saves about 0.1 of a queued request: 5 waiting outweighs it.
-    set_queue(busy, 5).await;
-    set_queue(idle, 0).await;
-    eventually("the gateway sees the queue", || async {
-        queue_depth(&gateway, &home) >= 5.0 && queue_depth(&gateway, other(&home)) == 0.0
-    })
-    .await;
+    queue_at(&gateway, (&east, &west), &home, 5).await;
     let answer = conversation.turn(&gateway, "next").await;
     assert_eq!(answer.engine(), other(&home));
 }
@@ -425,17 +446,7 @@ async fn a_long_match_keeps_its_site_one_queued_request_heavier() {
     // 110 KiB: about 1.4 queued requests of prefill saved.
     let mut conversation = Conversation::new("long", 110 * 1024);
     let home = conversation.turn(&gateway, "hello").await.engine();
-    let (busy, idle) = if home == "east-a" {
-        (&east, &west)
-    } else {
-        (&west, &east)
-    };
-    set_queue(busy, 1).await;
-    set_queue(idle, 0).await;
-    eventually("the gateway sees the queue", || async {
-        queue_depth(&gateway, &home) == 1.0 && queue_depth(&gateway, other(&home)) == 0.0
-    })
-    .await;
+    let busy = queue_at(&gateway, (&east, &west), &home, 1).await;
     assert_eq!(conversation.turn(&gateway, "next").await.engine(), home);
     // Two queued requests are worth more than the match.
     set_queue(busy, 2).await;
@@ -1077,19 +1088,15 @@ async fn chat_as(gateway: &Gateway, session: Option<&str>, body: Vec<u8>) -> Ans
 
 #[tokio::test]
 async fn a_new_session_under_a_shared_system_prompt_is_not_crowded_onto_a_busier_cluster() {
-    let east = engine("east-a").await;
-    let west = engine("west-a").await;
     // A CPU-like prefill price: the 9 KiB system prompt saves about 23 s there, eleven
     // queued requests, so the load gate keeps it one queued request heavier.
-    let yaml = config_yaml(
-        &[
-            ("east", vec![cluster("east-a", &[&east])]),
-            ("west", vec![cluster("west-a", &[&west])]),
-        ],
+    let (east, west, gateway) = two_sites_with(
+        "east",
+        "west",
         "grid_site_route: { prefix_affinity: { exploration: 0.0, \
          prefill_tokens_per_second: 100, queued_request_seconds: 2 } }\n",
-    );
-    let gateway = gateway(&yaml).await;
+    )
+    .await;
     let topic = rand_topic();
     let system = text(&format!("house rules {topic}"), 9 * 1024);
     let (a, b) = (format!("a-{topic}"), format!("b-{topic}"));
@@ -1102,17 +1109,7 @@ async fn a_new_session_under_a_shared_system_prompt_is_not_crowded_onto_a_busier
         .as_str()
         .unwrap()
         .to_owned();
-    let (busy, idle) = if home == "east-a" {
-        (&east, &west)
-    } else {
-        (&west, &east)
-    };
-    set_queue(busy, 1).await;
-    set_queue(idle, 0).await;
-    eventually("the gateway sees the queue", || async {
-        queue_depth(&gateway, &home) == 1.0 && queue_depth(&gateway, other(&home)) == 0.0
-    })
-    .await;
+    queue_at(&gateway, (&east, &west), &home, 1).await;
     // A turn naming no session is the load gate's to weigh: it keeps the system prompt's
     // cluster one queued request heavier.
     let anonymous = turn_under(&system, &[], &text("someone asks", 1024));
@@ -1966,17 +1963,7 @@ async fn a_stored_response_chain_stays_pinned_to_its_cluster() {
     assert!(!signed, "no tag key configured: empty mac");
 
     // However deep its queue, the chain goes where its state is.
-    let (busy, idle) = if home == "east-a" {
-        (&east, &west)
-    } else {
-        (&west, &east)
-    };
-    set_queue(busy, 50).await;
-    set_queue(idle, 0).await;
-    eventually("the gateway sees the queue", || async {
-        queue_depth(&gateway, &home) >= 50.0
-    })
-    .await;
+    let busy = queue_at(&gateway, (&east, &west), &home, 50).await;
     let mut previous = id.clone();
     for turn in ["second", "third"] {
         let next = post(

@@ -72,6 +72,7 @@ impl fmt::Display for Outcome {
 pub struct Narrowing {
     outcome: Outcome,
     deepest: usize,
+    holder_busier: bool,
 }
 
 impl Narrowing {
@@ -83,6 +84,13 @@ impl Narrowing {
     /// The largest depth among the candidates.
     pub fn deepest(&self) -> usize {
         self.deepest
+    }
+
+    /// Whether the least loaded deepest holder is busier than the least loaded other
+    /// candidate (`false` when the match was too short to weigh, or every candidate holds
+    /// it).
+    pub fn holder_busier(&self) -> bool {
+        self.holder_busier
     }
 
     /// Whether a candidate with `depth` stays a candidate: every one does, unless the
@@ -114,7 +122,11 @@ pub fn narrow(
     mut queue: impl FnMut(usize) -> f64,
 ) -> Narrowing {
     let deepest = depths.iter().copied().max().unwrap_or(0);
-    let decided = |outcome| Narrowing { outcome, deepest };
+    let decided = |outcome| Narrowing {
+        outcome,
+        deepest,
+        holder_busier: false,
+    };
     let covered = keys.covered_bytes(deepest);
     let long_enough = covered >= STICKY_MATCH_BYTES
         || covered as f64 >= settings.threshold() * keys.total_covered_bytes() as f64;
@@ -130,11 +142,17 @@ pub fn narrow(
             others = Some(others.map_or(q, |o| o.min(q)));
         }
     }
-    match others {
+    let (outcome, holder_busier) = match others {
         Some(others) if holders - others > settings.match_worth(covered) => {
-            decided(Outcome::LoadOverride)
+            (Outcome::LoadOverride, true)
         }
-        _ => decided(Outcome::Sticky),
+        Some(others) => (Outcome::Sticky, holders > others),
+        None => (Outcome::Sticky, false),
+    };
+    Narrowing {
+        outcome,
+        deepest,
+        holder_busier,
     }
 }
 
@@ -302,9 +320,11 @@ impl Affinity {
             candidates[i].load().routing_load(now)
         });
         if narrowing.outcome == Outcome::Sticky
+            && narrowing.holder_busier
             && let Some(session) = session
-            && self.crowds(&candidates, &depths, narrowing.deepest, session, now)
+            && self.is_new(&candidates, session, now)
         {
+            // A new conversation is not crowded onto a busier holder (see the docs above).
             narrowing.outcome = Outcome::LoadOverride;
         }
         let mut outcome = narrowing.outcome;
@@ -334,39 +354,16 @@ impl Affinity {
         }
     }
 
-    /// Whether a sticky match would crowd a new conversation in beside others: the
-    /// request names a session no candidate has answered (its first turn), and the least
-    /// loaded of the deepest holders is busier than the least loaded other candidate.
-    ///
-    /// What such a request matches is a head other conversations share (a system prompt),
-    /// not its own history. Sent to the busier holder it saves that head's prefill once,
-    /// and for as long as it lasts it shares the holder with the conversations already
-    /// there: on an engine with a few slots, one of them loses its prompt at every turn.
-    /// A conversation that has been answered before keeps the load gate's rule.
-    fn crowds(
-        &self,
-        candidates: &[Arc<Cluster>],
-        depths: &[usize],
-        deepest: usize,
-        session: SessionKey,
-        now: Instant,
-    ) -> bool {
-        if candidates
+    /// Whether no candidate has answered `session`: the request is a conversation's first
+    /// turn, so a sticky match can only be a head other conversations share (a system
+    /// prompt), not its own history. Sent to a busier holder it would save that head's
+    /// prefill once, then share the holder with the conversations already there for as
+    /// long as it lasts: on an engine with a few slots, one of them loses its prompt at
+    /// every turn.
+    fn is_new(&self, candidates: &[Arc<Cluster>], session: SessionKey, now: Instant) -> bool {
+        candidates
             .iter()
-            .any(|c| self.index.session(c.id(), session, now).is_some())
-        {
-            return false;
-        }
-        let (mut holders, mut others) = (f64::INFINITY, f64::INFINITY);
-        for (c, &depth) in candidates.iter().zip(depths) {
-            let load = c.load().routing_load(now);
-            if depth == deepest {
-                holders = holders.min(load);
-            } else {
-                others = others.min(load);
-            }
-        }
-        holders > others
+            .all(|c| self.index.session(c.id(), session, now).is_none())
     }
 
     /// The session step: where `session` was last answered among `candidates`, and whether

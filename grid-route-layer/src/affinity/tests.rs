@@ -1189,8 +1189,12 @@ fn a_new_conversation_matching_a_shared_head_is_not_crowded_in_beside_others() {
         ),
     );
     let b = turn("conv-b", "first question of b");
-    f.set_queue("east-a", Some(1.0));
+    f.set_queue("east-a", Some(0.0));
     f.set_queue("west-a", Some(0.0));
+    // With the loads equal there is no one to crowd: b sticks to the head.
+    assert_eq!(f.decide(&b).outcome(), Some(Outcome::Sticky));
+    // One request in flight at east.
+    let _in_flight = f.cluster("east-a").load().start_request();
     // b would only share a's system prompt: it goes by load.
     let decision = f.decide(&b);
     assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
@@ -1200,35 +1204,8 @@ fn a_new_conversation_matching_a_shared_head_is_not_crowded_in_beside_others() {
         f.decide(&b.clone().with_session(None)).outcome(),
         Some(Outcome::Sticky)
     );
-    // a's own next turn sticks through the same queue.
+    // a's own next turn sticks through the same load.
     assert_eq!(f.decide(&a_next).outcome(), Some(Outcome::Sticky));
-    // With the queues equal there is no one to crowd: b sticks to the head.
-    let f2 = two_sites();
-    learning(&f2);
-    f2.affinity
-        .learn(&f2.id("east-a"), answer(1_000, 0.0, 10.0));
-    let b2 = prompt_of(
-        &f2.seed,
-        &session_body(
-            &[("system", &house), ("user", "first question of b")],
-            "conv-b",
-            None,
-        ),
-    );
-    f2.answered(
-        "east-a",
-        &prompt_of(
-            &f2.seed,
-            &session_body(
-                &[("system", &house), ("user", "first question of a")],
-                "conv-a",
-                None,
-            ),
-        ),
-    );
-    f2.set_queue("east-a", Some(0.0));
-    f2.set_queue("west-a", Some(0.0));
-    assert_eq!(f2.decide(&b2).outcome(), Some(Outcome::Sticky));
 }
 
 #[test]
