@@ -764,7 +764,7 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
 
     def simulated(trace: Path, policy: str, prefill: float, decode: float, extra: int) -> dict:
         router = trace.parent.name.rsplit("-", 1)[0]
-        command = [args.calibrate, "simulate", "--trace", str(trace), "--block-tokens", str(TRACE_BLOCK_TOKENS),
+        command = [args.calibrate, "--trace", str(trace), "--block-tokens", str(TRACE_BLOCK_TOKENS),
                    "--sites", str(ENGINES), "--engine", "slots", "--slots", str(args.slots),
                    "--host-cache-tokens", str(cache_ram_tokens + extra), "--prefill-tps", f"{prefill:.2f}",
                    "--decode-tps", f"{decode:.3f}", "--prefill-overhead-ms", "0", "--policies", policy, "--json",
@@ -883,7 +883,7 @@ def main() -> None:
                         "an engine slot; default: measured on a fresh engine with the prefill rate")
     parser.add_argument("--calibrate", metavar="SIMULATOR", default=None,
                         help="run nothing: replay every grid-route defaults, vllm-router and sglang-router "
-                        "cache_aware run of OUT through SIMULATOR (a grid-route-example binary) as its "
+                        "cache_aware run of OUT through SIMULATOR (the grid-route-simulate binary) as its "
                         "trace, on slot engines at the run's own engine speeds, and print arena against "
                         "simulate")
     parser.add_argument("--trace-of", metavar="RUN", default=None,

@@ -1,7 +1,7 @@
 """The runs behind docs/routing.md, printed as the Markdown tables the page holds.
 
-Run it through `scripts/simulate-results`, which builds the release binary first. Each
-table is one or more `simulate --json` runs on the bundled trace (seed 1); the command of
+Run it through `scripts/simulate-results`, which builds the simulator first. Each
+table is one or more `grid-route-simulate --json` runs on the bundled trace (seed 1); the command of
 every run is printed above its table. A fourth argument names the sections to print,
 comma-separated (`defaults,rules,replicas,window,sessions`); all of them by default.
 """
@@ -25,8 +25,8 @@ POLICIES_COMPARED = ("round-robin", "least-queue", "cache-aware", "chwbl")
 
 
 def simulate(*flags: str) -> dict:
-    command = [BIN, "simulate", "--trace", TRACE, "--json", *flags]
-    print(f"<!-- {' '.join(['grid-route-example', *command[1:]])} -->")
+    command = [BIN, "--trace", TRACE, "--json", *flags]
+    print(f"<!-- {' '.join(['grid-route-simulate', *command[1:]])} -->")
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 

@@ -11,8 +11,6 @@
 //! - [`keys`]: the `keys` command, which prints a request body's prefix keys.
 //! - [`prometheus`]: the one reader of Prometheus text, for the queue poll, the demo's
 //!   report and the tests.
-//! - [`simulate`]: the `simulate` command, which replays a production trace through the
-//!   library's routing code and other routers' policies in virtual time.
 //!
 //! The demo's engines, and the `mock-engine` subcommand, come from the
 //! `grid-route-mock-engine` crate (`tests/mock-engine/`): an OpenAI-compatible mock
@@ -26,4 +24,3 @@ pub mod forward_paths;
 pub mod gateway;
 pub mod keys;
 pub mod prometheus;
-pub mod simulate;

@@ -3,7 +3,8 @@
 //! Subcommands: `demo` (the default, with no command) runs the gateway against three mock
 //! sites with prefix affinity on and off and prints a comparison; `serve` runs the gateway
 //! from a config file; `keys` prints a body's prefix keys; `mock-engine` runs a mock
-//! inference engine; `simulate` replays a trace through the routing policies.
+//! inference engine. The trace simulator, once `simulate` here, is its own binary now
+//! (`grid-route-simulate`, in `benches/simulate`); `simulate` says so.
 //!
 //! One parser (clap's derive: each subcommand's arguments live next to the code they
 //! configure) and one Tokio runtime, on which the chosen subcommand runs.
@@ -15,7 +16,6 @@ use clap::{Parser, Subcommand, ValueEnum};
 use grid_route_example::demo::{self, DemoArgs};
 use grid_route_example::gateway;
 use grid_route_example::keys::{self, KeysArgs};
-use grid_route_example::simulate::{self, SimulateArgs};
 use grid_route_mock_engine::{self as mock_engine, MockEngineArgs};
 
 /// An LLM gateway that keeps conversations on the site whose engines hold their prompt
@@ -47,8 +47,17 @@ enum Command {
     Keys(KeysArgs),
     /// Run a mock OpenAI-compatible inference engine
     MockEngine(MockEngineArgs),
-    /// Replay a trace through grid-route and other routing policies in virtual time
-    Simulate(SimulateArgs),
+    /// Moved: the trace simulator is the `grid-route-simulate` binary (benches/simulate)
+    #[command(hide = true, disable_help_flag = true)]
+    Simulate(MovedArgs),
+}
+
+/// Whatever followed a command that moved, so that it gets the same answer with any
+/// arguments (`--help` included).
+#[derive(Debug, clap::Args)]
+struct MovedArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    rest: Vec<String>,
 }
 
 /// The arguments of `grid-route-example serve`.
@@ -91,15 +100,15 @@ fn main() -> ExitCode {
     runtime.block_on(run(command))
 }
 
-/// Runs `command` on the runtime. `keys` and `simulate` do no I/O worth overlapping: they
-/// run on this thread, which `block_on` owns, so no worker is kept from other tasks.
+/// Runs `command` on the runtime. `keys` does no I/O worth overlapping: it
+/// runs on this thread, which `block_on` owns, so no worker is kept from other tasks.
 async fn run(command: Command) -> ExitCode {
     match command {
         Command::Demo(args) => run_demo(&args).await,
         Command::Serve(args) => run_serve(&args).await,
         Command::Keys(args) => run_keys(&args),
         Command::MockEngine(args) => run_mock_engine(args).await,
-        Command::Simulate(args) => run_simulate(&args),
+        Command::Simulate(_) => simulate_moved(),
     }
 }
 
@@ -186,30 +195,13 @@ async fn run_mock_engine(args: MockEngineArgs) -> ExitCode {
     }
 }
 
-fn run_simulate(args: &SimulateArgs) -> ExitCode {
-    let report = match simulate::run(args, simulate::progress_wanted()) {
-        Ok(report) => report,
-        Err(error) => {
-            eprintln!("simulate: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if let Some(path) = &args.plot
-        && let Err(error) = report.write_svg(path)
-    {
-        eprintln!("simulate: cannot write {}: {error}", path.display());
-        return ExitCode::FAILURE;
-    }
-    if args.json {
-        match serde_json::to_string(&report) {
-            Ok(json) => println!("{json}"),
-            Err(error) => {
-                eprintln!("simulate: cannot write the JSON: {error}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        print!("{report}");
-    }
-    ExitCode::SUCCESS
+/// `simulate` left the gateway's binary (it measures routing quality, as the benches
+/// measure speed, and its plotting dependency has no place in a gateway): the new spelling.
+fn simulate_moved() -> ExitCode {
+    eprintln!(
+        "grid-route-example: `simulate` moved to its own binary, grid-route-simulate; run\n  \
+         cargo run --release -p grid-route-simulate -- ARGS\n\
+         with the same ARGS (`-- --help` lists them)"
+    );
+    ExitCode::from(2)
 }

@@ -24,7 +24,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Route, Router, Setup};
-use crate::simulate::trace::TraceRequest;
+use crate::trace::TraceRequest;
 
 /// Characters of request text per token, for tree sizes (the library's
 /// `BYTES_PER_TOKEN`).

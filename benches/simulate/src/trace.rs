@@ -281,7 +281,7 @@ mod tests {
                 input_tokens: 1030,
                 output_tokens: 52,
                 blocks: vec![46, 47, 2353],
-                block_tokens: crate::simulate::trace::TRACE_BLOCK_TOKENS,
+                block_tokens: crate::trace::TRACE_BLOCK_TOKENS,
             }]
         );
         assert_eq!(trace[0].block_tokens(2), 6);
@@ -336,7 +336,7 @@ mod tests {
             input_tokens,
             output_tokens: 1,
             blocks: blocks.to_vec(),
-            block_tokens: crate::simulate::trace::TRACE_BLOCK_TOKENS,
+            block_tokens: crate::trace::TRACE_BLOCK_TOKENS,
         };
         let first = request(1024, &[1, 2]).keys().unwrap();
         assert_eq!(first.len(), 16);

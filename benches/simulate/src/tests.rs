@@ -15,7 +15,7 @@ fn request(arrival_ms: u64, blocks: &[u64]) -> TraceRequest {
         input_tokens: 512 * blocks.len() as u64,
         output_tokens: 10,
         blocks: blocks.to_vec(),
-        block_tokens: crate::simulate::trace::TRACE_BLOCK_TOKENS,
+        block_tokens: crate::trace::TRACE_BLOCK_TOKENS,
     }
 }
 

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Route, Router, Setup};
-use crate::simulate::trace::mix64;
+use crate::trace::mix64;
 
 /// How far above the mean load an engine may go: the SGLang gateway's default.
 pub const CHWBL_LOAD_FACTOR: f64 = 1.25;

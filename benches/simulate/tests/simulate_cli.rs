@@ -1,4 +1,5 @@
-//! The `simulate` command, run as the binary on a slice of the bundled production trace.
+//! The `grid-route-simulate` binary, run on a slice of the bundled production trace: its
+//! output, its flags and defaults, and its bad-input answers.
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
@@ -8,7 +9,8 @@ use serde_json::Value;
 
 /// The bundled trace (docs/traces), relative to this crate.
 fn bundled_trace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/traces/mooncake_conversation_trace.jsonl")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../docs/traces/mooncake_conversation_trace.jsonl")
 }
 
 /// `name` in a fresh directory, removed when the returned guard drops.
@@ -28,8 +30,7 @@ fn head_of_trace(n: usize) -> (tempfile::TempDir, PathBuf) {
 }
 
 fn simulate(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
-        .arg("simulate")
+    Command::new(env!("CARGO_BIN_EXE_grid-route-simulate"))
         .args(args)
         .output()
         .unwrap()
@@ -246,4 +247,88 @@ fn the_gateway_load_flags_reach_the_run() {
     assert_ne!(fixed, defaults);
     assert_ne!(run(&["--queued-request-seconds", "2"]), fixed);
     assert_ne!(run(&["--prefill-price", "10000"]), defaults);
+}
+
+#[test]
+fn help_names_every_flag_and_the_defaults_it_runs_with() {
+    let output = simulate(&["--help"]);
+    assert_eq!(output.status.code(), Some(0));
+    let help = String::from_utf8(output.stdout).unwrap();
+    assert!(help.contains("Usage: grid-route-simulate"), "{help}");
+    for flag in [
+        "--trace",
+        "--sites",
+        "--engines-per-site",
+        "--replicas",
+        "--shared-index",
+        "--sessions",
+        "--policies",
+        "--seed",
+        "--fail-share",
+        "--json",
+        "--plot",
+        "--engine",
+        "--slots",
+        "--host-cache-tokens",
+        "--kv-tokens",
+        "--max-running",
+        "--prefill-tps",
+        "--prefill-overhead-ms",
+        "--decode-tps",
+        "--poll-interval-ms",
+        "--queue-window-secs",
+        "--threshold",
+        "--exploration",
+        "--prefill-price",
+        "--queued-request-seconds",
+        "--count-in-flight",
+        "--engine-feedback",
+    ] {
+        assert!(help.contains(flag), "--help names no {flag}:\n{help}");
+    }
+    for default in [
+        "[default: 400000]",
+        "[default: 500]",
+        "[default: 0.8]",
+        "[default: grid-route round-robin least-queue cache-aware chwbl oracle]",
+    ] {
+        assert!(help.contains(default), "{default}:\n{help}");
+    }
+}
+
+#[test]
+fn the_gateway_defaults_are_the_example_gateways() {
+    let queue = grid_route_example::config::QueueConfig::default();
+    let args = grid_route_simulate::GatewayArgs::default();
+    assert_eq!(
+        grid_route_simulate::GATEWAY_POLL_INTERVAL_MS,
+        queue.poll_interval_ms
+    );
+    assert_eq!(args.poll_interval_ms, queue.poll_interval_ms);
+    assert_eq!(args.queue_window_secs, queue.window_secs);
+    assert_eq!(args.count_in_flight, queue.count_in_flight);
+}
+
+#[test]
+fn a_bad_flag_or_value_exits_2_naming_the_flag_and_the_rule() {
+    for (args, expected) in [
+        (
+            &["--trace", "trace.jsonl", "--no-such-flag"][..],
+            "error: unexpected argument '--no-such-flag' found",
+        ),
+        (
+            &["--trace", "t.jsonl", "--threshold", "1.5"],
+            "prefix_affinity.threshold must be in (0, 1], got 1.5",
+        ),
+        (
+            &["--trace", "t.jsonl", "--policies", "grid-route,fastest"],
+            "invalid value 'fastest' for '--policies <LIST>'",
+        ),
+    ] {
+        let output = simulate(args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let message = String::from_utf8(output.stderr).unwrap();
+        assert!(message.contains(expected), "{args:?}: {message}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+    }
 }

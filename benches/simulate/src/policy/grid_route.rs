@@ -30,7 +30,7 @@ use grid_route_layer::route::PredictedMatch;
 
 use super::gateway::{Gateways, MODEL};
 use super::{Route, Router, Setup, instant};
-use crate::simulate::engine::Engine;
+use crate::engine::Engine;
 
 /// Counted when affinity had nothing to decide (fewer than two sites).
 const UNDECIDED: &str = "undecided";

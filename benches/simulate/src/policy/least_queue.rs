@@ -4,7 +4,7 @@
 
 use super::gateway::{Gateways, MODEL};
 use super::{Route, Router, Setup};
-use crate::simulate::engine::Engine;
+use crate::engine::Engine;
 
 pub(super) struct LeastQueue {
     gateways: Gateways,

@@ -247,8 +247,8 @@ impl SlotEngine {
 #[allow(clippy::float_cmp)]
 mod tests {
     use super::*;
-    use crate::simulate::engine::EngineKind;
-    use crate::simulate::engine::tests::request;
+    use crate::engine::EngineKind;
+    use crate::engine::tests::request;
 
     /// Two slots, 1000 tokens/s prefill, 0.5 s overhead, 10 tokens/s decode.
     fn model(host_cache_tokens: u64) -> EngineModel {

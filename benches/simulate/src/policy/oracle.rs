@@ -3,7 +3,7 @@
 //! its own uncached prefill ([`Engine::predicted_ttft`]). Not a router anyone can run: the
 //! bound the others are measured against. It ignores replicas (it sees everything).
 //!
-//! [`Engine::predicted_ttft`]: crate::simulate::engine::Engine::predicted_ttft
+//! [`Engine::predicted_ttft`]: crate::engine::Engine::predicted_ttft
 
 use super::{Route, Router, Setup};
 

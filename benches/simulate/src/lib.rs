@@ -1,4 +1,4 @@
-//! `grid-route-example simulate`: replays a production trace through the gateway's own
+//! `grid-route-simulate`: replays a production trace through the gateway's own
 //! routing code in virtual time, side by side with the policies of other routers.
 //!
 //! The trace ([`trace`]) is Mooncake's FAST'25 JSONL. Each request gets the prefix keys
@@ -15,7 +15,7 @@
 //! on the bundled trace.
 //!
 //! ```
-//! use grid_route_example::simulate::{Policy, SimulateArgs, read_trace, simulate};
+//! use grid_route_simulate::{Policy, SimulateArgs, read_trace, simulate};
 //!
 //! // Two turns of one conversation, ten seconds apart, then a new conversation.
 //! let trace = read_trace(
@@ -49,7 +49,7 @@ use std::fs::File;
 use std::io::{BufReader, IsTerminal, Write};
 use std::time::Instant;
 
-pub use args::{EngineArgs, GatewayArgs, SimulateArgs};
+pub use args::{EngineArgs, GATEWAY_POLL_INTERVAL_MS, GatewayArgs, SimulateArgs};
 pub use engine::{EngineKind, EngineModel};
 pub use policy::Policy;
 pub use report::{PolicyResult, Report};

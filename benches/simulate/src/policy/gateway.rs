@@ -13,7 +13,7 @@ use grid_route_layer::grid::{
 use grid_route_layer::select::least_loaded;
 
 use super::{Setup, instant};
-use crate::simulate::engine::Engine;
+use crate::engine::Engine;
 
 /// The model every simulated engine serves.
 pub(super) const MODEL: &str = "m";

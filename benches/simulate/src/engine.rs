@@ -357,7 +357,7 @@ pub(crate) mod tests {
             input_tokens,
             output_tokens,
             blocks: blocks.to_vec(),
-            block_tokens: crate::simulate::trace::TRACE_BLOCK_TOKENS,
+            block_tokens: crate::trace::TRACE_BLOCK_TOKENS,
         }
     }
 

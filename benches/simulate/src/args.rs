@@ -8,11 +8,11 @@ use std::time::Duration;
 use clap::ArgAction;
 use clap::builder::RangedU64ValueParser;
 use grid_route_layer::config::{PrefixAffinityConfig, Price};
+use grid_route_layer::grid::GridSettings;
 
 use super::engine::{EngineKind, EngineModel};
 use super::policy::Policy;
 use super::trace::{MIN_BLOCK_TOKENS, TRACE_BLOCK_TOKENS};
-use crate::config::QueueConfig;
 
 /// Sites, when `--sites` is not given.
 const DEFAULT_SITES: usize = 4;
@@ -22,8 +22,11 @@ const DEFAULT_ENGINES_PER_SITE: usize = 1;
 const DEFAULT_REPLICAS: usize = 1;
 /// The seed, when `--seed` is not given.
 const DEFAULT_SEED: u64 = 1;
+/// The gateway's `queue.poll_interval_ms` default (the example gateway's config, which this
+/// crate does not link: `tests/simulate_cli.rs` checks the two agree).
+pub const GATEWAY_POLL_INTERVAL_MS: u64 = 500;
 
-/// The arguments of `grid-route-example simulate`: the trace, the deployment and the
+/// The arguments of `grid-route-simulate`: the trace, the deployment and the
 /// policies compared.
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct SimulateArgs {
@@ -229,7 +232,7 @@ pub struct GatewayArgs {
     #[arg(
         long,
         value_name = "N",
-        default_value_t = QueueConfig::default().poll_interval_ms,
+        default_value_t = GATEWAY_POLL_INTERVAL_MS,
         value_parser = clap::value_parser!(u64).range(1..),
     )]
     pub poll_interval_ms: u64,
@@ -237,7 +240,7 @@ pub struct GatewayArgs {
     #[arg(
         long,
         value_name = "N",
-        default_value_t = QueueConfig::default().window_secs,
+        default_value_t = GridSettings::DEFAULT_QUEUE_WINDOW.as_secs(),
         value_parser = clap::value_parser!(u64).range(1..),
     )]
     pub queue_window_secs: u64,
@@ -247,7 +250,7 @@ pub struct GatewayArgs {
         long,
         value_name = "BOOL",
         action = ArgAction::Set,
-        default_value_t = QueueConfig::default().count_in_flight,
+        default_value_t = GridSettings::DEFAULT_COUNT_IN_FLIGHT,
     )]
     pub count_in_flight: bool,
     /// prefix_affinity.threshold
@@ -305,12 +308,11 @@ pub struct GatewayArgs {
 
 impl Default for GatewayArgs {
     fn default() -> Self {
-        let queue = QueueConfig::default();
         let affinity = PrefixAffinityConfig::default();
         Self {
-            poll_interval_ms: queue.poll_interval_ms,
-            queue_window_secs: queue.window_secs,
-            count_in_flight: queue.count_in_flight,
+            poll_interval_ms: GATEWAY_POLL_INTERVAL_MS,
+            queue_window_secs: GridSettings::DEFAULT_QUEUE_WINDOW.as_secs(),
+            count_in_flight: GridSettings::DEFAULT_COUNT_IN_FLIGHT,
             threshold: affinity.threshold,
             exploration: affinity.exploration,
             prefill_price: affinity.prefill_tokens_per_second,
