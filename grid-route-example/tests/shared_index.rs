@@ -21,7 +21,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use grid_route_example::gateway::shared_index::{EVENT_FIELD, SharedEvent, stream_key};
+use grid_route_example::gateway::shared_index::{EVENT_FIELD, stream_key};
+use grid_route_layer::index::wire::WireEvent;
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -612,7 +613,7 @@ async fn redis_holds_keys_and_no_prompt_text() {
     assert_eq!(keys, [stream_key("no-text")]);
     assert!(!values.is_empty());
     for value in &values {
-        let event = SharedEvent::decode(value).unwrap();
+        let event = WireEvent::decode(value).unwrap();
         assert!(!event.keys.is_empty());
         let text = String::from_utf8_lossy(value).to_lowercase();
         for word in [

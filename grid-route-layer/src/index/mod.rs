@@ -34,8 +34,9 @@
 //! - **Shareable.** Replicas behind one load balancer can share what they learn: an
 //!   [`IndexObserver`] set with [`PrefixIndex::with_observer`] is told of each local
 //!   confirmation and drop ([`IndexEvent`]), and [`PrefixIndex::apply`] takes a peer's.
-//!   The index does no I/O for it; the transport is the gateway's (the example gateway
-//!   uses a Redis Stream). Events are comparable only between replicas whose
+//!   The index does no I/O for it; [`wire`] is the format events travel in and the rule
+//!   for applying a peer's, and the transport is the gateway's (the example gateway uses
+//!   a Redis Stream). Events are comparable only between replicas whose
 //!   [`KeySeed`](crate::keying::KeySeed)s share a fingerprint.
 //!
 //! # Example
@@ -80,6 +81,7 @@ mod hasher;
 mod prefix_index;
 mod settings;
 mod shared;
+pub mod wire;
 
 pub use prefix_index::{Confirmation, PrefixIndex, SessionHold};
 pub use settings::{IndexSettings, IndexSettingsError};
