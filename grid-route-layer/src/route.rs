@@ -356,15 +356,43 @@ impl DispatchError {
 
     /// Finds a `DispatchError` in `error` or its chain of sources.
     pub fn find_in<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a DispatchError> {
-        let mut next = Some(error);
-        while let Some(error) = next {
-            if let Some(found) = error.downcast_ref::<DispatchError>() {
-                return Some(found);
-            }
-            next = error.source();
-        }
-        None
+        find_source(error)
     }
+}
+
+/// The first error of type `E` in `error` or its chain of sources: how a layer above the
+/// stack tells a [`DispatchError`], a [`NoCandidate`] or its own transport's errors apart
+/// in the boxed error a Tower stack returns.
+///
+/// ```
+/// use grid_route_layer::route::{BoxError, NoCandidate, find_source};
+///
+/// #[derive(Debug)]
+/// struct Wrapped(BoxError);
+/// impl std::fmt::Display for Wrapped {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("wrapped")
+///     }
+/// }
+/// impl std::error::Error for Wrapped {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+///         Some(&*self.0)
+///     }
+/// }
+///
+/// let error: BoxError = Box::new(Wrapped(Box::new(NoCandidate::new(Some("m".into())))));
+/// assert!(find_source::<NoCandidate>(&*error).is_some());
+/// assert!(find_source::<std::io::Error>(&*error).is_none());
+/// ```
+pub fn find_source<'a, E: Error + 'static>(error: &'a (dyn Error + 'static)) -> Option<&'a E> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(found) = error.downcast_ref::<E>() {
+            return Some(found);
+        }
+        next = error.source();
+    }
+    None
 }
 
 impl fmt::Display for DispatchError {

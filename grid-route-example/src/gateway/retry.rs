@@ -28,12 +28,11 @@ use axum::body::Body;
 use grid_route_layer::confirm::Verdict;
 use grid_route_layer::grid::{ClusterId, Grid, GridView};
 use grid_route_layer::index::PrefixIndex;
-use grid_route_layer::route::{BoxError, Candidates, DispatchError, Pinned, Prompt};
+use grid_route_layer::route::{BoxError, Candidates, DispatchError, Pinned, Prompt, find_source};
 use http::{Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tower::{Layer, Service, ServiceExt};
 
-use super::stack::find;
 use super::upstream::ConnectFailed;
 
 /// Retries connect failures on the next candidate. See the [module docs](self).
@@ -134,7 +133,7 @@ impl RetryLayer {
                 return Err(error);
             };
             if attempt >= self.max_attempts
-                || find::<ConnectFailed>(&*error).is_none()
+                || find_source::<ConnectFailed>(&*error).is_none()
                 || !slot.untouched()
             {
                 return Err(error);

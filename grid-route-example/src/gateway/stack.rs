@@ -40,7 +40,7 @@ use grid_route_layer::feedback::FeedbackLayer;
 use grid_route_layer::grid::Grid;
 use grid_route_layer::keying::{Api, KeySeed, KeyingLayer};
 use grid_route_layer::pin::{PinKeys, PinLayer, is_stored_state_api};
-use grid_route_layer::route::{BoxError, DispatchError, NoCandidate, Pinned};
+use grid_route_layer::route::{BoxError, DispatchError, NoCandidate, Pinned, find_source};
 use http::header::CONTENT_ENCODING;
 use http::{Request, StatusCode};
 use http_body::Body as HttpBody;
@@ -176,7 +176,7 @@ where
 
 /// The answer to a request the stack could not serve.
 async fn answer_error(error: BoxError) -> Response {
-    if let Some(none) = find::<NoCandidate>(&*error) {
+    if let Some(none) = find_source::<NoCandidate>(&*error) {
         tracing::debug!(%none, "no candidate");
         if none.model_not_served() {
             return ErrorAnswer::new(StatusCode::NOT_FOUND, format!("{none}; see GET /v1/models"))
@@ -191,7 +191,7 @@ async fn answer_error(error: BoxError) -> Response {
             .into_response()
             .into_response();
     }
-    if let Some(timeout) = find::<UpstreamTimeout>(&*error) {
+    if let Some(timeout) = find_source::<UpstreamTimeout>(&*error) {
         let cluster = DispatchError::find_in(&*error).map(|failed| failed.cluster().to_string());
         tracing::warn!(%timeout, cluster, "backend cluster sent no answer in time");
         return ErrorAnswer::new(
@@ -220,19 +220,6 @@ async fn answer_error(error: BoxError) -> Response {
         .code("gateway_error")
         .into_response()
         .into_response()
-}
-
-pub(crate) fn find<'a, E: std::error::Error + 'static>(
-    error: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a E> {
-    let mut next = Some(error);
-    while let Some(error) = next {
-        if let Some(found) = error.downcast_ref::<E>() {
-            return Some(found);
-        }
-        next = error.source();
-    }
-    None
 }
 
 /// How a request was routed, on its response, for the request log.
