@@ -198,7 +198,8 @@ impl Replica {
 
     async fn entries(&self, cluster: &str) -> f64 {
         self.metric(&format!(
-            "grid_route_index_entries{{cluster=\"{cluster}\"}}"
+            "grid_route_index_entries{{site=\"{}\",cluster=\"{cluster}\"}}",
+            site_of(cluster)
         ))
         .await
     }
@@ -449,10 +450,6 @@ impl Conversation {
     }
 }
 
-fn cluster_label(engine: &str) -> String {
-    format!("{}/{engine}", site_of(engine))
-}
-
 // ---- tests --------------------------------------------------------------------------
 
 #[tokio::test]
@@ -465,7 +462,7 @@ async fn a_follow_up_through_the_other_replica_stays_on_the_first_turns_site() {
         assert_eq!(first.status, StatusCode::OK);
         let home = first.engine();
         eventually("replica b learns the first turn", || async {
-            b.entries(&cluster_label(&home)).await > 0.0
+            b.entries(&home).await > 0.0
         })
         .await;
         bed.weigh_down(&home, &b).await;
@@ -496,7 +493,7 @@ async fn a_restarted_replica_is_sticky_at_once() {
     .await;
     let b = bed.replica("b-again").await;
     // Warm from its first scrape: the replay happened before it served.
-    assert!(b.entries(&cluster_label(&home)).await > 0.0);
+    assert!(b.entries(&home).await > 0.0);
     bed.weigh_down(&home, &b).await;
     assert_eq!(conversation.turn(&b, "still there?").await.engine(), home);
 }
@@ -562,11 +559,11 @@ async fn a_replica_with_another_tag_key_applies_no_peer_event() {
     let mut conversation = Conversation::new("axolotl");
     let home = conversation.turn(&a, "hello").await.engine();
     eventually("b learns the first turn", || async {
-        b.entries(&cluster_label(&home)).await > 0.0
+        b.entries(&home).await > 0.0
     })
     .await;
     // c read the same stream (it was up before the event) but keys under another seed.
-    assert_eq!(c.entries(&cluster_label(&home)).await, 0.0);
+    assert_eq!(c.entries(&home).await, 0.0);
     assert_eq!(c.applied().await, 0.0);
 }
 
@@ -584,12 +581,12 @@ async fn a_reload_that_adds_shared_index_starts_sharing() {
     let mut before = Conversation::new("wombat");
     let home = before.turn(&a, "hello").await.engine();
     // b does not share yet, and keys under a seed of its own.
-    assert_eq!(b.entries(&cluster_label(&home)).await, 0.0);
+    assert_eq!(b.entries(&home).await, 0.0);
 
     b.reload(&bed.shared_yaml).await;
     // Sharing started: b replays what a published before, now under the same seed.
     eventually("b replays the stream", || async {
-        b.entries(&cluster_label(&home)).await > 0.0
+        b.entries(&home).await > 0.0
     })
     .await;
     bed.weigh_down(&home, &b).await;
@@ -606,7 +603,7 @@ async fn redis_holds_keys_and_no_prompt_text() {
         .await
         .engine();
     eventually("b learns the first turn", || async {
-        b.entries(&cluster_label(&home)).await > 0.0
+        b.entries(&home).await > 0.0
     })
     .await;
     let (values, keys) = bed.redis_contents("no-text").await;

@@ -5,13 +5,15 @@
 //! request answers in that shape, never with an empty body.
 //!
 //! ```
+//! use bytes::Bytes;
 //! use grid_route_layer::answer::ErrorAnswer;
 //! use http::StatusCode;
+//! use http_body_util::Full;
 //!
 //! let answer = ErrorAnswer::new(StatusCode::BAD_REQUEST, "the top-level field 'model' is given more than once")
 //!     .code("duplicate_field")
 //!     .param("model");
-//! let response = answer.into_response();
+//! let response = answer.into_http_response::<Full<Bytes>>();
 //! assert_eq!(response.status(), 400);
 //! assert_eq!(response.headers()["content-type"], "application/json");
 //! ```
@@ -19,7 +21,6 @@
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Response, StatusCode};
-use http_body_util::Full;
 
 /// An OpenAI-style error answer.
 #[derive(Debug, Clone)]
@@ -103,9 +104,11 @@ impl ErrorAnswer {
         Bytes::from(body.to_string())
     }
 
-    /// The answer as an HTTP response.
-    pub fn into_response(self) -> Response<Full<Bytes>> {
-        let mut response = Response::new(Full::new(self.body()));
+    /// The answer as an HTTP response with any body built from bytes: the layers' own
+    /// `Full<Bytes>`, or a framework's body (`axum::body::Body`) with no second conversion.
+    /// (Not `into_response`, which would shadow axum's `IntoResponse` method of that name.)
+    pub fn into_http_response<B: From<Bytes>>(self) -> Response<B> {
+        let mut response = Response::new(B::from(self.body()));
         *response.status_mut() = self.status;
         response
             .headers_mut()

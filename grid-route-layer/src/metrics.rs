@@ -15,13 +15,14 @@
 //! | `grid_route_delivered_cached_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_index_forgotten_total` | counter | `site`, `cluster` | `FeedbackLayer` (with `engine_feedback`) |
 //! | `grid_route_prefill_tokens_per_second` | gauge | `site`, `cluster` | `FeedbackLayer` (with `auto`) |
+//! | `grid_route_queued_request_seconds` | gauge | `site`, `cluster` | `FeedbackLayer` (with `auto`) |
 //! | `grid_route_keying_seconds` | histogram | | `KeyingLayer` |
 //! | `grid_route_keys_per_request` | histogram | | `KeyingLayer` |
-//! | `grid_route_index_entries` | gauge | `cluster` | [`record_grid_gauges`] |
+//! | `grid_route_index_entries` | gauge | `site`, `cluster` | [`record_grid_gauges`] |
 //! | `grid_route_queue_depth` | gauge | `site`, `cluster` | [`record_grid_gauges`] |
-//! | `grid_serving_config_reload_total` | counter | `result` | the gateway |
-//! | `grid_route_shared_index_events_total` | counter | `direction` | the gateway's shared index |
-//! | `grid_route_shared_index_errors_total` | counter | | the gateway's shared index |
+//!
+//! Only what the library emits is here; a gateway names and describes its own series (the
+//! example gateway's reloads, ejections and shared index are in its `gateway::telemetry`).
 //!
 //! ```
 //! use grid_route_layer::metrics::{PREFIX_AFFINITY_TOTAL, describe_metrics};
@@ -80,13 +81,6 @@ pub const KEYS_PER_REQUEST_BUCKETS: [f64; 10] =
 pub const INDEX_ENTRIES: &str = "grid_route_index_entries";
 /// Windowed worst queue depth per cluster (`+Inf` when unmeasured).
 pub const QUEUE_DEPTH: &str = "grid_route_queue_depth";
-/// Config reloads by result (`applied`, `rejected`).
-pub const CONFIG_RELOAD_TOTAL: &str = "grid_serving_config_reload_total";
-/// Shared-index events by direction: `published` (sent to the shared store), `applied`
-/// (a peer's event changed this replica's index), `dropped` (the publish queue was full).
-pub const SHARED_INDEX_EVENTS_TOTAL: &str = "grid_route_shared_index_events_total";
-/// Failed operations against the shared index's store (connect, publish, read).
-pub const SHARED_INDEX_ERRORS_TOTAL: &str = "grid_route_shared_index_errors_total";
 
 /// The label naming an outcome.
 pub const OUTCOME_LABEL: &str = "outcome";
@@ -94,10 +88,6 @@ pub const OUTCOME_LABEL: &str = "outcome";
 pub const SITE_LABEL: &str = "site";
 /// The label naming a cluster (its name; with `site` where both appear).
 pub const CLUSTER_LABEL: &str = "cluster";
-/// The label naming a reload's result.
-pub const RESULT_LABEL: &str = "result";
-/// The label naming which way a shared-index event went.
-pub const DIRECTION_LABEL: &str = "direction";
 
 /// Registers the help text (and unit) of every metric with the installed recorder. Call
 /// it once at start, after installing the recorder.
@@ -190,30 +180,11 @@ pub fn describe_metrics() {
         "Each backend cluster's windowed worst queue depth (waiting requests); +Inf when \
          unmeasured."
     );
-    metrics::describe_counter!(
-        CONFIG_RELOAD_TOTAL,
-        Unit::Count,
-        "Config reloads by result: applied, or rejected (the old config stays)."
-    );
-    metrics::describe_counter!(
-        SHARED_INDEX_EVENTS_TOTAL,
-        Unit::Count,
-        "Shared-index events by direction: published (sent to the shared store), applied \
-         (a peer's confirmation or drop changed this replica's index), dropped (the publish \
-         queue was full)."
-    );
-    metrics::describe_counter!(
-        SHARED_INDEX_ERRORS_TOTAL,
-        Unit::Count,
-        "Failed operations against the shared index's store (connect, publish, read); \
-         routing goes on with the local index."
-    );
 }
 
-/// Sets `grid_route_queue_depth{site,cluster}` and `grid_route_index_entries{cluster}` for
-/// every cluster of `view`, at `now`. Call it after each queue poll or before each scrape.
-///
-/// The index gauge's `cluster` label is `site/name`, since it has no `site` label.
+/// Sets `grid_route_queue_depth{site,cluster}` and `grid_route_index_entries{site,cluster}`
+/// for every cluster of `view`, at `now`. Call it after each queue poll or before each
+/// scrape.
 pub fn record_grid_gauges(view: &GridView, index: &PrefixIndex, now: Instant) {
     for cluster in view.clusters() {
         let id = cluster.id();
@@ -223,8 +194,12 @@ pub fn record_grid_gauges(view: &GridView, index: &PrefixIndex, now: Instant) {
             CLUSTER_LABEL => Arc::clone(id.name_arc())
         )
         .set(cluster.load().queue_depth(now));
-        metrics::gauge!(INDEX_ENTRIES, CLUSTER_LABEL => id.to_string())
-            .set(index.entries(id) as f64);
+        metrics::gauge!(
+            INDEX_ENTRIES,
+            SITE_LABEL => Arc::clone(id.site().as_arc()),
+            CLUSTER_LABEL => Arc::clone(id.name_arc())
+        )
+        .set(index.entries(id) as f64);
     }
 }
 
@@ -271,11 +246,11 @@ mod tests {
             Some(f64::INFINITY)
         );
         assert_eq!(
-            recorder.gauge(INDEX_ENTRIES, "cluster=east/east-a"),
+            recorder.gauge(INDEX_ENTRIES, "cluster=east-a,site=east"),
             Some(3.0)
         );
         assert_eq!(
-            recorder.gauge(INDEX_ENTRIES, "cluster=west/west-a"),
+            recorder.gauge(INDEX_ENTRIES, "cluster=west-a,site=west"),
             Some(0.0)
         );
         let (kind, unit, help) = recorder.described(QUEUE_DEPTH).unwrap();
@@ -302,9 +277,6 @@ mod tests {
             (KEYS_PER_REQUEST, MetricKind::Histogram),
             (INDEX_ENTRIES, MetricKind::Gauge),
             (QUEUE_DEPTH, MetricKind::Gauge),
-            (CONFIG_RELOAD_TOTAL, MetricKind::Counter),
-            (SHARED_INDEX_EVENTS_TOTAL, MetricKind::Counter),
-            (SHARED_INDEX_ERRORS_TOTAL, MetricKind::Counter),
         ];
         let recorder = TestRecorder::default();
         metrics::with_local_recorder(&recorder, || {

@@ -1816,6 +1816,8 @@ async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
         "grid_route_index_entries",
         "grid_route_queue_depth",
         "grid_serving_config_reload_total",
+        "grid_route_shared_index_events_total",
+        "grid_route_shared_index_errors_total",
     ] {
         assert!(
             text.contains(&format!("# HELP {name} ")),
@@ -1824,6 +1826,18 @@ async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
         assert!(
             text.contains(&format!("\n{name}")),
             "{name} sample:\n{text}"
+        );
+    }
+    // Every per-cluster series names the cluster alike: by `site` and `cluster`.
+    let index_lines: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("grid_route_index_entries{"))
+        .collect();
+    assert!(!index_lines.is_empty(), "{text}");
+    for line in index_lines {
+        assert!(
+            line.contains("site=\"") && line.contains("cluster=\"") && !line.contains('/'),
+            "{line}"
         );
     }
     // Counted by this test's requests (two chat turns, two responses): at least the

@@ -36,9 +36,8 @@ use grid_route_layer::affinity::Outcome;
 use grid_route_layer::answer::ErrorAnswer;
 use grid_route_layer::grid::ClusterId;
 use grid_route_layer::metrics::{
-    CLUSTER_LABEL, CONFIG_RELOAD_TOTAL, DIRECTION_LABEL, KEYING_SECONDS, KEYING_SECONDS_BUCKETS,
-    KEYS_PER_REQUEST, KEYS_PER_REQUEST_BUCKETS, OUTCOME_LABEL, PIN_TOTAL, PREFIX_AFFINITY_TOTAL,
-    RESULT_LABEL, SHARED_INDEX_ERRORS_TOTAL, SHARED_INDEX_EVENTS_TOTAL, SITE_LABEL,
+    CLUSTER_LABEL, KEYING_SECONDS, KEYING_SECONDS_BUCKETS, KEYS_PER_REQUEST,
+    KEYS_PER_REQUEST_BUCKETS, OUTCOME_LABEL, PIN_TOTAL, PREFIX_AFFINITY_TOTAL, SITE_LABEL,
     describe_metrics, record_grid_gauges,
 };
 use http::StatusCode;
@@ -47,7 +46,7 @@ use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, Promet
 use serde_json::json;
 
 use super::Live;
-use super::upstream::EJECTIONS_TOTAL;
+use super::telemetry::describe_gateway_metrics;
 
 /// The outcomes of `grid_route_pin_total`.
 const PIN_OUTCOMES: [&str; 5] = [
@@ -74,13 +73,7 @@ pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
             match installed {
                 Ok(handle) => {
                     describe_metrics();
-                    metrics::describe_counter!(
-                        EJECTIONS_TOTAL,
-                        metrics::Unit::Count,
-                        "Endpoints ejected after failures in a row (5xx, failed connects, \
-                         timeouts) or as wedged (a request waiting far longer than the \
-                         grid's answers take), by site and cluster."
-                    );
+                    describe_gateway_metrics();
                     for outcome in Outcome::ALL {
                         metrics::counter!(PREFIX_AFFINITY_TOTAL, OUTCOME_LABEL => outcome.as_str())
                             .increment(0);
@@ -88,14 +81,6 @@ pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
                     for outcome in PIN_OUTCOMES {
                         metrics::counter!(PIN_TOTAL, OUTCOME_LABEL => outcome).increment(0);
                     }
-                    for result in ["applied", "rejected"] {
-                        metrics::counter!(CONFIG_RELOAD_TOTAL, RESULT_LABEL => result).increment(0);
-                    }
-                    for direction in ["published", "applied", "dropped"] {
-                        metrics::counter!(SHARED_INDEX_EVENTS_TOTAL, DIRECTION_LABEL => direction)
-                            .increment(0);
-                    }
-                    metrics::counter!(SHARED_INDEX_ERRORS_TOTAL).increment(0);
                     spawn_upkeep(handle.clone());
                     Some(handle)
                 }
@@ -153,8 +138,7 @@ async fn metrics(State(live): State<Arc<Live>>) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             "another metrics recorder is installed in this process",
         )
-        .into_response()
-        .into_response();
+        .into_http_response::<axum::body::Body>();
     };
     record_grid_gauges(&live.grid.view(), &live.index, Instant::now());
     handle.run_upkeep();
@@ -191,8 +175,8 @@ fn without_clusters(text: &str, removed: &[ClusterId]) -> String {
 }
 
 /// Whether the Prometheus label set `labels` (`a="x",b="y"`) names a cluster of
-/// `removed`: by `site` and `cluster`, or by `cluster="site/name"`. Site and cluster names
-/// are DNS-1123 labels, so a value holds no quote or escape.
+/// `removed` by `site` and `cluster`. Site and cluster names are DNS-1123 labels, so a
+/// value holds no quote or escape.
 fn names_a_cluster_of(labels: &str, removed: &[ClusterId]) -> bool {
     let value = |name: &str| {
         labels.split(',').find_map(|pair| {
@@ -200,15 +184,12 @@ fn names_a_cluster_of(labels: &str, removed: &[ClusterId]) -> bool {
             (key.trim() == name).then(|| value.trim().trim_matches('"'))
         })
     };
-    let Some(cluster) = value(CLUSTER_LABEL) else {
+    let (Some(site), Some(cluster)) = (value(SITE_LABEL), value(CLUSTER_LABEL)) else {
         return false;
     };
-    match value(SITE_LABEL) {
-        Some(site) => removed
-            .iter()
-            .any(|id| id.site().as_str() == site && id.name() == cluster),
-        None => removed.iter().any(|id| id.to_string() == cluster),
-    }
+    removed
+        .iter()
+        .any(|id| id.site().as_str() == site && id.name() == cluster)
 }
 
 async fn healthz(State(live): State<Arc<Live>>) -> Response {
@@ -243,15 +224,15 @@ mod tests {
         let text = "# TYPE grid_route_queue_depth gauge\n\
                     grid_route_queue_depth{site=\"west\",cluster=\"west-a\"} 1\n\
                     grid_route_queue_depth{site=\"east\",cluster=\"west-a\"} 2\n\
-                    grid_route_index_entries{cluster=\"west/west-a\"} 3\n\
-                    grid_route_index_entries{cluster=\"east/east-a\"} 4\n\
+                    grid_route_index_entries{site=\"west\",cluster=\"west-a\"} 3\n\
+                    grid_route_index_entries{site=\"east\",cluster=\"east-a\"} 4\n\
                     grid_route_pin_total{outcome=\"pinned\"} 5\n";
         let kept = without_clusters(text, &removed);
         assert_eq!(
             kept,
             "# TYPE grid_route_queue_depth gauge\n\
              grid_route_queue_depth{site=\"east\",cluster=\"west-a\"} 2\n\
-             grid_route_index_entries{cluster=\"east/east-a\"} 4\n\
+             grid_route_index_entries{site=\"east\",cluster=\"east-a\"} 4\n\
              grid_route_pin_total{outcome=\"pinned\"} 5\n"
         );
     }

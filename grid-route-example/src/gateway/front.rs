@@ -91,8 +91,7 @@ fn answer_panic(_payload: Box<dyn Any + Send + 'static>) -> Response {
         "the gateway failed while handling this request",
     )
     .code("internal_error")
-    .into_response()
-    .into_response()
+    .into_http_response::<axum::body::Body>()
 }
 
 /// Sends each request through the routing stack of the current configuration.
@@ -148,8 +147,7 @@ async fn method_not_allowed(method: Method) -> Response {
         format!("method {method} is not allowed here"),
     )
     .code("method_not_allowed")
-    .into_response()
-    .into_response()
+    .into_http_response::<axum::body::Body>()
 }
 
 /// Marks the configured session headers sensitive, as credentials are (outside the request
@@ -198,16 +196,14 @@ async fn path_gate(State(live): State<Arc<Live>>, request: Request, next: Next) 
             format!("{path} is not served by this gateway"),
         )
         .code("not_found")
-        .into_response()
-        .into_response(),
+        .into_http_response::<axum::body::Body>(),
         PathCheck::MethodNotAllowed(allow) => {
             let mut response = ErrorAnswer::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 format!("method {method} is not allowed on {path}"),
             )
             .code("method_not_allowed")
-            .into_response()
-            .into_response();
+            .into_http_response::<axum::body::Body>();
             if let Ok(allow) = HeaderValue::from_str(&allow) {
                 response.headers_mut().insert(ALLOW, allow);
             }
@@ -236,8 +232,7 @@ async fn client_body_timeout(
             format!("the request body sent nothing for {} s", idle.as_secs()),
         )
         .code("request_timeout")
-        .into_response()
-        .into_response();
+        .into_http_response::<axum::body::Body>();
     }
     response
 }

@@ -125,6 +125,7 @@ mod serve;
 mod server;
 pub mod shared_index;
 mod stack;
+pub mod telemetry;
 mod upstream;
 
 use std::fmt;
@@ -139,7 +140,6 @@ use grid_route_layer::affinity::Affinity;
 use grid_route_layer::grid::{ClusterId, Grid, GridView, SiteName};
 use grid_route_layer::index::PrefixIndex;
 use grid_route_layer::keying::{DEFAULT_SESSION_HEADERS, KeySeed};
-use grid_route_layer::metrics::{CONFIG_RELOAD_TOTAL, RESULT_LABEL};
 use grid_route_layer::pin::PinKeys;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -151,7 +151,8 @@ pub use outlier::{HEAD_SAMPLES, MAX_EJECTION_FACTOR, MIN_HEAD_SAMPLES, STALL_FAC
 pub use queue::{MAX_METRICS_BYTES, POLL_TIMEOUT, known_queue_sample, queue_sample};
 pub use serve::serve;
 pub use stack::RETRY_AFTER_SECS;
-pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, EJECTIONS_TOTAL, POOL_IDLE_TIMEOUT};
+pub use telemetry::EJECTIONS_TOTAL;
+pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, POOL_IDLE_TIMEOUT};
 
 use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role, Timeouts};
 use crate::forward_paths::ForwardPaths;
@@ -159,6 +160,7 @@ use outlier::Outliers;
 use server::serve_until;
 use shared_index::SharedIndex;
 use stack::{Routing, StackParts, routing_stack};
+use telemetry::{CONFIG_RELOAD_TOTAL, RESULT_LABEL};
 use upstream::{Balancers, EngineParts, EngineSettings, SharedEngineSettings};
 
 /// How long [`Gateway::shutdown`] lets requests in flight finish.

@@ -44,13 +44,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
+use super::telemetry::{DIRECTION_LABEL, SHARED_INDEX_ERRORS_TOTAL, SHARED_INDEX_EVENTS_TOTAL};
 use arc_swap::ArcSwapOption;
 use grid_route_layer::grid::Grid;
 use grid_route_layer::index::wire::{self, Identity, WireEvent, unix_ms};
 use grid_route_layer::index::{IndexEvent, IndexObserver, PrefixIndex};
-use grid_route_layer::metrics::{
-    DIRECTION_LABEL, SHARED_INDEX_ERRORS_TOTAL, SHARED_INDEX_EVENTS_TOTAL,
-};
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamReadReply;
 use redis::{AsyncConnectionConfig, Client, RedisError};

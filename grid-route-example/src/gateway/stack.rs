@@ -32,7 +32,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::error_handling::HandleError;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use grid_route_layer::affinity::{Affinity, AffinityLayer, Outcome};
 use grid_route_layer::answer::ErrorAnswer;
 use grid_route_layer::confirm::ConfirmLayer;
@@ -182,14 +182,12 @@ async fn answer_error(error: BoxError) -> Response {
             return ErrorAnswer::new(StatusCode::NOT_FOUND, format!("{none}; see GET /v1/models"))
                 .code("model_not_found")
                 .param("model")
-                .into_response()
-                .into_response();
+                .into_http_response::<axum::body::Body>();
         }
         return ErrorAnswer::new(StatusCode::SERVICE_UNAVAILABLE, none.to_string())
             .code("no_backend_available")
             .retry_after(RETRY_AFTER_SECS)
-            .into_response()
-            .into_response();
+            .into_http_response::<axum::body::Body>();
     }
     if let Some(timeout) = find_source::<UpstreamTimeout>(&*error) {
         let cluster = DispatchError::find_in(&*error).map(|failed| failed.cluster().to_string());
@@ -199,8 +197,7 @@ async fn answer_error(error: BoxError) -> Response {
             format!("the backend sent no answer in time: {timeout}"),
         )
         .code("upstream_timeout")
-        .into_response()
-        .into_response();
+        .into_http_response::<axum::body::Body>();
     }
     if let Some(failed) = DispatchError::find_in(&*error) {
         tracing::warn!(error = %failed, "backend cluster failed before answering");
@@ -212,14 +209,12 @@ async fn answer_error(error: BoxError) -> Response {
             ),
         )
         .code("backend_unreachable")
-        .into_response()
-        .into_response();
+        .into_http_response::<axum::body::Body>();
     }
     tracing::error!(%error, "request failed in the gateway");
     ErrorAnswer::new(StatusCode::INTERNAL_SERVER_ERROR, "the gateway failed")
         .code("gateway_error")
-        .into_response()
-        .into_response()
+        .into_http_response::<axum::body::Body>()
 }
 
 /// How a request was routed, on its response, for the request log.

@@ -57,10 +57,8 @@ use tower::load::{CompleteOnResponse, PendingRequests};
 
 use super::idle_body::IdleTimeoutBody;
 use super::outlier::{Change, Event, Outliers};
+use super::telemetry::EJECTIONS_TOTAL;
 use crate::config::Timeouts;
-
-/// Ejections of endpoints, by `site` and `cluster`.
-pub const EJECTIONS_TOTAL: &str = "grid_route_ejections_total";
 
 /// How long connecting to an engine may take by default (`timeouts.upstream_connect_ms`).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);

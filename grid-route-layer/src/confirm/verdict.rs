@@ -8,6 +8,7 @@ use crate::keying::{PrefixKeys, SessionKey};
 
 /// What the head of an answer does to the request's keys at the serving cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Verdict {
     /// 2xx: the cluster was sent the prompt and took it; its blocks now count there.
     Confirm,

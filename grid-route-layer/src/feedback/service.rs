@@ -64,6 +64,8 @@ impl<S> FeedbackService<S> {
         }
     }
 
+    crate::define_inner_service_accessors!();
+
     /// What the request's answer will be weighed against: its predicted match, when
     /// affinity made it sticky or sent it to its session's cluster, and when each candidate was last confirmed for the
     /// prompt's deepest matched key (read now, before confirmation refreshes it).

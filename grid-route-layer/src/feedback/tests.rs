@@ -527,3 +527,13 @@ mod teaching {
         assert_eq!(recorder.total(DELIVERED_CACHED_TOKENS_TOTAL), 0);
     }
 }
+
+#[test]
+fn the_service_lends_and_returns_the_service_it_wraps() {
+    #[derive(Debug, PartialEq)]
+    struct Inner(&'static str);
+    let mut service = FeedbackLayer::new().layer(Inner("engines"));
+    assert_eq!(service.get_ref(), &Inner("engines"));
+    service.get_mut().0 = "other engines";
+    assert_eq!(service.into_inner(), Inner("other engines"));
+}

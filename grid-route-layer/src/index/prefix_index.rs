@@ -433,7 +433,7 @@ impl PrefixIndex {
     }
 
     /// Entries stored for `cluster` (0 for an unknown cluster), for the gauge
-    /// `grid_route_index_entries{cluster}`. Expired entries count until they are swept,
+    /// `grid_route_index_entries{site,cluster}`. Expired entries count until they are swept,
     /// which confirmations do lazily from the cold end, or evicted.
     pub fn entries(&self, cluster: &ClusterId) -> usize {
         self.state

@@ -159,7 +159,7 @@ where
                 let future = span.in_scope(|| inner.call(request.map(KeyedBody::streamed)));
                 return ResponseFuture::passed(future.instrument(span));
             }
-            Err(answer) => return ResponseFuture::answered(answer.into_response()),
+            Err(answer) => return ResponseFuture::answered(answer.into_http_response()),
         };
         let shared = self.shared.clone();
         let header_session = shared.header_session(request.headers());
@@ -206,7 +206,7 @@ where
                         format!("the request body could not be read: {error}"),
                     )
                     .code("body_unreadable");
-                    return Ok(answer.into_response().map(ResponseBody::answer));
+                    return Ok(answer.into_http_response().map(ResponseBody::answer));
                 }
             };
             let model = match read.api {
@@ -346,7 +346,7 @@ fn over_limit_answer(limit: usize) -> ErrorAnswer {
 }
 
 fn over_limit(limit: usize) -> Response<http_body_util::Full<Bytes>> {
-    over_limit_answer(limit).into_response()
+    over_limit_answer(limit).into_http_response()
 }
 
 /// 400 for a routing field given twice.
@@ -362,7 +362,7 @@ fn refuse_duplicate(
     ErrorAnswer::new(StatusCode::BAD_REQUEST, duplicate.to_string())
         .code("duplicate_field")
         .param(duplicate.field)
-        .into_response()
+        .into_http_response()
 }
 
 /// Whether an outer layer's size limit (`http_body_util::Limited`, as a gateway puts

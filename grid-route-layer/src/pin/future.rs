@@ -65,7 +65,7 @@ where
             // Built on each poll, so a future polled again after it finished answers the
             // same rather than panicking.
             KindProj::Answer { answer } => {
-                Poll::Ready(Ok(answer.clone().into_response().map(PinBody::answer)))
+                Poll::Ready(Ok(answer.clone().into_http_response().map(PinBody::answer)))
             }
             KindProj::Forwarded { future, keys } => {
                 let response = ready!(future.poll(cx))?;

@@ -14,6 +14,7 @@ mod tests;
 
 /// How a body is framed, which decides how the rewriter reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Framing {
     /// One JSON document (`application/json`).
     Json,

@@ -35,6 +35,7 @@ const MAC_DOMAIN: &[u8] = b"grid-route/pin-tag/v1\0";
 
 /// Which stored object an id names; the kind fixes the id's prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum IdKind {
     /// A stored response of the Responses API: ids start with `resp_`.
     Response,

@@ -38,9 +38,10 @@ fuzz_target!(|input: Input<'_>| {
     } else {
         IdKind::Response
     };
-    let other_kind = match kind {
-        IdKind::Response => IdKind::Conversation,
-        IdKind::Conversation => IdKind::Response,
+    let other_kind = if kind == IdKind::Response {
+        IdKind::Conversation
+    } else {
+        IdKind::Response
     };
     let site = SiteName::new(input.site).unwrap_or_else(|_| SiteName::new("east").unwrap());
     let digest = ClusterDigest::from_hex(&format!("{:08x}", input.digest)).unwrap();

@@ -110,7 +110,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if !self.anthropic {
-            return (*self.answer).into_response().map(Body::new);
+            return (*self.answer).into_http_response::<Body>();
         }
         let mut response = (
             self.answer.status(),
