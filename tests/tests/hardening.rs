@@ -882,7 +882,10 @@ async fn metrics_of_a_removed_cluster_leave_at_the_reload_that_removes_it() {
     })
     .await;
     let text = page().await;
-    assert!(text.contains(r#"cluster="west/west-b""#), "{text}");
+    assert!(
+        text.contains(r#"grid_route_index_entries{site="west",cluster="west-b"}"#),
+        "{text}"
+    );
 
     let east_only = config_yaml(&[("east", "east-a", vec![east.url()])], "");
     gateway
