@@ -58,7 +58,7 @@ async fn main() -> Result<(), BoxError> {
     });
 
     let stack = ServiceBuilder::new()
-        .layer(KeyingLayer::new(KeySeed::random()).follow(affinity.clone()))
+        .layer(KeyingLayer::new(KeySeed::random()).with_affinity(affinity.clone()))
         .layer(PinLayer::new(grid.clone(), PinKeys::default()))
         .layer(ConfirmLayer::new(affinity.clone()))
         .layer(AffinityLayer::new(grid, affinity))

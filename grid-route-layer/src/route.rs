@@ -17,6 +17,22 @@
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
 //! | [`NoCandidate`] | error | [`Select`] | the gateway (404 when no cluster serves the model, else 503) |
 //!
+//! One seam is not an extension: the [`Affinity`] handle, which the gateway builds once
+//! (its prefix index, its settings, the prices it learns) and hands to the four layers
+//! that share that state. Each takes it by name:
+//!
+//! | layer | takes the handle through | and uses it to |
+//! |---|---|---|
+//! | [`KeyingLayer`] | [`with_affinity`](crate::keying::KeyingLayer::with_affinity) | read prompts only while affinity is enabled, and sessions only while session affinity is |
+//! | [`AffinityLayer`] | [`new`](crate::affinity::AffinityLayer::new) | decide: the index's depths, the threshold, the load gate at the learned prices |
+//! | [`ConfirmLayer`] | [`new`](crate::confirm::ConfirmLayer::new) | confirm or drop the request's keys in the index at the answer's head |
+//! | [`FeedbackLayer`] | [`with_affinity`](crate::feedback::FeedbackLayer::with_affinity) | make the index forget what an engine evicted, and teach the prices |
+//!
+//! Clones share one state, and a reload changes it in place
+//! ([`Affinity::set_settings`](crate::affinity::Affinity::set_settings),
+//! [`PrefixIndex::reconfigure`](crate::index::PrefixIndex::reconfigure)), so the layers
+//! never need rebuilding to see new settings.
+//!
 //! [`KeyingLayer`]: crate::keying::KeyingLayer
 //! [`AffinityLayer`]: crate::affinity::AffinityLayer
 //! [`PinLayer`]: crate::pin::PinLayer
@@ -24,6 +40,7 @@
 //! [`FeedbackLayer`]: crate::feedback::FeedbackLayer
 //! [`Outcome`]: crate::affinity::Outcome
 //! [`Select`]: crate::select::Select
+//! [`Affinity`]: crate::affinity::Affinity
 
 use std::error::Error;
 use std::fmt;

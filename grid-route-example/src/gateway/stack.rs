@@ -82,7 +82,7 @@ pub(crate) fn routing_stack(parts: &StackParts<'_>) -> Routing {
             KeyingLayer::new(parts.seed.clone())
                 .body_limit(parts.max_body_bytes)
                 .session_headers(parts.session_headers.iter().cloned())
-                .follow(parts.affinity.clone()),
+                .with_affinity(parts.affinity.clone()),
         )
         .layer(PinLayer::new(parts.grid.clone(), parts.tag_keys.clone()))
         .layer(ConfirmLayer::new(parts.affinity.clone()))
@@ -91,7 +91,7 @@ pub(crate) fn routing_stack(parts: &StackParts<'_>) -> Routing {
             parts.affinity.clone(),
         ))
         .layer(RouteNoteLayer)
-        .layer(FeedbackLayer::new().teach(parts.affinity.clone()))
+        .layer(FeedbackLayer::new().with_affinity(parts.affinity.clone()))
         .map_request(to_engine_body)
         .layer(RetryLayer::new(
             parts.grid.clone(),

@@ -35,7 +35,7 @@ pub fn predicted_tokens(covered_bytes: u64) -> u64 {
 /// Falling short means the engine evicted the prompt since the index recorded it. It now
 /// holds it again (it has just prefilled it), so the request's own keys stay; what the
 /// index should stop believing is what it recorded at that cluster *before* the evicted
-/// prompt (see [`FeedbackLayer::teach`](super::FeedbackLayer::teach)).
+/// prompt (see [`FeedbackLayer::with_affinity`](super::FeedbackLayer::with_affinity)).
 ///
 /// ```
 /// use grid_route_layer::feedback::fell_short;

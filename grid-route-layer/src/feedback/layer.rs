@@ -36,9 +36,16 @@ impl FeedbackLayer {
     /// does in the documented stack: confirmation then refreshes the prompt at the response
     /// head, before the engine's report at the end of the body can forget older entries.
     #[must_use]
-    pub fn teach(mut self, affinity: Affinity) -> Self {
+    pub fn with_affinity(mut self, affinity: Affinity) -> Self {
         self.teach = Some(affinity);
         self
+    }
+
+    /// The name [`with_affinity`](Self::with_affinity) had.
+    #[deprecated(note = "renamed `with_affinity`: the name says what it takes")]
+    #[must_use]
+    pub fn teach(self, affinity: Affinity) -> Self {
+        self.with_affinity(affinity)
     }
 }
 
@@ -47,7 +54,7 @@ impl<S> Layer<S> for FeedbackLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         match &self.teach {
-            Some(affinity) => FeedbackService::teaching(inner, affinity.clone()),
+            Some(affinity) => FeedbackService::with_affinity(inner, affinity.clone()),
             None => FeedbackService::new(inner),
         }
     }

@@ -20,7 +20,7 @@
 //! ([`predicted_tokens`], the matched bytes at 4 bytes a token) in
 //! `grid_route_predicted_cached_tokens_total{site,cluster}` and what the engine reported in
 //! `grid_route_delivered_cached_tokens_total{site,cluster}`. Built with
-//! [`FeedbackLayer::teach`], it also makes the index follow the engine's truth. When the
+//! [`FeedbackLayer::with_affinity`], it also makes the index follow the engine's truth. When the
 //! engine delivered less than [`FORGET_BELOW_SHARE`] of the prediction ([`fell_short`]), it
 //! evicted the prompt since the index recorded it; engines evict least recently used
 //! first, so whatever the index recorded at that cluster before the prompt's deepest

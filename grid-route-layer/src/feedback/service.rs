@@ -56,12 +56,19 @@ impl<S> FeedbackService<S> {
     }
 
     /// Wraps `inner`; an engine that reports far less cached than `affinity`'s index
-    /// predicted makes the index forget (see [`FeedbackLayer::teach`](super::FeedbackLayer::teach)).
-    pub fn teaching(inner: S, affinity: Affinity) -> Self {
+    /// predicted makes the index forget, and each answer teaches `affinity` its cluster's
+    /// prices (see [`FeedbackLayer::with_affinity`](super::FeedbackLayer::with_affinity)).
+    pub fn with_affinity(inner: S, affinity: Affinity) -> Self {
         Self {
             inner,
             teach: Some(affinity),
         }
+    }
+
+    /// The name [`with_affinity`](Self::with_affinity) had.
+    #[deprecated(note = "renamed `with_affinity`: the name says what it takes")]
+    pub fn teaching(inner: S, affinity: Affinity) -> Self {
+        Self::with_affinity(inner, affinity)
     }
 
     crate::define_inner_service_accessors!();

@@ -398,7 +398,7 @@ mod teaching {
                 response.extensions_mut().insert(Served::new(cluster));
                 std::future::ready(Ok::<_, Infallible>(response))
             });
-            let feedback = FeedbackLayer::new().teach(self.affinity.clone());
+            let feedback = FeedbackLayer::new().with_affinity(self.affinity.clone());
             let mut stack = ConfirmLayer::new(self.affinity.clone()).layer(
                 AffinityLayer::new(self.grid.clone(), self.affinity.clone())
                     .layer(feedback.layer(engine)),

@@ -44,8 +44,15 @@ impl KeyingLayer {
     /// Reads prompts only while `affinity` is enabled: when it is switched off, only the
     /// request's `model` is read (routing still needs it) and no key is computed.
     #[must_use]
-    pub fn follow(self, affinity: Affinity) -> Self {
+    pub fn with_affinity(self, affinity: Affinity) -> Self {
         self.with(|shared| shared.affinity = Some(affinity))
+    }
+
+    /// The name [`with_affinity`](Self::with_affinity) had.
+    #[deprecated(note = "renamed `with_affinity`: the name says what it takes")]
+    #[must_use]
+    pub fn follow(self, affinity: Affinity) -> Self {
+        self.with_affinity(affinity)
     }
 
     /// Reads a request's session id from the first of `headers` it carries, when its body

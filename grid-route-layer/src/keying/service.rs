@@ -75,7 +75,7 @@ pub struct KeyingService<S> {
 
 impl<S> KeyingService<S> {
     /// Keys `inner`'s requests under `seed`: the service `KeyingLayer::new(seed)` builds,
-    /// with the same builders ([`body_limit`](Self::body_limit), [`follow`](Self::follow)).
+    /// with the same builders ([`body_limit`](Self::body_limit), [`with_affinity`](Self::with_affinity)).
     ///
     /// ```
     /// use std::convert::Infallible;
@@ -112,10 +112,17 @@ impl<S> KeyingService<S> {
     }
 
     /// Reads prompts only while `affinity` is enabled; see
-    /// [`KeyingLayer::follow`](super::KeyingLayer::follow).
+    /// [`KeyingLayer::with_affinity`](super::KeyingLayer::with_affinity).
+    #[must_use]
+    pub fn with_affinity(self, affinity: Affinity) -> Self {
+        self.change(|shared| shared.affinity = Some(affinity))
+    }
+
+    /// The name [`with_affinity`](Self::with_affinity) had.
+    #[deprecated(note = "renamed `with_affinity`: the name says what it takes")]
     #[must_use]
     pub fn follow(self, affinity: Affinity) -> Self {
-        self.change(|shared| shared.affinity = Some(affinity))
+        self.with_affinity(affinity)
     }
 
     pub(crate) fn with_shared(inner: S, shared: Arc<Shared>) -> Self {
