@@ -61,7 +61,7 @@
 //! - **Retries** (`retries.max_attempts`, `gateway/retry.rs`): only a failed connect, on
 //!   another endpoint of the cluster and then the next admitted cluster; never once a
 //!   byte of the request may have reached an engine.
-//! - **Timeouts.** Connecting times out after `timeouts.upstream_connect_ms`, the answer's
+//! - **TimeoutSettings.** Connecting times out after `timeouts.upstream_connect_ms`, the answer's
 //!   head after `timeouts.upstream_first_byte_secs` (504), a gap between two chunks of
 //!   the answer after `timeouts.upstream_idle_secs` (the client's stream is cut), a
 //!   metrics read after [`POLL_TIMEOUT`]; requests have no overall timeout (an unstreamed
@@ -154,7 +154,7 @@ pub use stack::RETRY_AFTER_SECS;
 pub use telemetry::EJECTIONS_TOTAL;
 pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, POOL_IDLE_TIMEOUT};
 
-use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role, Timeouts};
+use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role, TimeoutSettings};
 use crate::forward_paths::ForwardPaths;
 use outlier::Outliers;
 use server::serve_until;
@@ -216,7 +216,7 @@ pub(crate) struct Settings {
     forward_paths: Arc<ForwardPaths>,
     queue_metric: Option<Arc<str>>,
     poll_interval: Duration,
-    timeouts: Timeouts,
+    timeouts: TimeoutSettings,
     /// `prefix_affinity.session_headers` and `x-session-id`: marked sensitive as a request
     /// arrives, so no log prints a session id.
     session_headers: Arc<[http::HeaderName]>,

@@ -55,7 +55,7 @@ use redis::{AsyncConnectionConfig, Client, RedisError};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::config::SharedIndexSettings;
+use crate::config::SharedIndexConfig;
 
 /// The stream entry's one field, holding the encoded event.
 pub const EVENT_FIELD: &str = "e";
@@ -140,7 +140,7 @@ pub(crate) struct SharedIndex {
 }
 
 struct Running {
-    settings: SharedIndexSettings,
+    settings: SharedIndexConfig,
     tasks: [JoinHandle<()>; 2],
 }
 
@@ -184,7 +184,7 @@ impl SharedIndex {
     /// stream; `None` when nothing was started.
     pub(crate) fn configure(
         &self,
-        settings: Option<&SharedIndexSettings>,
+        settings: Option<&SharedIndexConfig>,
         peers: Peers,
     ) -> Option<watch::Receiver<bool>> {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);

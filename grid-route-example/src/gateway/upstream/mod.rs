@@ -5,7 +5,7 @@
 //!
 //! - **The client** is hyper-util's pooled HTTP/1.1 client, shared by every endpoint and
 //!   the queue poller. Connecting times out after `timeouts.upstream_connect_ms`.
-//! - **Timeouts**: the response head must come within `timeouts.upstream_first_byte_secs`
+//! - **TimeoutSettings**: the response head must come within `timeouts.upstream_first_byte_secs`
 //!   of sending the request (a long prompt's prefill can take minutes), else the request
 //!   fails with [`UpstreamTimeout`] (a 504); after the head, each chunk of the answer must
 //!   come within `timeouts.upstream_idle_secs` of the previous one, else the answer's
@@ -54,7 +54,7 @@ pub(crate) use client::{HttpClient, http_client};
 pub(crate) use endpoint::{ConnectFailed, Endpoint, UpstreamTimeout};
 
 use super::outlier::Outliers;
-use crate::config::Timeouts;
+use crate::config::TimeoutSettings;
 
 /// Requests a cluster's balancer queues while it picks endpoints.
 pub const CLUSTER_QUEUE_CAPACITY: usize = 1024;
@@ -73,7 +73,7 @@ pub(crate) type ClusterService =
 pub(crate) struct EngineSettings {
     /// Replaced when `timeouts.upstream_connect_ms` changes (a new pool with it).
     pub(crate) client: HttpClient,
-    pub(crate) timeouts: Timeouts,
+    pub(crate) timeouts: TimeoutSettings,
     /// How often an unhealthy endpoint re-checks whether it may take requests.
     pub(crate) recheck_every: Duration,
 }
