@@ -40,7 +40,7 @@ pub struct CheckedConfig {
     /// Outlier ejection settings.
     pub outlier: OutlierSettings,
     /// The queue metric's name; `None` finds each endpoint's among
-    /// [`KNOWN_QUEUE_METRICS`].
+    /// [`KNOWN_QUEUE_METRICS`](super::KNOWN_QUEUE_METRICS).
     pub queue_metric: Option<Arc<str>>,
     /// How often endpoints are polled.
     pub poll_interval: Duration,

@@ -5,7 +5,7 @@
 //!
 //! The file is read into [`GatewayConfig`], plain data that mirrors the YAML one to one:
 //! `sites` and `grid_site_route.prefix_affinity` deserialize straight into the library's
-//! own [`SiteSpec`] and [`PrefixAffinityConfig`] (its `serde` feature), so their defaults
+//! own [`SiteSpec`](grid_route_layer::grid::SiteSpec) and [`PrefixAffinityConfig`](grid_route_layer::config::PrefixAffinityConfig) (its `serde` feature), so their defaults
 //! live in the library alone. Unknown fields are refused, naming the field; every field
 //! but `sites` has a default (the values of the config reference in the README).
 //! [`GatewayConfig::validate`] then checks everything the gateway will rely on — with the

@@ -1,4 +1,3 @@
-
 use std::time::Duration;
 
 use grid_route_layer::config::{PrefixAffinityConfig, Price};
