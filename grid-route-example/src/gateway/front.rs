@@ -174,10 +174,11 @@ async fn path_gate(State(live): State<Arc<Live>>, request: Request, next: Next) 
     let settings = live.settings.load();
     let path = request.uri().path();
     let method = request.method();
-    let check = match settings.role {
-        Role::Consumer => settings.forward_paths.check(method, path),
+    let config = &settings.config;
+    let check = match config.role {
+        Role::Consumer => config.forward_paths.check(method, path),
         Role::Provider => {
-            if !settings.provider_allowed_paths.iter().any(|p| p == path) {
+            if !config.provider_allowed_paths.iter().any(|p| p == path) {
                 PathCheck::NotFound
             } else if method != Method::GET && method != Method::POST {
                 PathCheck::MethodNotAllowed("GET, POST".to_owned())
@@ -220,7 +221,7 @@ async fn client_body_timeout(
     request: Request,
     next: Next,
 ) -> Response {
-    let idle = live.settings.load().timeouts.client_body_idle;
+    let idle = live.settings.load().config.timeouts.client_body_idle;
     let (parts, body) = request.into_parts();
     let body = IdleTimeoutBody::new(idle, body);
     let stalled = body.stall_flag();

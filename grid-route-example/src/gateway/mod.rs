@@ -154,8 +154,7 @@ pub use stack::RETRY_AFTER_SECS;
 pub use telemetry::EJECTIONS_TOTAL;
 pub use upstream::{CLUSTER_QUEUE_CAPACITY, CONNECT_TIMEOUT, POOL_IDLE_TIMEOUT};
 
-use crate::config::{CheckedConfig, ConfigError, GatewayConfig, Role, TimeoutSettings};
-use crate::forward_paths::ForwardPaths;
+use crate::config::{CheckedConfig, ConfigError, GatewayConfig};
 use outlier::Outliers;
 use server::serve_until;
 use shared_index::SharedIndex;
@@ -205,18 +204,11 @@ pub(crate) struct Live {
     started_unix: u64,
 }
 
-/// The settings outside the grid and the layers, swapped whole on reload.
+/// The settings outside the grid and the layers, swapped whole on reload: the checked
+/// config itself, and what is derived from it for each request.
 pub(crate) struct Settings {
-    /// As configured (it may name port 0): compared on reload.
-    listen: SocketAddr,
-    admin_listen: SocketAddr,
-    role: Role,
-    provider_allowed_paths: Arc<[String]>,
-    /// What the consumer role forwards.
-    forward_paths: Arc<ForwardPaths>,
-    queue_metric: Option<Arc<str>>,
-    poll_interval: Duration,
-    timeouts: TimeoutSettings,
+    /// As configured (its addresses may name port 0: compared on reload).
+    config: CheckedConfig,
     /// `prefix_affinity.session_headers` and `x-session-id`: marked sensitive as a request
     /// arrives, so no log prints a session id.
     session_headers: Arc<[http::HeaderName]>,
@@ -225,14 +217,7 @@ pub(crate) struct Settings {
 impl Settings {
     fn of(checked: &CheckedConfig) -> Self {
         Self {
-            listen: checked.listen,
-            admin_listen: checked.admin_listen,
-            role: checked.role,
-            provider_allowed_paths: Arc::clone(&checked.provider_allowed_paths),
-            forward_paths: Arc::clone(&checked.forward_paths),
-            queue_metric: checked.queue_metric.clone(),
-            poll_interval: checked.poll_interval,
-            timeouts: checked.timeouts,
+            config: checked.clone(),
             // The configured names, and the default one whatever the config says: clients
             // send it whether or not this gateway reads it.
             session_headers: checked
@@ -258,7 +243,7 @@ impl Live {
     /// The current `timeouts.client_header_secs`, read for each new connection.
     fn header_timeout(self: &Arc<Self>) -> impl Fn() -> Duration + Send + 'static {
         let live = Arc::clone(self);
-        move || live.settings.load().timeouts.client_header
+        move || live.settings.load().config.timeouts.client_header
     }
 
     /// Starts sharing the index when `checked` asks for it. A replica that shares its
@@ -288,17 +273,80 @@ impl Live {
     }
 
     fn routing_for(&self, checked: &CheckedConfig) -> Routing {
-        routing_stack(&StackParts {
-            grid: &self.grid,
-            affinity: &self.affinity,
-            seed: &self.seed.load(),
-            tag_keys: &self.tag_keys,
-            max_body_bytes: checked.max_body_bytes,
-            session_headers: &checked.prefix_affinity.session_headers,
-            balancers: &self.balancers,
-            max_attempts: checked.max_attempts,
+        routing(
+            &self.grid,
+            &self.affinity,
+            &self.seed.load(),
+            &self.tag_keys,
+            &self.balancers,
+            checked,
+        )
+    }
+
+    /// The state `checked` asks for, built from nothing: what a gateway starts on. Every
+    /// piece a reload can change is derived by the function [`Gateway::reload`] uses too
+    /// ([`Settings::of`], [`EngineSettings::of`], [`routing`], [`seed_for`]).
+    fn new(checked: &CheckedConfig) -> Result<Self, ConfigError> {
+        let grid = Grid::new(&checked.grid_spec, checked.grid_settings.clone())
+            .map_err(ConfigError::Grid)?;
+        let shared_index = SharedIndex::new();
+        let index = Arc::new(
+            PrefixIndex::new(checked.prefix_affinity.index, grid.view().cluster_ids())
+                .with_observer(shared_index.observer()),
+        );
+        let affinity = Affinity::new(Arc::clone(&index), checked.prefix_affinity.affinity);
+        let seed = seed_for(checked, None).unwrap_or_else(KeySeed::random);
+        shared_index.set_fingerprint(seed.fingerprint());
+        let tag_keys = PinKeys::new(checked.tag_keys());
+        let engine = Arc::new(ArcSwap::from_pointee(EngineSettings::of(checked, None)));
+        let outliers = Arc::new(Outliers::new(checked.outlier));
+        let balancers = upstream::balancers(EngineParts {
+            settings: Arc::clone(&engine),
+            grid: grid.clone(),
+            outliers: Arc::clone(&outliers),
+        });
+        let routing = routing(&grid, &affinity, &seed, &tag_keys, &balancers, checked);
+        Ok(Self {
+            grid,
+            index,
+            affinity,
+            seed: ArcSwap::from_pointee(seed),
+            shared_index,
+            tag_keys,
+            engine,
+            balancers,
+            outliers,
+            settings: ArcSwap::from_pointee(Settings::of(checked)),
+            routing: ArcSwap::from_pointee(routing),
+            reloading: Mutex::new(()),
+            removed: Mutex::new(Vec::new()),
+            gauges: queue::FoundGauges::default(),
+            started_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
         })
     }
+}
+
+/// The routing stack over the gateway's shared parts, as `checked` configures it.
+fn routing(
+    grid: &Grid,
+    affinity: &Affinity,
+    seed: &KeySeed,
+    tag_keys: &PinKeys,
+    balancers: &Balancers,
+    checked: &CheckedConfig,
+) -> Routing {
+    routing_stack(&StackParts {
+        grid,
+        affinity,
+        seed,
+        tag_keys,
+        max_body_bytes: checked.max_body_bytes,
+        session_headers: &checked.prefix_affinity.session_headers,
+        balancers,
+        max_attempts: checked.max_attempts,
+    })
 }
 
 impl Gateway {
@@ -309,62 +357,11 @@ impl Gateway {
     pub async fn start(config: GatewayConfig) -> Result<Self, GatewayError> {
         let checked = config.validate()?;
         admin::prometheus();
-        let grid = Grid::new(&checked.grid_spec, checked.grid_settings.clone())
-            .map_err(ConfigError::Grid)?;
-        let shared_index = SharedIndex::new();
-        let index = Arc::new(
-            PrefixIndex::new(checked.prefix_affinity.index, grid.view().cluster_ids())
-                .with_observer(shared_index.observer()),
-        );
-        let affinity = Affinity::new(Arc::clone(&index), checked.prefix_affinity.affinity);
+        let live = Live::new(&checked)?;
         let front_listener = bind("listen", checked.listen).await?;
         let admin_listener = bind("admin_listen", checked.admin_listen).await?;
         let addr = front_listener.local_addr()?;
         let admin_addr = admin_listener.local_addr()?;
-        let started_unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let seed = seed_for(&checked, None).unwrap_or_else(KeySeed::random);
-        shared_index.set_fingerprint(seed.fingerprint());
-        let tag_keys = PinKeys::new(checked.tag_keys());
-        let engine = Arc::new(ArcSwap::from_pointee(EngineSettings {
-            client: upstream::http_client(checked.timeouts.upstream_connect),
-            timeouts: checked.timeouts,
-            recheck_every: checked.poll_interval,
-        }));
-        let outliers = Arc::new(Outliers::new(checked.outlier));
-        let balancers = upstream::balancers(EngineParts {
-            settings: Arc::clone(&engine),
-            grid: grid.clone(),
-            outliers: Arc::clone(&outliers),
-        });
-        let routing = routing_stack(&StackParts {
-            grid: &grid,
-            affinity: &affinity,
-            seed: &seed,
-            tag_keys: &tag_keys,
-            max_body_bytes: checked.max_body_bytes,
-            session_headers: &checked.prefix_affinity.session_headers,
-            balancers: &balancers,
-            max_attempts: checked.max_attempts,
-        });
-        let live = Live {
-            grid,
-            index,
-            affinity,
-            seed: ArcSwap::from_pointee(seed),
-            shared_index,
-            tag_keys,
-            engine,
-            balancers,
-            outliers,
-            settings: ArcSwap::from_pointee(Settings::of(&checked)),
-            routing: ArcSwap::from_pointee(routing),
-            reloading: Mutex::new(()),
-            removed: Mutex::new(Vec::new()),
-            gauges: queue::FoundGauges::default(),
-            started_unix,
-        };
         let live = Arc::new(live);
         let (stop, stopped) = watch::channel(false);
         live.start_sharing(&checked, stopped.clone()).await;
@@ -498,22 +495,16 @@ impl Gateway {
             live.shared_peers(self.stop.subscribe()),
         );
         let old = live.settings.swap(Arc::new(Settings::of(checked)));
-        // The connect timeout belongs to the client: a changed one needs a new client
-        // (with a new pool); otherwise the pooled connections stay.
-        let client = if old.timeouts.upstream_connect == checked.timeouts.upstream_connect {
-            live.engine.load().client.clone()
-        } else {
-            upstream::http_client(checked.timeouts.upstream_connect)
-        };
-        live.engine.store(Arc::new(EngineSettings {
-            client,
-            timeouts: checked.timeouts,
-            recheck_every: checked.poll_interval,
-        }));
+        let engine = EngineSettings::of(checked, Some(&live.engine.load()));
+        live.engine.store(Arc::new(engine));
         live.routing.store(Arc::new(live.routing_for(checked)));
         for (field, was, now) in [
-            ("listen", old.listen, checked.listen),
-            ("admin_listen", old.admin_listen, checked.admin_listen),
+            ("listen", old.config.listen, checked.listen),
+            (
+                "admin_listen",
+                old.config.admin_listen,
+                checked.admin_listen,
+            ),
         ] {
             if was != now {
                 tracing::warn!(
@@ -526,28 +517,26 @@ impl Gateway {
         }
         warn_if_the_local_site_is_empty(&view);
         let after: Vec<ClusterId> = view.cluster_ids().collect();
-        {
-            let mut removed = live.removed.lock().unwrap_or_else(PoisonError::into_inner);
-            removed.retain(|id| !after.contains(id));
-            removed.extend(before.iter().filter(|id| !after.contains(id)).cloned());
-        }
+        let gone: Vec<ClusterId> = before
+            .iter()
+            .filter(|id| !after.contains(id))
+            .cloned()
+            .collect();
         let added: Vec<String> = after
             .iter()
             .filter(|id| !before.contains(id))
-            .map(ToString::to_string)
-            .collect();
-        let removed: Vec<String> = before
-            .iter()
-            .filter(|id| !after.contains(id))
             .map(ToString::to_string)
             .collect();
         tracing::info!(
             generation = view.generation(),
             clusters = after.len(),
             ?added,
-            ?removed,
+            removed = ?gone.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "config reload applied"
         );
+        let mut removed = live.removed.lock().unwrap_or_else(PoisonError::into_inner);
+        removed.retain(|id| !after.contains(id));
+        removed.extend(gone);
         Ok(())
     }
 

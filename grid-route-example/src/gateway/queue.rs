@@ -64,8 +64,9 @@ pub(crate) async fn poll_queues(live: Arc<Live>, mut stop: watch::Receiver<bool>
         tokio::select! {
             () = tokio::time::sleep_until(next) => {
                 let settings = live.settings.load_full();
-                start_reads(&live, settings.queue_metric.as_ref(), &mut reads, &mut reading);
-                next = tokio::time::Instant::now() + settings.poll_interval;
+                let metric = settings.config.queue_metric.as_ref();
+                start_reads(&live, metric, &mut reads, &mut reading);
+                next = tokio::time::Instant::now() + settings.config.poll_interval;
             }
             Some(read) = reads.join_next() => {
                 // A read task cannot panic short of a bug; its endpoint goes unrecorded

@@ -54,7 +54,7 @@ pub(crate) use client::{HttpClient, http_client};
 pub(crate) use endpoint::{ConnectFailed, Endpoint, UpstreamTimeout};
 
 use super::outlier::Outliers;
-use crate::config::TimeoutSettings;
+use crate::config::{CheckedConfig, TimeoutSettings};
 
 /// Requests a cluster's balancer queues while it picks endpoints.
 pub const CLUSTER_QUEUE_CAPACITY: usize = 1024;
@@ -76,6 +76,26 @@ pub(crate) struct EngineSettings {
     pub(crate) timeouts: TimeoutSettings,
     /// How often an unhealthy endpoint re-checks whether it may take requests.
     pub(crate) recheck_every: Duration,
+}
+
+impl EngineSettings {
+    /// What `checked` asks of the endpoints. The connect timeout belongs to the client:
+    /// the `previous` settings' client (and its pooled connections) is kept unless that
+    /// timeout changed, which needs a new client with a new pool.
+    pub(crate) fn of(checked: &CheckedConfig, previous: Option<&Self>) -> Self {
+        let connect = checked.timeouts.upstream_connect;
+        let client = match previous {
+            Some(previous) if previous.timeouts.upstream_connect == connect => {
+                previous.client.clone()
+            }
+            _ => http_client(connect),
+        };
+        Self {
+            client,
+            timeouts: checked.timeouts,
+            recheck_every: checked.poll_interval,
+        }
+    }
 }
 
 /// The engine settings in force, shared by the gateway (which swaps them on reload) and
