@@ -12,141 +12,38 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use grid_route_example::config::GatewayConfig;
 use grid_route_example::gateway::Gateway;
 use grid_route_example::prometheus;
-use grid_route_layer::grid::ClusterId;
-use grid_route_mock_engine::sse::read_events;
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_tests::{
+    Answer, ClusterYaml, MODEL, chat, client, cluster, cluster_id, config_yaml, engine,
+    engine_serving, eventually, measured_gateway, parse, send, send_with, set_queue, wait_measured,
+};
 use http_body_util::{BodyExt, Full};
-use hyper::header::HeaderMap;
 use hyper::{Method, Request, StatusCode};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
-const MODEL: &str = "demo-model";
-const WAIT: Duration = Duration::from_secs(10);
-
 // ---- engines and gateways ----------------------------------------------------------
-
-/// A fast mock engine named `name` serving `models`.
-async fn engine_serving(name: &str, models: &[&str]) -> MockEngine {
-    let config = MockEngineConfig {
-        models: models.iter().map(|m| (*m).to_owned()).collect(),
-        prefill_tokens_per_second: 50_000_000,
-        decode_delay_per_token: Duration::ZERO,
-        ..MockEngineConfig::named(name)
-    };
-    MockEngine::start("127.0.0.1:0", config).await.unwrap()
-}
-
-async fn engine(name: &str) -> MockEngine {
-    engine_serving(name, &[MODEL]).await
-}
-
-/// One cluster in the YAML: its name, models, admit, engines.
-struct ClusterYaml<'a> {
-    name: &'a str,
-    models: &'a [&'a str],
-    admit: bool,
-    engines: Vec<&'a MockEngine>,
-}
-
-fn cluster<'a>(name: &'a str, engines: &[&'a MockEngine]) -> ClusterYaml<'a> {
-    ClusterYaml {
-        name,
-        models: &[MODEL],
-        admit: true,
-        engines: engines.to_vec(),
-    }
-}
 
 /// The affinity block of most tests: no exploration, the contract's fixed prices.
 const FIXED_PRICES: &str = "grid_site_route: { prefix_affinity: { exploration: 0.0, \
     prefill_tokens_per_second: 10000, queued_request_seconds: 2 } }\n";
 
-/// A gateway config: sites with their clusters, then `extra` top-level YAML.
-fn config_yaml(sites: &[(&str, Vec<ClusterYaml<'_>>)], extra: &str) -> String {
-    let mut yaml = String::from(
-        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n\
-         queue: { poll_interval_ms: 20, window_secs: 1 }\n",
-    );
-    yaml.push_str(extra);
-    if !extra.contains("grid_site_route") {
-        // Fixed prices: these tests weigh a match against queues in the contract's units,
-        // and the mock engines answer in microseconds, which would teach a prefill speed
-        // that makes any match worth nothing. The learned prices have their own tests.
-        yaml.push_str(FIXED_PRICES);
+/// [`config_yaml`], with the contract's fixed prices unless `extra` holds its own
+/// `grid_site_route`: these tests weigh a match against queues in the contract's units,
+/// and the mock engines answer in microseconds, which would teach a prefill speed that
+/// makes any match worth nothing. The learned prices have their own tests.
+fn priced_yaml(sites: &[(&str, Vec<ClusterYaml>)], extra: &str) -> String {
+    if extra.contains("grid_site_route") {
+        config_yaml(sites, extra)
+    } else {
+        config_yaml(sites, &format!("{extra}{FIXED_PRICES}"))
     }
-    yaml.push_str("sites:\n");
-    for (site, clusters) in sites {
-        let _ = write!(yaml, "  - name: {site}\n    clusters:\n");
-        for c in clusters {
-            let endpoints: Vec<String> = c.engines.iter().map(|e| e.url()).collect();
-            let _ = writeln!(
-                yaml,
-                "      - {{ name: {}, models: [{}], admit: {}, endpoints: [{}] }}",
-                c.name,
-                c.models.join(", "),
-                c.admit,
-                endpoints.join(", ")
-            );
-        }
-    }
-    yaml
-}
-
-fn parse(yaml: &str) -> GatewayConfig {
-    GatewayConfig::from_yaml(yaml).unwrap()
-}
-
-/// Starts a gateway and waits until it has read every admitted cluster's queue.
-async fn gateway(yaml: &str) -> Gateway {
-    let gateway = Gateway::start(parse(yaml)).await.unwrap();
-    wait_measured(&gateway).await;
-    gateway
-}
-
-async fn wait_measured(gateway: &Gateway) {
-    eventually("every cluster measured", || async {
-        let view = gateway.grid().view();
-        let now = Instant::now();
-        view.clusters()
-            .iter()
-            .all(|c| c.load().queue_depth(now).is_finite())
-    })
-    .await;
-}
-
-/// Waits until `condition` holds, polling every 10 ms; fails after [`WAIT`].
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + WAIT;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn cluster_id(gateway: &Gateway, name: &str) -> ClusterId {
-    let view = gateway.grid().view();
-    view.clusters()
-        .iter()
-        .find(|c| c.id().name() == name)
-        .unwrap_or_else(|| panic!("no cluster {name}"))
-        .id()
-        .clone()
 }
 
 fn queue_depth(gateway: &Gateway, name: &str) -> f64 {
@@ -164,104 +61,13 @@ fn entries(gateway: &Gateway, name: &str) -> usize {
 
 // ---- the client ---------------------------------------------------------------------
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-    /// When each body frame arrived, from sending the request.
-    frame_times: Vec<Duration>,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8(self.body.to_vec()).unwrap()
-    }
-
-    /// The engine that answered.
-    fn engine(&self) -> String {
-        self.headers
-            .get("x-mock-engine")
-            .unwrap_or_else(|| panic!("no engine answered: {} {}", self.status, self.text()))
-            .to_str()
-            .unwrap()
-            .to_owned()
-    }
-
-    fn error_code(&self) -> String {
-        self.json()["error"]["code"].as_str().unwrap().to_owned()
-    }
-
-    /// The `data:` of each server-sent event, in order.
-    fn event_data(&self) -> Vec<String> {
-        read_events(&self.body)
-            .unwrap_or_else(|e| panic!("not an event stream ({e}): {}", self.text()))
-            .into_iter()
-            .filter_map(|event| event.data)
-            .collect()
-    }
-}
-
-async fn send(
-    method: Method,
-    url: &str,
-    content_type: Option<&str>,
-    body: impl Into<Bytes>,
-) -> Answer {
-    let headers: Vec<(&str, &str)> = content_type
-        .map(|value| ("content-type", value))
-        .into_iter()
-        .collect();
-    send_with(method, url, &headers, body).await
-}
-
-async fn send_with(
-    method: Method,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: impl Into<Bytes>,
-) -> Answer {
-    let mut request = Request::builder().method(method).uri(url);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let request = request.body(Full::new(body.into())).unwrap();
-    let started = Instant::now();
-    let response = client().request(request).await.unwrap();
-    let (parts, mut body) = response.into_parts();
-    let mut bytes = Vec::new();
-    let mut frame_times = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.unwrap().into_data() {
-            frame_times.push(started.elapsed());
-            bytes.extend_from_slice(&data);
-        }
-    }
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: bytes.into(),
-        frame_times,
-    }
-}
-
 async fn post(gateway: &Gateway, path: &str, body: impl Into<Bytes>) -> Answer {
     let url = format!("{}{path}", gateway.url());
-    send(Method::POST, &url, Some("application/json"), body).await
+    send(Method::POST, &url, body).await
 }
 
 async fn get(url: String) -> Answer {
-    send(Method::GET, &url, None, Bytes::new()).await
+    send_with(Method::GET, &url, &[], Bytes::new()).await
 }
 
 // ---- prompts ------------------------------------------------------------------------
@@ -313,11 +119,6 @@ impl Conversation {
     }
 }
 
-fn chat(content: &str) -> Vec<u8> {
-    serde_json::to_vec(&json!({"model": MODEL, "messages": [{"role": "user", "content": content}]}))
-        .unwrap()
-}
-
 async fn two_sites() -> (MockEngine, MockEngine, Gateway) {
     two_sites_named("east", "west").await
 }
@@ -327,7 +128,7 @@ async fn two_sites_named(east_site: &str, west_site: &str) -> (MockEngine, MockE
     two_sites_with(east_site, west_site, "").await
 }
 
-/// [`two_sites_named`], with `extra` top-level YAML (see [`config_yaml`]).
+/// [`two_sites_named`], with `extra` top-level YAML (see [`priced_yaml`]).
 async fn two_sites_with(
     east_site: &str,
     west_site: &str,
@@ -336,14 +137,14 @@ async fn two_sites_with(
     let (east_name, west_name) = (format!("{east_site}-a"), format!("{west_site}-a"));
     let east = engine(&east_name).await;
     let west = engine(&west_name).await;
-    let yaml = config_yaml(
+    let yaml = priced_yaml(
         &[
             (east_site, vec![cluster(&east_name, &[&east])]),
             (west_site, vec![cluster(&west_name, &[&west])]),
         ],
         extra,
     );
-    let gateway = gateway(&yaml).await;
+    let gateway = measured_gateway(&yaml).await;
     (east, west, gateway)
 }
 
@@ -353,13 +154,6 @@ fn other(site_engine: &str) -> &'static str {
     } else {
         "east-a"
     }
-}
-
-async fn set_queue(engine: &MockEngine, waiting: u64) {
-    let url = format!("{}/mock/queue", engine.url());
-    let body = json!({"waiting": waiting, "exact": true}).to_string();
-    let answer = send(Method::POST, &url, Some("application/json"), body).await;
-    assert_eq!(answer.status, StatusCode::OK);
 }
 
 /// Gives `home`'s engine (`east` or `west`) `waiting` queued requests and the other's none,
@@ -393,11 +187,11 @@ async fn conversation_turns_stay_on_their_site() {
         let mut conversation = Conversation::new(topic, 9 * 1024);
         let first = conversation.turn(&gateway, "hello there").await;
         assert_eq!(first.status, StatusCode::OK);
-        let home = first.engine();
+        let home = first.engine_name();
         for question in ["and then?", "why so?", "tell me more", "thanks"] {
             let answer = conversation.turn(&gateway, question).await;
             assert_eq!(answer.status, StatusCode::OK);
-            assert_eq!(answer.engine(), home, "{topic}: {question}");
+            assert_eq!(answer.engine_name(), home, "{topic}: {question}");
         }
     }
 }
@@ -409,7 +203,7 @@ async fn distinct_first_turns_spread_over_the_sites() {
     for i in 0..8 {
         let mut conversation = Conversation::new(&format!("topic-{i}"), 9 * 1024);
         let answer = conversation.turn(&gateway, "hello").await;
-        *seen.entry(answer.engine()).or_default() += 1;
+        *seen.entry(answer.engine_name()).or_default() += 1;
     }
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert!(seen.values().all(|&n| n >= 2), "{seen:?}");
@@ -424,7 +218,7 @@ async fn identical_short_prompts_spread_by_load() {
     for _ in 0..6 {
         let answer = post(&gateway, "/v1/chat/completions", body.clone()).await;
         assert_eq!(answer.status, StatusCode::OK);
-        seen.insert(answer.engine());
+        seen.insert(answer.engine_name());
     }
     assert_eq!(seen.len(), 2, "{seen:?}");
 }
@@ -433,11 +227,11 @@ async fn identical_short_prompts_spread_by_load() {
 async fn a_deeper_queue_overrides_a_short_match() {
     let (east, west, gateway) = two_sites().await;
     let mut conversation = Conversation::new("gate", 9 * 1024);
-    let home = conversation.turn(&gateway, "hello").await.engine();
+    let home = conversation.turn(&gateway, "hello").await.engine_name();
     // 9 KiB saves about 0.1 of a queued request: 5 waiting outweighs it.
     queue_at(&gateway, (&east, &west), &home, 5).await;
     let answer = conversation.turn(&gateway, "next").await;
-    assert_eq!(answer.engine(), other(&home));
+    assert_eq!(answer.engine_name(), other(&home));
 }
 
 #[tokio::test]
@@ -445,9 +239,12 @@ async fn a_long_match_keeps_its_site_one_queued_request_heavier() {
     let (east, west, gateway) = two_sites().await;
     // 110 KiB: about 1.4 queued requests of prefill saved.
     let mut conversation = Conversation::new("long", 110 * 1024);
-    let home = conversation.turn(&gateway, "hello").await.engine();
+    let home = conversation.turn(&gateway, "hello").await.engine_name();
     let busy = queue_at(&gateway, (&east, &west), &home, 1).await;
-    assert_eq!(conversation.turn(&gateway, "next").await.engine(), home);
+    assert_eq!(
+        conversation.turn(&gateway, "next").await.engine_name(),
+        home
+    );
     // Two queued requests are worth more than the match.
     set_queue(busy, 2).await;
     eventually("the gateway sees the deeper queue", || async {
@@ -455,7 +252,7 @@ async fn a_long_match_keeps_its_site_one_queued_request_heavier() {
     })
     .await;
     assert_eq!(
-        conversation.turn(&gateway, "again").await.engine(),
+        conversation.turn(&gateway, "again").await.engine_name(),
         other(&home)
     );
 }
@@ -464,7 +261,7 @@ async fn a_long_match_keeps_its_site_one_queued_request_heavier() {
 async fn an_unmeasured_site_gives_way_to_a_measured_one() {
     let (east, west, gateway) = two_sites().await;
     let mut conversation = Conversation::new("blind", 9 * 1024);
-    let home = conversation.turn(&gateway, "hello").await.engine();
+    let home = conversation.turn(&gateway, "hello").await.engine_name();
     let blind = if home == "east-a" { &east } else { &west };
     blind.fail_metrics(true);
     eventually("the site's window empties", || async {
@@ -473,7 +270,7 @@ async fn an_unmeasured_site_gives_way_to_a_measured_one() {
     .await;
     let answer = conversation.turn(&gateway, "next").await;
     assert_eq!(answer.status, StatusCode::OK);
-    assert_eq!(answer.engine(), other(&home));
+    assert_eq!(answer.engine_name(), other(&home));
     // Unmeasured is not unhealthy: the site still admits.
     let view = gateway.grid().view();
     assert!(view.cluster(&cluster_id(&gateway, &home)).unwrap().admits());
@@ -575,22 +372,16 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
         ..MockEngineConfig::named("learner-a")
     };
     let engine = MockEngine::start("127.0.0.1:0", config).await.unwrap();
-    let yaml = config_yaml(
+    let yaml = priced_yaml(
         &[("learner", vec![cluster("learner-a", &[&engine])])],
         "grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n",
     );
-    let gateway = gateway(&yaml).await;
+    let gateway = measured_gateway(&yaml).await;
     let prefill = "grid_route_prefill_tokens_per_second{site=\"learner\",cluster=\"learner-a\"}";
     let queued = "grid_route_queued_request_seconds{site=\"learner\",cluster=\"learner-a\"}";
     let url = format!("{}/v1/chat/completions", gateway.url());
     // A JSON answer's head comes once it is whole: its time teaches nothing.
-    let json_answer = send(
-        Method::POST,
-        &url,
-        Some("application/json"),
-        chat(&text("whole", 40 * 1024)),
-    )
-    .await;
+    let json_answer = send(Method::POST, &url, chat(&text("whole", 40 * 1024))).await;
     assert_eq!(json_answer.status, StatusCode::OK);
     assert_eq!(
         scraped_value(&gateway, prefill).await,
@@ -606,19 +397,13 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
         .unwrap()
     };
     for i in 0..6 {
-        let answer = send(
-            Method::POST,
-            &url,
-            Some("application/json"),
-            streamed(format!("learn{i}")),
-        )
-        .await;
+        let answer = send(Method::POST, &url, streamed(format!("learn{i}"))).await;
         assert_eq!(answer.status, StatusCode::OK);
     }
     let mut sent = tokio::task::JoinSet::new();
     for i in 0..4 {
         let (url, body) = (url.clone(), streamed(format!("burst{i}")));
-        sent.spawn(async move { send(Method::POST, &url, Some("application/json"), body).await });
+        sent.spawn(async move { send(Method::POST, &url, body).await });
     }
     while let Some(answer) = sent.join_next().await {
         assert_eq!(answer.unwrap().status, StatusCode::OK);
@@ -659,7 +444,7 @@ async fn two_slow_sites_read_once(count_in_flight: bool) -> (MockEngine, MockEng
         .await
         .unwrap();
     set_queue(&west, 1).await;
-    let yaml = config_yaml(
+    let yaml = priced_yaml(
         &[
             ("east", vec![cluster("east-a", &[&east])]),
             ("west", vec![cluster("west-a", &[&west])]),
@@ -673,29 +458,32 @@ async fn two_slow_sites_read_once(count_in_flight: bool) -> (MockEngine, MockEng
              count_in_flight: {count_in_flight} }}"
         ),
     );
-    let gateway = gateway(&yaml).await;
+    let gateway = measured_gateway(&yaml).await;
     assert_eq!(queue_depth(&gateway, "west-a"), 1.0);
     (east, west, gateway)
 }
 
 /// Sends `bodies` to the chat endpoint all at once; returns how many each engine answered.
-async fn burst(gateway: &Gateway, bodies: Vec<Vec<u8>>) -> BTreeMap<String, usize> {
+async fn burst<B: Into<Bytes> + Send + 'static>(
+    gateway: &Gateway,
+    bodies: Vec<B>,
+) -> BTreeMap<String, usize> {
     let url = format!("{}/v1/chat/completions", gateway.url());
     let mut sent = tokio::task::JoinSet::new();
     for body in bodies {
         let url = url.clone();
-        sent.spawn(async move { send(Method::POST, &url, Some("application/json"), body).await });
+        sent.spawn(async move { send(Method::POST, &url, body).await });
     }
     let mut seen = BTreeMap::new();
     while let Some(answer) = sent.join_next().await {
         let answer = answer.unwrap();
         assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
-        *seen.entry(answer.engine()).or_default() += 1;
+        *seen.entry(answer.engine_name()).or_default() += 1;
     }
     seen
 }
 
-fn distinct_chats(n: usize) -> Vec<Vec<u8>> {
+fn distinct_chats(n: usize) -> Vec<String> {
     (0..n)
         .map(|i| chat(&format!("question {i} about something else entirely")))
         .collect()
@@ -752,7 +540,7 @@ async fn counting_in_flight_a_stream_counts_until_its_last_token_not_its_head() 
         chat("something else entirely"),
     )
     .await;
-    assert_eq!(second.engine(), "west-a");
+    assert_eq!(second.engine_name(), "west-a");
     // Read to its end, the stream stops counting, and east is the lighter again.
     let mut stream = response.into_body();
     let mut text = Vec::new();
@@ -768,7 +556,7 @@ async fn counting_in_flight_a_stream_counts_until_its_last_token_not_its_head() 
     .await;
     assert_eq!(in_flight("west-a"), 0);
     let third = post(&gateway, "/v1/chat/completions", chat("a third thing")).await;
-    assert_eq!(third.engine(), "east-a");
+    assert_eq!(third.engine_name(), "east-a");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -776,7 +564,10 @@ async fn counting_in_flight_a_burst_of_follow_ups_spills_past_the_sticky_site() 
     for (count_in_flight, spills) in [(false, false), (true, true)] {
         let (_east, _west, gateway) = two_slow_sites_read_once(count_in_flight).await;
         let mut conversation = Conversation::new("burst", 9 * 1024);
-        let home = conversation.turn(&gateway, "hello there").await.engine();
+        let home = conversation
+            .turn(&gateway, "hello there")
+            .await
+            .engine_name();
         let follow_ups = (0..4)
             .map(|i| {
                 let mut next = Conversation {
@@ -883,7 +674,7 @@ async fn a_request_the_engine_dropped_with_its_connection_after_a_stream_is_sent
          sites:\n  - name: east\n    clusters:\n\
          \x20     - {{ name: east-a, models: [{MODEL}], endpoints: [{url}] }}\n"
     );
-    let gateway = gateway(&yaml).await;
+    let gateway = measured_gateway(&yaml).await;
     let streamed = |content: &str| {
         json!({"model": MODEL, "stream": true, "messages": [{"role": "user", "content": content}]})
             .to_string()
@@ -924,7 +715,7 @@ async fn a_5xx_or_a_429_answer_drops_the_prompt_from_its_cluster() {
     ] {
         let mut conversation = Conversation::new(topic, 9 * 1024);
         let before = [entries(&gateway, "east-a"), entries(&gateway, "west-a")];
-        let home = conversation.turn(&gateway, "hello").await.engine();
+        let home = conversation.turn(&gateway, "hello").await.engine_name();
         let held = entries(&gateway, &home);
         assert!(held > before[usize::from(home == "west-a")], "{topic}");
         let engine = if home == "east-a" { &east } else { &west };
@@ -932,7 +723,7 @@ async fn a_5xx_or_a_429_answer_drops_the_prompt_from_its_cluster() {
         let failed = conversation.turn(&gateway, "next").await;
         // Sticky to its site, which answers the failure; the client sees it as is.
         assert_eq!(failed.status, status, "{topic}");
-        assert_eq!(failed.engine(), home);
+        assert_eq!(failed.engine_name(), home);
         assert!(failed.json()["error"].is_object());
         assert_eq!(
             entries(&gateway, &home),
@@ -949,7 +740,7 @@ async fn a_drained_site_takes_no_new_request() {
     let sites = |drain_west: bool| {
         let mut west_cluster = cluster("west-a", &[&west]);
         west_cluster.admit = !drain_west;
-        config_yaml(
+        priced_yaml(
             &[
                 ("east", vec![cluster("east-a", &[&east])]),
                 ("west", vec![west_cluster]),
@@ -957,24 +748,24 @@ async fn a_drained_site_takes_no_new_request() {
             "",
         )
     };
-    let gateway = gateway(&sites(false)).await;
+    let gateway = measured_gateway(&sites(false)).await;
     // Find a conversation that lives on west.
     let mut conversation = loop {
         let mut candidate = Conversation::new(&format!("drain-{}", rand_topic()), 9 * 1024);
-        if candidate.turn(&gateway, "hello").await.engine() == "west-a" {
+        if candidate.turn(&gateway, "hello").await.engine_name() == "west-a" {
             break candidate;
         }
     };
     gateway.reload(&parse(&sites(true))).unwrap();
     for question in ["next", "and next", "last"] {
         assert_eq!(
-            conversation.turn(&gateway, question).await.engine(),
+            conversation.turn(&gateway, question).await.engine_name(),
             "east-a"
         );
     }
     for i in 0..4 {
         let answer = post(&gateway, "/v1/chat/completions", chat(&format!("q{i}"))).await;
-        assert_eq!(answer.engine(), "east-a");
+        assert_eq!(answer.engine_name(), "east-a");
     }
 }
 
@@ -1035,22 +826,22 @@ async fn a_session_header_keeps_turns_that_cannot_stick_on_their_cluster_until_i
                 (name.trim_end_matches("-a"), vec![c])
             })
             .collect();
-        config_yaml(&sites, "")
+        priced_yaml(&sites, "")
     };
-    let gateway = gateway(&sites(None)).await;
+    let gateway = measured_gateway(&sites(None)).await;
     // Without a session, on a fresh gateway: the second turn is a no-match, which goes to
     // the clusters whose index holds less, away from the one that holds the first turn.
     let mut anonymous = ShortTurns::new(&format!("anonymous-{}", rand_topic()), &[]);
-    let anonymous_home = anonymous.turn(&gateway).await.engine();
-    assert_ne!(anonymous.turn(&gateway).await.engine(), anonymous_home);
+    let anonymous_home = anonymous.turn(&gateway).await.engine_name();
+    assert_ne!(anonymous.turn(&gateway).await.engine_name(), anonymous_home);
     let session = format!("session-{}", rand_topic());
     let mut conversation = ShortTurns::new("header", &[("x-session-id", &session)]);
     // Exact counts: the tests of this binary share one recorder, and no other one makes a
     // `session` decision (a new test that does must not run beside this one).
     let series = r#"grid_route_prefix_affinity_total{outcome="session"}"#;
     let sessions_before = scraped(&gateway, series).await;
-    let home = conversation.turn(&gateway).await.engine();
-    assert_eq!(conversation.turn(&gateway).await.engine(), home);
+    let home = conversation.turn(&gateway).await.engine_name();
+    assert_eq!(conversation.turn(&gateway).await.engine_name(), home);
     assert_eq!(
         scraped(&gateway, series).await,
         sessions_before + 1,
@@ -1060,7 +851,7 @@ async fn a_session_header_keeps_turns_that_cannot_stick_on_their_cluster_until_i
     // two others.
     gateway.reload(&parse(&sites(Some(&home)))).unwrap();
     wait_measured(&gateway).await;
-    assert_ne!(conversation.turn(&gateway).await.engine(), home);
+    assert_ne!(conversation.turn(&gateway).await.engine_name(), home);
     assert_eq!(scraped(&gateway, series).await, sessions_before + 1);
 }
 
@@ -1104,7 +895,7 @@ async fn a_new_session_under_a_shared_system_prompt_is_not_crowded_onto_a_busier
     // system prompt's keys.
     let a_asks = text("a asks", 1024);
     let first = chat_as(&gateway, Some(&a), turn_under(&system, &[], &a_asks)).await;
-    let home = first.engine();
+    let home = first.engine_name();
     let reply = first.json()["choices"][0]["message"]["content"]
         .as_str()
         .unwrap()
@@ -1113,16 +904,19 @@ async fn a_new_session_under_a_shared_system_prompt_is_not_crowded_onto_a_busier
     // A turn naming no session is the load gate's to weigh: it keeps the system prompt's
     // cluster one queued request heavier.
     let anonymous = turn_under(&system, &[], &text("someone asks", 1024));
-    assert_eq!(chat_as(&gateway, None, anonymous).await.engine(), home);
+    assert_eq!(chat_as(&gateway, None, anonymous).await.engine_name(), home);
     // b is a new conversation: it would share only a's system prompt, so it goes by load.
     let b_first = turn_under(&system, &[], &text("b asks", 1024));
     assert_eq!(
-        chat_as(&gateway, Some(&b), b_first).await.engine(),
+        chat_as(&gateway, Some(&b), b_first).await.engine_name(),
         other(&home)
     );
     // a's own next turn keeps its cluster through the same queue.
     let a_next = turn_under(&system, &[("user", &a_asks), ("assistant", &reply)], "and?");
-    assert_eq!(chat_as(&gateway, Some(&a), a_next).await.engine(), home);
+    assert_eq!(
+        chat_as(&gateway, Some(&a), a_next).await.engine_name(),
+        home
+    );
 }
 
 /// A topic no other conversation of the test used.
@@ -1139,19 +933,19 @@ fn rand_topic() -> u128 {
 async fn reload_adds_and_removes_clusters() {
     let east = engine("east-a").await;
     let west = engine("west-a").await;
-    let east_only = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
-    let both = config_yaml(
+    let east_only = priced_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let both = priced_yaml(
         &[
             ("east", vec![cluster("east-a", &[&east])]),
             ("west", vec![cluster("west-a", &[&west])]),
         ],
         "",
     );
-    let west_only = config_yaml(&[("west", vec![cluster("west-a", &[&west])])], "");
-    let gateway = gateway(&east_only).await;
+    let west_only = priced_yaml(&[("west", vec![cluster("west-a", &[&west])])], "");
+    let gateway = measured_gateway(&east_only).await;
     for i in 0..3 {
         let answer = post(&gateway, "/v1/chat/completions", chat(&format!("a{i}"))).await;
-        assert_eq!(answer.engine(), "east-a");
+        assert_eq!(answer.engine_name(), "east-a");
     }
 
     gateway.reload(&parse(&both)).unwrap();
@@ -1160,7 +954,7 @@ async fn reload_adds_and_removes_clusters() {
     let mut seen = BTreeSet::new();
     for i in 0..6 {
         let mut conversation = Conversation::new(&format!("grow-{i}"), 2048);
-        seen.insert(conversation.turn(&gateway, "hello").await.engine());
+        seen.insert(conversation.turn(&gateway, "hello").await.engine_name());
     }
     assert_eq!(seen.len(), 2, "{seen:?}");
 
@@ -1168,7 +962,7 @@ async fn reload_adds_and_removes_clusters() {
     assert_eq!(gateway.index().clusters(), [cluster_id(&gateway, "west-a")]);
     for i in 0..3 {
         let answer = post(&gateway, "/v1/chat/completions", chat(&format!("b{i}"))).await;
-        assert_eq!(answer.engine(), "west-a");
+        assert_eq!(answer.engine_name(), "west-a");
     }
     assert_eq!(gateway.grid().view().generation(), 2);
 }
@@ -1185,12 +979,12 @@ async fn the_local_site_can_lose_its_last_cluster_by_reload() {
             sites.push(("east", vec![]));
         }
         sites.push(("west", vec![cluster("west-a", &[&west])]));
-        config_yaml(&sites, "local_site: east\n")
+        priced_yaml(&sites, "local_site: east\n")
     };
-    let gateway = gateway(&sites(true)).await;
+    let gateway = measured_gateway(&sites(true)).await;
     // A conversation stored on the local site.
     let created = post(&gateway, "/v1/conversations", "{}").await;
-    assert_eq!(created.engine(), "east-a");
+    assert_eq!(created.engine_name(), "east-a");
     let conversation = created.json()["id"].as_str().unwrap().to_owned();
 
     // East's engines are taken out: the site stays, with no cluster; then it goes too.
@@ -1200,33 +994,35 @@ async fn the_local_site_can_lose_its_last_cluster_by_reload() {
     assert_eq!(gone.error_code(), "stored_state_gone");
     let moved = post(&gateway, "/v1/conversations", "{}").await;
     assert_eq!(
-        moved.engine(),
+        moved.engine_name(),
         "west-a",
         "new conversations go by load elsewhere"
     );
     let answer = post(&gateway, "/v1/chat/completions", chat("hello")).await;
-    assert_eq!(answer.engine(), "west-a");
-    let without_east = config_yaml(
+    assert_eq!(answer.engine_name(), "west-a");
+    let without_east = priced_yaml(
         &[("west", vec![cluster("west-a", &[&west])])],
         "local_site: east\n",
     );
     gateway.reload(&parse(&without_east)).unwrap();
     assert_eq!(
-        post(&gateway, "/v1/conversations", "{}").await.engine(),
+        post(&gateway, "/v1/conversations", "{}")
+            .await
+            .engine_name(),
         "west-a"
     );
     // And back.
     gateway.reload(&parse(&sites(true))).unwrap();
     wait_measured(&gateway).await;
     let back = get(format!("{}/v1/conversations/{conversation}", gateway.url())).await;
-    assert_eq!(back.engine(), "east-a");
+    assert_eq!(back.engine_name(), "east-a");
 }
 
 #[tokio::test]
 async fn a_bad_reload_keeps_the_running_config_and_says_why() {
     let east = engine("east-a").await;
-    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
-    let gateway = gateway(&yaml).await;
+    let yaml = priced_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let gateway = measured_gateway(&yaml).await;
     let error = gateway
         .reload(&parse(&yaml.replace("name: east\n", "name: East\n")))
         .unwrap_err();
@@ -1247,7 +1043,7 @@ async fn a_bad_reload_keeps_the_running_config_and_says_why() {
     gateway.reload_file(&file).unwrap();
     assert_eq!(gateway.grid().view().generation(), 1);
     let answer = post(&gateway, "/v1/chat/completions", chat("still here")).await;
-    assert_eq!(answer.engine(), "east-a");
+    assert_eq!(answer.engine_name(), "east-a");
 }
 
 // ---- forwarding ---------------------------------------------------------------------
@@ -1255,11 +1051,11 @@ async fn a_bad_reload_keeps_the_running_config_and_says_why() {
 #[tokio::test]
 async fn bodies_reach_the_engine_byte_for_byte() {
     let east = engine("east-a").await;
-    let yaml = config_yaml(
+    let yaml = priced_yaml(
         &[("east", vec![cluster("east-a", &[&east])])],
         "max_body_bytes: 4096\n",
     );
-    let gateway = gateway(&yaml).await;
+    let gateway = measured_gateway(&yaml).await;
     let last_body = || get(format!("{}/mock/last_body", east.url()));
 
     // Keyed: escapes, spacing, field order and unknown fields as the client wrote them.
@@ -1277,8 +1073,8 @@ async fn bodies_reach_the_engine_byte_for_byte() {
     // A path and a body the layers do not read.
     let url = format!("{}/v1/embeddings?trace=1", gateway.url());
     let odd = "not json \u{0} at all";
-    let answer = send(Method::POST, &url, Some("text/plain"), odd).await;
-    assert_eq!(answer.engine(), "east-a");
+    let answer = send_with(Method::POST, &url, &[("content-type", "text/plain")], odd).await;
+    assert_eq!(answer.engine_name(), "east-a");
     let kept = last_body().await;
     assert_eq!(kept.body, odd.as_bytes());
     assert_eq!(kept.headers["x-mock-path"], "/v1/embeddings");
@@ -1292,8 +1088,8 @@ async fn server_sent_events_stream_through_as_the_engine_writes_them() {
         ..MockEngineConfig::named("east-a")
     };
     let east = MockEngine::start("127.0.0.1:0", config).await.unwrap();
-    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
-    let gateway = gateway(&yaml).await;
+    let yaml = priced_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let gateway = measured_gateway(&yaml).await;
     let body = json!({
         "model": MODEL,
         "stream": true,
@@ -1325,8 +1121,8 @@ async fn server_sent_events_stream_through_as_the_engine_writes_them() {
 async fn a_cluster_spreads_its_requests_over_its_endpoints() {
     let a = engine("east-a").await;
     let b = engine("east-a").await;
-    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&a, &b])])], "");
-    let gateway = gateway(&yaml).await;
+    let yaml = priced_yaml(&[("east", vec![cluster("east-a", &[&a, &b])])], "");
+    let gateway = measured_gateway(&yaml).await;
     for i in 0..24 {
         let answer = post(&gateway, "/v1/chat/completions", chat(&format!("p{i}"))).await;
         assert_eq!(answer.status, StatusCode::OK);
@@ -1347,16 +1143,16 @@ async fn a_model_no_cluster_serves_is_a_404_and_a_drained_one_a_503() {
     let east = engine("east-a").await;
     let west = engine_serving("west-a", &["embedder"]).await;
     let mut drained = cluster("west-a", &[&west]);
-    drained.models = &["embedder"];
+    drained = drained.serving(&["embedder"]);
     drained.admit = false;
-    let yaml = config_yaml(
+    let yaml = priced_yaml(
         &[
             ("east", vec![cluster("east-a", &[&east])]),
             ("west", vec![drained]),
         ],
         "",
     );
-    let gateway = gateway(&yaml).await;
+    let gateway = measured_gateway(&yaml).await;
     let body =
         json!({"model": "nobody-serves-this", "messages": [{"role": "user", "content": "hi"}]});
     let answer = post(&gateway, "/v1/chat/completions", body.to_string()).await;
@@ -1384,8 +1180,8 @@ async fn requests_the_layers_do_not_key_still_go_only_where_their_model_is_serve
     let east = engine("east-a").await;
     let west = engine_serving("west-a", &["embedder"]).await;
     let mut embedder = cluster("west-a", &[&west]);
-    embedder.models = &["embedder"];
-    let yaml = config_yaml(
+    embedder = embedder.serving(&["embedder"]);
+    let yaml = priced_yaml(
         &[
             ("east", vec![cluster("east-a", &[&east])]),
             ("west", vec![embedder]),
@@ -1393,15 +1189,15 @@ async fn requests_the_layers_do_not_key_still_go_only_where_their_model_is_serve
         "max_body_bytes: 4096\nforward_paths:\n  - { path: /v1/embeddings, methods: [POST] }\n  \
          - { path: /v1/rerank, methods: [POST] }\n  - { path: /v1/chat/completions, methods: [POST] }\n",
     );
-    let gateway = gateway(&yaml).await;
+    let gateway = measured_gateway(&yaml).await;
     for i in 0..6 {
         // The model after the input, as SDKs write it; then one with no content type.
         let body = format!(r#"{{"input":["text {i}"],"model":"embedder"}}"#);
         let answer = post(&gateway, "/v1/embeddings", body.clone()).await;
-        assert_eq!(answer.engine(), "west-a");
+        assert_eq!(answer.engine_name(), "west-a");
         let url = format!("{}/v1/rerank", gateway.url());
-        let answer = send(Method::POST, &url, None, body).await;
-        assert_eq!(answer.engine(), "west-a");
+        let answer = send_with(Method::POST, &url, &[], body).await;
+        assert_eq!(answer.engine_name(), "west-a");
     }
     // Over the body limit: the model in the first max_body_bytes routes it, and the whole
     // body still reaches the engine.
@@ -1410,7 +1206,7 @@ async fn requests_the_layers_do_not_key_still_go_only_where_their_model_is_serve
         text("large", 20_000)
     );
     let answer = post(&gateway, "/v1/embeddings", large.clone()).await;
-    assert_eq!(answer.engine(), "west-a");
+    assert_eq!(answer.engine_name(), "west-a");
     let kept = get(format!("{}/mock/last_body", west.url())).await;
     assert_eq!(kept.body, large.as_bytes());
     // A chat body over the limit is routed by its model too.
@@ -1420,7 +1216,7 @@ async fn requests_the_layers_do_not_key_still_go_only_where_their_model_is_serve
     );
     for _ in 0..4 {
         let answer = post(&gateway, "/v1/chat/completions", large_chat.clone()).await;
-        assert_eq!(answer.engine(), "east-a");
+        assert_eq!(answer.engine_name(), "east-a");
     }
     // An unknown model on an unkeyed path: 404, nothing forwarded.
     let answer = post(
@@ -1442,7 +1238,7 @@ async fn an_unreachable_endpoint_is_a_502_and_stops_taking_requests() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         format!("http://{}", listener.local_addr().unwrap())
     };
-    let yaml = config_yaml(
+    let yaml = priced_yaml(
         &[
             ("east", vec![cluster("east-a", &[&east])]),
             ("west", vec![cluster("west-a", &[])]),
@@ -1481,14 +1277,14 @@ async fn an_unreachable_endpoint_is_a_502_and_stops_taking_requests() {
 #[tokio::test]
 async fn the_provider_role_forwards_only_its_allowed_paths() {
     let east = engine("east-a").await;
-    let yaml = config_yaml(
+    let yaml = priced_yaml(
         &[("east", vec![cluster("east-a", &[&east])])],
         "role: provider\n",
     );
-    let gateway = gateway(&yaml).await;
+    let gateway = measured_gateway(&yaml).await;
     let allowed = post(&gateway, "/v1/chat/completions", chat("hi")).await;
     assert_eq!(allowed.status, StatusCode::OK);
-    assert_eq!(allowed.engine(), "east-a");
+    assert_eq!(allowed.engine_name(), "east-a");
     let models = get(format!("{}/v1/models", gateway.url())).await;
     assert_eq!(models.status, StatusCode::OK);
 
@@ -1503,7 +1299,7 @@ async fn the_provider_role_forwards_only_its_allowed_paths() {
         assert!(refused.headers.get("x-mock-engine").is_none());
     }
     let url = format!("{}/v1/chat/completions", gateway.url());
-    let refused = send(Method::DELETE, &url, None, Bytes::new()).await;
+    let refused = send_with(Method::DELETE, &url, &[], Bytes::new()).await;
     assert_eq!(refused.status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(refused.headers["allow"], "GET, POST");
     assert_eq!(refused.error_code(), "method_not_allowed");
@@ -1517,33 +1313,23 @@ async fn models_are_the_union_over_the_admitted_clusters() {
     let a = engine_serving("east-a", &["alpha", "beta"]).await;
     let b = engine_serving("west-a", &["beta", "gamma"]).await;
     let c = engine_serving("west-b", &["delta"]).await;
-    let yaml = config_yaml(
+    let yaml = priced_yaml(
         &[
             (
                 "east",
-                vec![ClusterYaml {
-                    models: &["alpha", "beta"],
-                    ..cluster("east-a", &[&a])
-                }],
+                vec![cluster("east-a", &[&a]).serving(&["alpha", "beta"])],
             ),
             (
                 "west",
                 vec![
-                    ClusterYaml {
-                        models: &["beta", "gamma"],
-                        ..cluster("west-a", &[&b])
-                    },
-                    ClusterYaml {
-                        models: &["delta"],
-                        admit: false,
-                        ..cluster("west-b", &[&c])
-                    },
+                    cluster("west-a", &[&b]).serving(&["beta", "gamma"]),
+                    cluster("west-b", &[&c]).serving(&["delta"]).drained(),
                 ],
             ),
         ],
         "",
     );
-    let gateway = gateway(&yaml).await;
+    let gateway = measured_gateway(&yaml).await;
     let answer = get(format!("{}/v1/models", gateway.url())).await;
     assert_eq!(answer.status, StatusCode::OK);
     let list = answer.json();
@@ -1576,8 +1362,8 @@ fn scraped_from(text: &str, series: &str) -> u64 {
 async fn the_engines_prompt_and_cached_tokens_are_counted_per_cluster() {
     // A site of its own: no other test of this binary counts under its labels.
     let engine = engine("usage-a").await;
-    let yaml = config_yaml(&[("usage", vec![cluster("usage-a", &[&engine])])], "");
-    let gateway = gateway(&yaml).await;
+    let yaml = priced_yaml(&[("usage", vec![cluster("usage-a", &[&engine])])], "");
+    let gateway = measured_gateway(&yaml).await;
     let mut conversation = Conversation::new("usage", 9 * 1024);
     assert_eq!(
         conversation.turn(&gateway, "hello").await.status,
@@ -1640,18 +1426,18 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_what_came_
     // An older conversation, then (a second later: the index keeps time to the second) a
     // newer one on the same engine.
     let mut older = Conversation::new("older", 12 * 1024);
-    let home = older.turn(&gateway, "hello").await.engine();
+    let home = older.turn(&gateway, "hello").await.engine_name();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let mut newer = None;
     for attempt in 0..30 {
         let mut conversation = Conversation::new(&format!("newer {attempt}"), 12 * 1024);
-        if conversation.turn(&gateway, "hello").await.engine() == home {
+        if conversation.turn(&gateway, "hello").await.engine_name() == home {
             newer = Some(conversation);
             break;
         }
     }
     let mut newer = newer.expect("a first turn by load lands on either engine");
-    assert_eq!(newer.turn(&gateway, "and then?").await.engine(), home);
+    assert_eq!(newer.turn(&gateway, "and then?").await.engine_name(), home);
     // A sticky turn the engine served from cache: predicted and delivered agree.
     eventually("the sticky turn counted", || async {
         counters(home.clone()).await.0 > 0
@@ -1662,17 +1448,17 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_what_came_
 
     // The engine loses its cache; the index still predicts both conversations there.
     let engine = if home == east.name() { &east } else { &west };
-    let reset = send(
+    let reset = send_with(
         Method::POST,
         &format!("{}/mock/reset", engine.url()),
-        None,
+        &[],
         "",
     )
     .await;
     assert_eq!(reset.status, StatusCode::OK);
     let entries_before = entries(&gateway, &home);
     let answer = newer.turn(&gateway, "still there?").await;
-    assert_eq!(answer.engine(), home, "the index still predicted it");
+    assert_eq!(answer.engine_name(), home, "the index still predicted it");
     assert_eq!(
         answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
         0
@@ -1695,7 +1481,7 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_what_came_
 
     // The newer conversation stays sticky, and the engine holds it again.
     let answer = newer.turn(&gateway, "once more").await;
-    assert_eq!(answer.engine(), home);
+    assert_eq!(answer.engine_name(), home);
     assert!(
         answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
@@ -1736,14 +1522,14 @@ async fn with_an_auto_price_the_gateway_learns_the_engines_prefill_speed() {
         ..MockEngineConfig::named("prefill-a")
     };
     let engine = MockEngine::start("127.0.0.1:0", config).await.unwrap();
-    let yaml = config_yaml(
+    let yaml = priced_yaml(
         &[("prefill", vec![cluster("prefill-a", &[&engine])])],
         // The prefill speed learned alone (a fixed queued price): its moving average.
         "grid_site_route: { prefix_affinity: { exploration: 0.0, \
          prefill_tokens_per_second: auto, prefill_prior_tokens_per_second: 10000, \
          queued_request_seconds: 2 } }\n",
     );
-    let gateway = gateway(&yaml).await;
+    let gateway = measured_gateway(&yaml).await;
     let series = r#"grid_route_prefill_tokens_per_second{site="prefill",cluster="prefill-a"}"#;
     let ask = |i: usize| {
         let gateway = &gateway;
@@ -1898,23 +1684,15 @@ async fn shutdown_lets_a_stream_in_flight_finish() {
         ..MockEngineConfig::named("east-a")
     };
     let east = MockEngine::start("127.0.0.1:0", config).await.unwrap();
-    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
-    let gateway = gateway(&yaml).await;
+    let yaml = priced_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let gateway = measured_gateway(&yaml).await;
     let body = json!({
         "model": MODEL,
         "stream": true,
         "messages": [{"role": "user", "content": "one two three four five six"}],
     });
     let url = format!("{}/v1/chat/completions", gateway.url());
-    let stream = tokio::spawn(async move {
-        send(
-            Method::POST,
-            &url,
-            Some("application/json"),
-            body.to_string(),
-        )
-        .await
-    });
+    let stream = tokio::spawn(async move { send(Method::POST, &url, body.to_string()).await });
     eventually("the stream started", || async {
         east.stats()
             .requests
@@ -1970,7 +1748,7 @@ async fn a_stored_response_chain_stays_pinned_to_its_cluster() {
     let (east, west, gateway) = two_sites().await;
     let first = post(&gateway, "/v1/responses", responses_body("hello", None)).await;
     assert_eq!(first.status, StatusCode::OK);
-    let home = first.engine();
+    let home = first.engine_name();
     let id = first.json()["id"].as_str().unwrap().to_owned();
     let (site, signed) = tag_of(&id);
     assert_eq!(site, home.trim_end_matches("-a"));
@@ -1987,7 +1765,7 @@ async fn a_stored_response_chain_stays_pinned_to_its_cluster() {
         )
         .await;
         assert_eq!(next.status, StatusCode::OK, "{}", next.text());
-        assert_eq!(next.engine(), home);
+        assert_eq!(next.engine_name(), home);
         // The engine saw its own id, never the tag.
         let sent = get(format!("{}/mock/last_body", busy.url())).await.json();
         let engine_id = sent["previous_response_id"].as_str().unwrap();
@@ -2000,7 +1778,7 @@ async fn a_stored_response_chain_stays_pinned_to_its_cluster() {
 
     let fetched = get(format!("{}/v1/responses/{id}", gateway.url())).await;
     assert_eq!(fetched.status, StatusCode::OK);
-    assert_eq!(fetched.engine(), home);
+    assert_eq!(fetched.engine_name(), home);
     assert_eq!(fetched.json()["id"], id.as_str());
 }
 
@@ -2011,7 +1789,7 @@ async fn a_new_conversation_lives_on_the_local_site() {
     for _ in 0..3 {
         let created = post(&gateway, "/v1/conversations", "{}").await;
         assert_eq!(created.status, StatusCode::OK, "{}", created.text());
-        assert_eq!(created.engine(), "east-a");
+        assert_eq!(created.engine_name(), "east-a");
         let id = created.json()["id"].as_str().unwrap().to_owned();
         assert_eq!(tag_of(&id).0, "east");
         let items = json!({"items": [{"type": "message", "role": "user", "content": "hi"}]});
@@ -2024,7 +1802,7 @@ async fn a_new_conversation_lives_on_the_local_site() {
         assert_eq!(added.status, StatusCode::OK, "{}", added.text());
         let listed = get(format!("{}/v1/conversations/{id}/items", gateway.url())).await;
         assert_eq!(listed.status, StatusCode::OK);
-        assert_eq!(listed.engine(), "east-a");
+        assert_eq!(listed.engine_name(), "east-a");
     }
 }
 
@@ -2047,13 +1825,13 @@ async fn stored_ids_that_cannot_be_served_are_404_or_503() {
         if with_west {
             sites.push(("west", vec![west_cluster]));
         }
-        config_yaml(&sites, &affinity)
+        priced_yaml(&sites, &affinity)
     };
-    let gateway = gateway(&sites(true, true)).await;
+    let gateway = measured_gateway(&sites(true, true)).await;
     // A response stored on west.
     let id = loop {
         let answer = post(&gateway, "/v1/responses", responses_body("hi", None)).await;
-        if answer.engine() == "west-a" {
+        if answer.engine_name() == "west-a" {
             break answer.json()["id"].as_str().unwrap().to_owned();
         }
     };
@@ -2084,7 +1862,7 @@ async fn stored_ids_that_cannot_be_served_are_404_or_503() {
     // Back again: the id still works.
     gateway.reload(&parse(&sites(true, true))).unwrap();
     wait_measured(&gateway).await;
-    assert_eq!(fetch(id.clone()).await.engine(), "west-a");
+    assert_eq!(fetch(id.clone()).await.engine_name(), "west-a");
 
     // A new key with the old one named as previous: old ids keep working.
     let next_key = dir.join("tag.next.key");
@@ -2157,7 +1935,7 @@ async fn compressed_bodies_are_decoded_keyed_pinned_and_forwarded_decoded() {
         ];
         let answer = send_with(Method::POST, &url, &headers, encoded).await;
         assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
-        let engine = answer.engine();
+        let engine = answer.engine_name();
         // The engine got the decoded JSON, byte for byte.
         let kept = get(format!("{}/mock/last_body", engines(&engine))).await;
         assert_eq!(kept.body, body, "{encoding}");
@@ -2171,7 +1949,7 @@ async fn compressed_bodies_are_decoded_keyed_pinned_and_forwarded_decoded() {
 
     // A tagged id in a gzip Responses body is pinned and untagged, never forwarded as is.
     let first = post(&gateway, "/v1/responses", responses_body("hello", None)).await;
-    let stored_at = first.engine();
+    let stored_at = first.engine_name();
     let id = first.json()["id"].as_str().unwrap().to_owned();
     let next = responses_body("again", Some(&id));
     let headers = [
@@ -2181,16 +1959,22 @@ async fn compressed_bodies_are_decoded_keyed_pinned_and_forwarded_decoded() {
     let url = format!("{}/v1/responses", gateway.url());
     let answer = send_with(Method::POST, &url, &headers, gzip(next.as_bytes())).await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
-    assert_eq!(answer.engine(), stored_at);
+    assert_eq!(answer.engine_name(), stored_at);
     let sent = get(format!("{}/mock/last_body", engines(&stored_at)))
         .await
         .json();
     assert_eq!(sent["previous_response_id"], untagged(&id).as_str());
 
     // Mislabelled as text: still read, so the tag is checked and stripped.
-    let answer = send(Method::POST, &url, Some("text/plain"), next.clone()).await;
+    let answer = send_with(
+        Method::POST,
+        &url,
+        &[("content-type", "text/plain")],
+        next.clone(),
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
-    assert_eq!(answer.engine(), stored_at);
+    assert_eq!(answer.engine_name(), stored_at);
     let sent = get(format!("{}/mock/last_body", engines(&stored_at)))
         .await
         .json();
@@ -2200,11 +1984,11 @@ async fn compressed_bodies_are_decoded_keyed_pinned_and_forwarded_decoded() {
 #[tokio::test]
 async fn a_zip_bomb_or_a_stored_state_body_over_the_limit_is_a_413() {
     let east = engine("east-a").await;
-    let yaml = config_yaml(
+    let yaml = priced_yaml(
         &[("east", vec![cluster("east-a", &[&east])])],
         "max_body_bytes: 65536\n",
     );
-    let gateway = gateway(&yaml).await;
+    let gateway = measured_gateway(&yaml).await;
     let before = get(format!("{}/mock/stats", east.url())).await.json();
     // 64 MiB of zeros compress to about 64 KiB.
     let zeros = vec![b' '; 64 << 20];
@@ -2254,18 +2038,18 @@ async fn a_pinned_request_for_a_model_its_cluster_does_not_serve_is_a_404() {
     let east = engine_serving("east-a", &[MODEL, "other-model"]).await;
     let west = engine("west-a").await;
     let mut both = cluster("east-a", &[&east]);
-    both.models = &[MODEL, "other-model"];
-    let yaml = config_yaml(
+    both = both.serving(&[MODEL, "other-model"]);
+    let yaml = priced_yaml(
         &[
             ("east", vec![both]),
             ("west", vec![cluster("west-a", &[&west])]),
         ],
         "",
     );
-    let gateway = gateway(&yaml).await;
+    let gateway = measured_gateway(&yaml).await;
     let id = loop {
         let answer = post(&gateway, "/v1/responses", responses_body("hi", None)).await;
-        if answer.engine() == "west-a" {
+        if answer.engine_name() == "west-a" {
             break answer.json()["id"].as_str().unwrap().to_owned();
         }
     };
@@ -2280,7 +2064,7 @@ async fn a_pinned_request_for_a_model_its_cluster_does_not_serve_is_a_404() {
     assert_eq!(posts(&before), posts(&after), "nothing forwarded");
     // The model it does serve still goes through.
     let answer = post(&gateway, "/v1/responses", responses_body("more", Some(&id))).await;
-    assert_eq!(answer.engine(), "west-a");
+    assert_eq!(answer.engine_name(), "west-a");
 }
 
 #[tokio::test]
@@ -2291,8 +2075,8 @@ async fn ids_in_a_streamed_response_are_tagged_as_they_flow() {
         ..MockEngineConfig::named("east-a")
     };
     let east = MockEngine::start("127.0.0.1:0", config).await.unwrap();
-    let yaml = config_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
-    let gateway = gateway(&yaml).await;
+    let yaml = priced_yaml(&[("east", vec![cluster("east-a", &[&east])])], "");
+    let gateway = measured_gateway(&yaml).await;
     let body = json!({"model": MODEL, "stream": true, "input": "one two three four five six"});
     let answer = post(&gateway, "/v1/responses", body.to_string()).await;
     assert_eq!(answer.status, StatusCode::OK);

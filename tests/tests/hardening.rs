@@ -9,145 +9,35 @@
 #![allow(clippy::unwrap_used, clippy::float_cmp)]
 
 use std::fmt::Write as _;
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use grid_route_example::config::GatewayConfig;
 use grid_route_example::gateway::{Gateway, MIN_HEAD_SAMPLES};
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_tests::{
+    ClusterYaml, MODEL, WAIT, chat, client, cluster, cluster_id, config_yaml, engine,
+    engine_requests, eventually, gateway, metric, send, set_queue, try_send,
+};
 use http_body_util::{BodyExt, Full};
-use hyper::header::HeaderMap;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-const MODEL: &str = "demo-model";
-const WAIT: Duration = Duration::from_secs(10);
-
-async fn engine(name: &str) -> MockEngine {
-    let config = MockEngineConfig {
-        prefill_tokens_per_second: 50_000_000,
-        decode_delay_per_token: Duration::ZERO,
-        ..MockEngineConfig::named(name)
-    };
-    MockEngine::start("127.0.0.1:0", config).await.unwrap()
-}
-
-/// A config with one cluster per `(site, cluster, endpoints)`, then `extra` YAML.
-fn config_yaml(clusters: &[(&str, &str, Vec<String>)], extra: &str) -> String {
-    let mut yaml = String::from(
-        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n\
-         queue: { poll_interval_ms: 20, window_secs: 1 }\n\
-         grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n",
-    );
-    yaml.push_str(extra);
-    yaml.push_str("sites:\n");
-    let mut sites: Vec<&str> = clusters.iter().map(|c| c.0).collect();
-    sites.dedup();
-    for site in sites {
-        let _ = write!(yaml, "  - name: {site}\n    clusters:\n");
-        for (_, name, endpoints) in clusters.iter().filter(|c| c.0 == site) {
-            let _ = writeln!(
-                yaml,
-                "      - {{ name: {name}, models: [{MODEL}], endpoints: [{}] }}",
-                endpoints.join(", ")
-            );
+/// A config with one cluster per `(site, cluster, endpoints)`, no exploration, then
+/// `extra` YAML.
+fn yaml_of(clusters: &[(&str, &str, Vec<String>)], extra: &str) -> String {
+    let mut sites: Vec<(&str, Vec<ClusterYaml>)> = Vec::new();
+    for (site, name, endpoints) in clusters {
+        let c = cluster(name, &[]).at(endpoints.clone());
+        match sites.iter_mut().find(|(s, _)| s == site) {
+            Some((_, clusters)) => clusters.push(c),
+            None => sites.push((site, vec![c])),
         }
     }
-    yaml
-}
-
-async fn gateway(yaml: &str) -> Gateway {
-    Gateway::start(GatewayConfig::from_yaml(yaml).unwrap())
-        .await
-        .unwrap()
-}
-
-/// Waits until `condition` holds, polling every 10 ms; fails after [`WAIT`].
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + WAIT;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "not JSON ({e}): {} {:?}",
-                self.status,
-                String::from_utf8_lossy(&self.body)
-            )
-        })
-    }
-
-    fn error_code(&self) -> String {
-        self.json()["error"]["code"].as_str().unwrap().to_owned()
-    }
-
-    fn engine(&self) -> Option<&str> {
-        self.headers
-            .get("x-mock-engine")
-            .map(|name| name.to_str().unwrap())
-    }
-}
-
-/// The longest any one request of these tests may take, answer included.
-const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
-
-/// Sends a request and reads its whole answer; fails the test, naming the request, when
-/// that takes longer than [`REQUEST_DEADLINE`] or the connection fails.
-async fn send(method: Method, url: &str, body: impl Into<Bytes>) -> Answer {
-    let what = format!("{method} {url}");
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let request = Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json")
-        .body(Full::new(body.into()))
-        .unwrap();
-    let exchange = async {
-        let response = client.request(request).await.unwrap();
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await.unwrap().to_bytes();
-        Answer {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        }
-    };
-    tokio::time::timeout(REQUEST_DEADLINE, exchange)
-        .await
-        .unwrap_or_else(|_| panic!("no whole answer to {what} in {REQUEST_DEADLINE:?}"))
-}
-
-fn chat(content: &str) -> String {
-    format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"{content}"}}]}}"#)
-}
-
-/// Requests the mock engine counted, over every route but the queue poller's `/metrics`.
-fn engine_requests(engine: &MockEngine) -> u64 {
-    let stats = engine.stats();
-    stats
-        .requests
-        .iter()
-        .filter(|(route, _)| route.as_str() != "GET /metrics")
-        .map(|(_, count)| count)
-        .sum()
+    let extra = format!("grid_site_route: {{ prefix_affinity: {{ exploration: 0.0 }} }}\n{extra}");
+    config_yaml(&sites, &extra)
 }
 
 // ---- what is forwarded --------------------------------------------------------------
@@ -155,7 +45,7 @@ fn engine_requests(engine: &MockEngine) -> u64 {
 #[tokio::test]
 async fn the_consumer_role_forwards_only_the_llm_api() {
     let east = engine("east-a").await;
-    let gateway = gateway(&config_yaml(&[("east", "east-a", vec![east.url()])], "")).await;
+    let gateway = gateway(&yaml_of(&[("east", "east-a", vec![east.url()])], "")).await;
     let url = |path: &str| format!("{}{path}", gateway.url());
 
     let chat_answer = send(Method::POST, &url("/v1/chat/completions"), chat("hi")).await;
@@ -210,7 +100,7 @@ async fn forward_paths_replaces_the_default_list_and_reloads() {
     let east = engine("east-a").await;
     let extra = "forward_paths:\n  - { path: /v1/chat/completions, methods: [POST] }\n  \
                  - { path: \"/mock/stats\", methods: [GET] }\n";
-    let gateway = gateway(&config_yaml(&[("east", "east-a", vec![east.url()])], extra)).await;
+    let gateway = gateway(&yaml_of(&[("east", "east-a", vec![east.url()])], extra)).await;
     let url = |path: &str| format!("{}{path}", gateway.url());
     let stats = send(Method::GET, &url("/mock/stats"), "").await;
     assert_eq!(stats.status, StatusCode::OK);
@@ -221,7 +111,7 @@ async fn forward_paths_replaces_the_default_list_and_reloads() {
     assert_eq!(refused.status, StatusCode::NOT_FOUND);
 
     // A reload back to the default list applies to the next request.
-    let default = config_yaml(&[("east", "east-a", vec![east.url()])], "");
+    let default = yaml_of(&[("east", "east-a", vec![east.url()])], "");
     gateway
         .reload(&GatewayConfig::from_yaml(&default).unwrap())
         .unwrap();
@@ -256,7 +146,7 @@ async fn read_until_closed(socket: &mut tokio::net::TcpStream) -> String {
 async fn a_client_that_never_finishes_its_head_is_disconnected() {
     use tokio::io::AsyncWriteExt as _;
     let east = engine("east-a").await;
-    let gateway = gateway(&config_yaml(
+    let gateway = gateway(&yaml_of(
         &[("east", "east-a", vec![east.url()])],
         "timeouts: { client_header_secs: 1 }\n",
     ))
@@ -283,7 +173,7 @@ async fn a_client_that_never_finishes_its_head_is_disconnected() {
 async fn a_request_body_that_stalls_gets_a_408() {
     use tokio::io::AsyncWriteExt as _;
     let east = engine("east-a").await;
-    let gateway = gateway(&config_yaml(
+    let gateway = gateway(&yaml_of(
         &[("east", "east-a", vec![east.url()])],
         "timeouts: { client_body_idle_secs: 1 }\n",
     ))
@@ -311,7 +201,7 @@ async fn a_request_body_that_stalls_gets_a_408() {
 #[tokio::test]
 async fn the_client_port_speaks_http2_with_prior_knowledge() {
     let east = engine("east-a").await;
-    let gateway = gateway(&config_yaml(&[("east", "east-a", vec![east.url()])], "")).await;
+    let gateway = gateway(&yaml_of(&[("east", "east-a", vec![east.url()])], "")).await;
     let client = Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build_http::<Full<Bytes>>();
@@ -364,7 +254,7 @@ fn endpoint_healthy(gateway: &Gateway, cluster: &str, url: &str) -> Option<bool>
 #[tokio::test]
 async fn an_engine_that_sends_no_head_in_time_is_a_504() {
     let east = engine("east-a").await;
-    let gateway = gateway(&config_yaml(
+    let gateway = gateway(&yaml_of(
         &[("east", "east-a", vec![east.url()])],
         "timeouts: { upstream_first_byte_secs: 1 }\n",
     ))
@@ -387,13 +277,13 @@ async fn an_engine_that_sends_no_head_in_time_is_a_504() {
 #[tokio::test]
 async fn a_stream_that_goes_quiet_is_cut_not_ended() {
     let east = engine("east-a").await;
-    let gateway = gateway(&config_yaml(
+    let gateway = gateway(&yaml_of(
         &[("east", "east-a", vec![east.url()])],
         "timeouts: { upstream_idle_secs: 1 }\n",
     ))
     .await;
     east.stall(Duration::ZERO, Duration::from_secs(3));
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let client = client();
     let request = Request::builder()
         .method(Method::POST)
         .uri(format!("{}/v1/chat/completions", gateway.url()))
@@ -428,7 +318,7 @@ async fn a_stream_that_goes_quiet_is_cut_not_ended() {
 async fn a_refused_connection_is_retried_on_another_endpoint_of_the_cluster() {
     let east = engine("east-a").await;
     let dead = dead_url();
-    let gateway = gateway(&config_yaml(
+    let gateway = gateway(&yaml_of(
         &[("east", "east-a", vec![dead.clone(), east.url()])],
         "",
     ))
@@ -451,7 +341,7 @@ async fn a_cluster_that_cannot_connect_hands_the_request_to_the_next_one() {
     let east = engine("east-a").await;
     let west = engine("west-a").await;
     // East is preferred (a shorter queue) and its samples last while it is down.
-    let yaml = config_yaml(
+    let yaml = yaml_of(
         &[
             ("east", "east-a", vec![east.url()]),
             ("west", "west-a", vec![west.url()]),
@@ -499,7 +389,7 @@ async fn a_cluster_that_cannot_connect_hands_the_request_to_the_next_one() {
 async fn retries_stop_at_max_attempts() {
     let (first, second) = (dead_url(), dead_url());
     for (max_attempts, tried) in [(1, 1), (3, 2)] {
-        let gateway = gateway(&config_yaml(
+        let gateway = gateway(&yaml_of(
             &[("east", "east-a", vec![first.clone(), second.clone()])],
             &format!("retries: {{ max_attempts: {max_attempts} }}\n"),
         ))
@@ -520,7 +410,7 @@ async fn retries_stop_at_max_attempts() {
 async fn an_engine_error_is_not_retried() {
     let east = engine("east-a").await;
     let west = engine("west-a").await;
-    let gateway = gateway(&config_yaml(
+    let gateway = gateway(&yaml_of(
         &[
             ("east", "east-a", vec![east.url()]),
             ("west", "west-a", vec![west.url()]),
@@ -538,34 +428,11 @@ async fn an_engine_error_is_not_retried() {
 
 // ---- outlier ejection ---------------------------------------------------------------
 
-async fn set_queue(engine: &MockEngine, waiting: u64) {
-    let url = format!("{}/mock/queue", engine.url());
-    let body = format!(r#"{{"waiting":{waiting},"exact":true}}"#);
-    assert_eq!(send(Method::POST, &url, body).await.status, StatusCode::OK);
-}
-
-fn cluster_id(gateway: &Gateway, name: &str) -> grid_route_layer::grid::ClusterId {
-    let view = gateway.grid().view();
-    view.clusters()
-        .iter()
-        .find(|c| c.id().name() == name)
-        .unwrap()
-        .id()
-        .clone()
-}
-
-/// The value of a sample line of the admin `/metrics`.
-async fn metric(gateway: &Gateway, series: &str) -> Option<f64> {
-    let answer = send(Method::GET, &format!("{}/metrics", gateway.admin_url()), "").await;
-    let text = String::from_utf8(answer.body.to_vec()).unwrap();
-    grid_route_example::prometheus::series(&text, series)
-}
-
 #[tokio::test]
 async fn an_endpoint_failing_in_a_row_is_ejected_counted_and_its_cluster_not_admitted() {
     let east = engine("east-a").await;
     let west = engine("west-a").await;
-    let yaml = config_yaml(
+    let yaml = yaml_of(
         &[
             ("east", "east-a", vec![east.url()]),
             ("west", "west-a", vec![west.url()]),
@@ -608,7 +475,7 @@ async fn an_endpoint_failing_in_a_row_is_ejected_counted_and_its_cluster_not_adm
         assert_eq!(answer.engine(), Some("west-a"));
     }
     let ejections = metric(
-        &gateway,
+        &gateway.admin_url(),
         r#"grid_route_ejections_total{site="east",cluster="east-a"}"#,
     )
     .await;
@@ -621,7 +488,7 @@ async fn an_endpoint_failing_in_a_row_is_ejected_counted_and_its_cluster_not_adm
 async fn throttled_once(extra: &str, retry_after: u64) -> ([MockEngine; 2], Gateway, Instant) {
     let east = engine("east-a").await;
     let spare = engine("east-a").await;
-    let gateway = gateway(&config_yaml(
+    let gateway = gateway(&yaml_of(
         &[("east", "east-a", vec![east.url(), spare.url()])],
         extra,
     ))
@@ -665,14 +532,6 @@ fn default_yaml(clusters: &[(&str, &str, String)]) -> String {
         );
     }
     yaml
-}
-
-/// Sends `body` and waits at most `patience` for the whole answer: `None` when the client
-/// gave up (and dropped the connection), as an impatient client does.
-async fn send_within(url: &str, body: String, patience: Duration) -> Option<Answer> {
-    tokio::time::timeout(patience, send(Method::POST, url, body))
-        .await
-        .ok()
 }
 
 #[tokio::test]
@@ -759,7 +618,15 @@ async fn a_wedged_engine_costs_at_most_one_request_at_the_defaults() {
     let mut waited_on_the_wedge = 0;
     for i in 0..20 {
         let body = chat(&format!("after the wedge {i}"));
-        match send_within(&url, body, patience).await {
+        match try_send(
+            Method::POST,
+            &url,
+            &[("content-type", "application/json")],
+            body,
+            patience,
+        )
+        .await
+        {
             Some(answer) => {
                 assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
                 assert_eq!(answer.engine(), Some("west-a"));
@@ -772,7 +639,7 @@ async fn a_wedged_engine_costs_at_most_one_request_at_the_defaults() {
         "{waited_on_the_wedge} of 20 requests waited on the wedged engine"
     );
     let ejections = metric(
-        &gateway,
+        &gateway.admin_url(),
         r#"grid_route_ejections_total{site="east",cluster="east-a"}"#,
     )
     .await;
@@ -856,7 +723,7 @@ async fn an_engine_that_stalled_comes_back_as_soon_as_it_answers() {
 async fn metrics_of_a_removed_cluster_leave_at_the_reload_that_removes_it() {
     let east = engine("east-a").await;
     let west = engine("west-a").await;
-    let both = config_yaml(
+    let both = yaml_of(
         &[
             ("east", "east-a", vec![east.url()]),
             ("west", "west-b", vec![west.url()]),
@@ -887,7 +754,7 @@ async fn metrics_of_a_removed_cluster_leave_at_the_reload_that_removes_it() {
         "{text}"
     );
 
-    let east_only = config_yaml(&[("east", "east-a", vec![east.url()])], "");
+    let east_only = yaml_of(&[("east", "east-a", vec![east.url()])], "");
     gateway
         .reload(&GatewayConfig::from_yaml(&east_only).unwrap())
         .unwrap();
@@ -915,7 +782,7 @@ async fn metrics_of_a_removed_cluster_leave_at_the_reload_that_removes_it() {
 #[tokio::test]
 async fn only_failures_in_a_row_eject_an_endpoint() {
     let east = engine("east-a").await;
-    let gateway = gateway(&config_yaml(
+    let gateway = gateway(&yaml_of(
         &[("east", "east-a", vec![east.url()])],
         "outlier: { consecutive_failures: 3, ejection_secs: 60 }\n",
     ))
@@ -947,7 +814,7 @@ async fn a_long_answer_outlives_the_head_deadline() {
         ..MockEngineConfig::named("east-a")
     };
     let east = MockEngine::start("127.0.0.1:0", config).await.unwrap();
-    let gateway = gateway(&config_yaml(
+    let gateway = gateway(&yaml_of(
         &[("east", "east-a", vec![east.url()])],
         "timeouts: { client_header_secs: 1 }\n",
     ))
