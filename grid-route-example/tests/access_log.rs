@@ -8,15 +8,13 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
-use http_body_util::{BodyExt, Full};
-use hyper::{Method, Request, StatusCode};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use grid_route_tests::{
+    PROCESS_WAIT, REQUEST_DEADLINE, exit_within, free_port, signal, try_send_with,
+};
+use hyper::{Method, StatusCode};
 use serde_json::Value;
 
-const WAIT: Duration = Duration::from_secs(20);
 const PROMPT: &str = "a prompt nobody may read";
 /// Each credential header the client sends, with a value that must never be logged, and
 /// the default session header, whose id is client data too.
@@ -30,33 +28,6 @@ const CREDENTIALS: [(&str, &str); 6] = [
 ];
 /// A session named in the body, which no log may print either.
 const BODY_SESSION: &str = "secret-prompt-cache-key";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Sends a request with every credential header; `None` while nothing answers.
-async fn send(method: Method, url: &str, body: &str) -> Option<StatusCode> {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let mut request = Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json");
-    for (name, value) in CREDENTIALS {
-        request = request.header(name, value);
-    }
-    let request = request
-        .body(Full::new(Bytes::from(body.to_owned())))
-        .unwrap();
-    let response = client.request(request).await.ok()?;
-    let status = response.status();
-    response.into_body().collect().await.ok()?;
-    Some(status)
-}
 
 /// `serve` running at `RUST_LOG=rust_log` with JSON logs, on a config of `sites` (the YAML
 /// after the listen addresses), until [`Serving::stop`].
@@ -100,22 +71,19 @@ impl Serving {
 
     /// Stops it with SIGTERM, checks that it exits 0 in time, and returns its log.
     async fn stop(mut self) -> String {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let deadline = Instant::now() + WAIT;
-        let exit = loop {
-            if let Some(exit) = self.child.try_wait().unwrap() {
-                break exit;
-            }
-            assert!(Instant::now() < deadline, "serve did not stop");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        signal(self.child.id(), "-TERM");
+        let exit = exit_within(&mut self.child, PROCESS_WAIT).await;
         assert!(exit.success(), "{exit}");
         std::fs::read_to_string(&self.log).unwrap()
     }
+}
+
+/// Sends a request with every credential header; `None` while nothing answers.
+async fn send_with_credentials(method: Method, url: &str, body: &str) -> Option<StatusCode> {
+    let mut headers = vec![("content-type", "application/json")];
+    headers.extend(CREDENTIALS);
+    let answer = try_send_with(method, url, &headers, body.to_owned(), REQUEST_DEADLINE).await?;
+    Some(answer.status)
 }
 
 /// Runs `serve` at `RUST_LOG=trace` with JSON logs in front of `engine`, sends it a chat
@@ -129,9 +97,12 @@ async fn serve_two_requests(engine: &MockEngine) -> String {
         ),
         "trace",
     );
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + PROCESS_WAIT;
     let health = format!("http://127.0.0.1:{}/healthz", serving.admin);
-    while send(Method::GET, &health, "").await.is_none() {
+    while send_with_credentials(Method::GET, &health, "")
+        .await
+        .is_none()
+    {
         assert!(Instant::now() < deadline, "serve did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -141,9 +112,12 @@ async fn serve_two_requests(engine: &MockEngine) -> String {
     );
     let front = format!("http://127.0.0.1:{}", serving.listen);
     let chat = format!("{front}/v1/chat/completions?api_key=secret-query");
-    assert_eq!(send(Method::POST, &chat, &body).await, Some(StatusCode::OK));
     assert_eq!(
-        send(Method::GET, &format!("{front}/not-served"), "").await,
+        send_with_credentials(Method::POST, &chat, &body).await,
+        Some(StatusCode::OK)
+    );
+    assert_eq!(
+        send_with_credentials(Method::GET, &format!("{front}/not-served"), "").await,
         Some(StatusCode::NOT_FOUND)
     );
     serving.stop().await
@@ -243,7 +217,7 @@ async fn a_metrics_page_without_a_known_gauge_is_logged_once() {
         "info",
     );
     // Ten reads of the page at least, each of which finds no known gauge.
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + PROCESS_WAIT;
     while reads.load(Ordering::Relaxed) < 10 {
         assert!(
             Instant::now() < deadline,

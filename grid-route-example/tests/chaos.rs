@@ -20,55 +20,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use grid_route_tests::{
+    HttpClient, PROCESS_WAIT, client, exit_within, free_port, generation, metric, signal, try_send,
+};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-const WAIT: Duration = Duration::from_secs(20);
 const RUN: Duration = Duration::from_secs(30);
 const CLIENTS: usize = 6;
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-async fn post(client: &HttpClient, url: &str, body: String) -> Option<(StatusCode, Bytes)> {
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri(url)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    let response = client.request(request).await.ok()?;
-    let status = response.status();
-    Some((
-        status,
-        response.into_body().collect().await.ok()?.to_bytes(),
-    ))
-}
-
-async fn get(client: &HttpClient, url: &str) -> Option<(StatusCode, Bytes)> {
-    let request = Request::get(url).body(Full::new(Bytes::new())).unwrap();
-    let response = client.request(request).await.ok()?;
-    let status = response.status();
-    Some((
-        status,
-        response.into_body().collect().await.ok()?.to_bytes(),
-    ))
-}
 
 /// A `mock-engine` process.
 struct EngineProcess {
@@ -88,8 +48,8 @@ impl EngineProcess {
             .spawn()
             .unwrap();
         let engine = Self { name, port, child };
-        let deadline = Instant::now() + WAIT;
-        while get(&client(), &format!("{}/health", engine.url()))
+        let deadline = Instant::now() + PROCESS_WAIT;
+        while try_send(Method::GET, &format!("{}/health", engine.url()), "")
             .await
             .is_none()
         {
@@ -110,7 +70,10 @@ impl EngineProcess {
 
     async fn knob(&self, path: &str, body: &str) {
         let url = format!("{}{path}", self.url());
-        let (status, _) = post(&client(), &url, body.to_owned()).await.unwrap();
+        let status = try_send(Method::POST, &url, body.to_owned())
+            .await
+            .unwrap()
+            .status;
         assert_eq!(status, StatusCode::OK, "{} {path}", self.name);
     }
 }
@@ -122,7 +85,7 @@ impl Drop for EngineProcess {
     }
 }
 
-fn config(listen: u16, admin: u16, engines: &[&EngineProcess], window_secs: u64) -> String {
+fn chaos_config(listen: u16, admin: u16, engines: &[&EngineProcess], window_secs: u64) -> String {
     let mut yaml = format!(
         "listen: 127.0.0.1:{listen}\nadmin_listen: 127.0.0.1:{admin}\n\
          queue: {{ poll_interval_ms: 50, window_secs: {window_secs} }}\n\
@@ -149,17 +112,6 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|line| line.strip_prefix("VmRSS:"))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
-}
-
-async fn metric(admin: &str, series: &str) -> Option<f64> {
-    let (_, body) = get(&client(), &format!("{admin}/metrics")).await?;
-    let text = String::from_utf8(body.to_vec()).unwrap();
-    grid_route_example::prometheus::series(&text, series)
-}
-
-async fn generation(admin: &str) -> Option<u64> {
-    let (_, body) = get(&client(), &format!("{admin}/healthz")).await?;
-    serde_json::from_slice::<Value>(&body).ok()?["generation"].as_u64()
 }
 
 /// What a client saw for one request.
@@ -216,15 +168,6 @@ async fn one_request(client: &HttpClient, url: &str, body: String) -> Seen {
             json["error"]["code"].as_str().unwrap_or("").to_owned(),
         ),
     }
-}
-
-/// Sends `signal` (`-HUP`, `-TERM`) to the process `pid`.
-fn signal(pid: u32, signal: &str) {
-    let sent = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success(), "kill {signal} {pid}");
 }
 
 /// Outcomes with the time each request ended, from the start of the run.
@@ -338,18 +281,6 @@ fn assert_contained(tally: &BTreeMap<String, usize>, requests: usize, ejections:
     );
 }
 
-/// Waits for `child` to exit, failing after [`WAIT`].
-async fn exit_of(child: &mut Child) -> std::process::ExitStatus {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(exit) = child.try_wait().unwrap() {
-            return exit;
-        }
-        assert!(Instant::now() < deadline, "serve did not stop");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Starts `serve` on `file` and waits until it serves generation 0.
 async fn start_gateway(file: &std::path::Path, log: &std::path::Path, admin: &str) -> Child {
     let gateway = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
@@ -360,7 +291,7 @@ async fn start_gateway(file: &std::path::Path, log: &std::path::Path, admin: &st
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + PROCESS_WAIT;
     while generation(admin).await != Some(0) {
         assert!(Instant::now() < deadline, "serve did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -380,8 +311,8 @@ async fn the_gateway_holds_up_through_engine_deaths_500s_stalls_and_reloads() {
     let (listen, admin_port) = (free_port(), free_port());
     let admin = format!("http://127.0.0.1:{admin_port}");
     let engines = [&east, &west, &north];
-    std::fs::write(&file, config(listen, admin_port, &engines, 2)).unwrap();
-    let reloaded = config(listen, admin_port, &engines, 3);
+    std::fs::write(&file, chaos_config(listen, admin_port, &engines, 2)).unwrap();
+    let reloaded = chaos_config(listen, admin_port, &engines, 3);
     let mut gateway = start_gateway(&file, &dir.join("gateway.log"), &admin).await;
     let pid = gateway.id();
 
@@ -447,7 +378,7 @@ async fn the_gateway_holds_up_through_engine_deaths_500s_stalls_and_reloads() {
     .await
     .unwrap_or(0.0);
     signal(pid, "-TERM");
-    let exit = exit_of(&mut gateway).await;
+    let exit = exit_within(&mut gateway, PROCESS_WAIT).await;
 
     let seen = seen.lock().unwrap().clone();
     let tally = tally(&seen);

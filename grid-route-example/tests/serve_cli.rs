@@ -11,74 +11,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_tests::{
+    PROCESS_WAIT, client, exit_within, free_port, metric, signal, try_send, wait_generation,
+};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-const WAIT: Duration = Duration::from_secs(20);
-
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Sends a request; `None` while nothing answers.
-async fn send(method: Method, url: &str, body: &str) -> Option<(StatusCode, Bytes)> {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let request = Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_owned())))
-        .unwrap();
-    let response = client.request(request).await.ok()?;
-    let status = response.status();
-    let body = response.into_body().collect().await.ok()?.to_bytes();
-    Some((status, body))
-}
-
-/// Polls `/healthz` until it answers with `generation`.
-async fn wait_generation(admin: &str, generation: u64) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some((StatusCode::OK, body)) =
-            send(Method::GET, &format!("{admin}/healthz"), "").await
-        {
-            let health: Value = serde_json::from_slice(&body).unwrap();
-            if health["generation"] == generation {
-                return;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no generation {generation} in time"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The value of a sample line of the admin `/metrics`.
-async fn metric(admin: &str, series: &str) -> Option<f64> {
-    let (_, body) = send(Method::GET, &format!("{admin}/metrics"), "").await?;
-    let text = String::from_utf8(body.to_vec()).unwrap();
-    grid_route_example::prometheus::series(&text, series)
-}
-
-fn signal(child: &Child, name: &str) {
-    let status = Command::new("kill")
-        .args([name, &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {name}");
-}
-
-fn config(listen: u16, admin: u16, engine: &MockEngine, window_secs: u64) -> String {
+fn one_engine_config(listen: u16, admin: u16, engine: &MockEngine, window_secs: u64) -> String {
     format!(
         "listen: 127.0.0.1:{listen}\nadmin_listen: 127.0.0.1:{admin}\n\
          queue: {{ poll_interval_ms: 50, window_secs: {window_secs} }}\n\
@@ -117,7 +57,7 @@ async fn serve_reloads_on_sighup_and_drains_on_sigterm() {
     let file = dir.join("gateway.yaml");
     let log = dir.join("gateway.log");
     let (listen, admin_port) = (free_port(), free_port());
-    std::fs::write(&file, config(listen, admin_port, &engine, 10)).unwrap();
+    std::fs::write(&file, one_engine_config(listen, admin_port, &engine, 10)).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
         .args(["serve", "--config"])
         .arg(&file)
@@ -133,16 +73,19 @@ async fn serve_reloads_on_sighup_and_drains_on_sigterm() {
     let body =
         format!(r#"{{"model":"demo-model","messages":[{{"role":"user","content":"{secret}"}}]}}"#);
     let url = format!("http://127.0.0.1:{listen}/v1/chat/completions?api_key=hidden");
-    let (status, _) = send(Method::POST, &url, &body).await.unwrap();
+    let status = try_send(Method::POST, &url, body.clone())
+        .await
+        .unwrap()
+        .status;
     assert_eq!(status, StatusCode::OK);
 
-    std::fs::write(&file, config(listen, admin_port, &engine, 5)).unwrap();
-    signal(&child, "-HUP");
+    std::fs::write(&file, one_engine_config(listen, admin_port, &engine, 5)).unwrap();
+    signal(child.id(), "-HUP");
     wait_generation(&admin, 1).await;
 
     std::fs::write(&file, "sites: [").unwrap();
-    signal(&child, "-HUP");
-    let deadline = Instant::now() + WAIT;
+    signal(child.id(), "-HUP");
+    let deadline = Instant::now() + PROCESS_WAIT;
     while metric(
         &admin,
         r#"grid_serving_config_reload_total{result="rejected"}"#,
@@ -154,18 +97,14 @@ async fn serve_reloads_on_sighup_and_drains_on_sigterm() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     wait_generation(&admin, 1).await;
-    let (status, _) = send(Method::POST, &url, &body).await.unwrap();
+    let status = try_send(Method::POST, &url, body.clone())
+        .await
+        .unwrap()
+        .status;
     assert_eq!(status, StatusCode::OK);
 
-    signal(&child, "-TERM");
-    let deadline = Instant::now() + WAIT;
-    let exit = loop {
-        if let Some(exit) = child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(Instant::now() < deadline, "serve did not stop");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    signal(child.id(), "-TERM");
+    let exit = exit_within(&mut child, PROCESS_WAIT).await;
     assert!(exit.success(), "{exit}");
 
     let raw = std::fs::read_to_string(&log).unwrap();
@@ -198,21 +137,6 @@ async fn serve_reloads_on_sighup_and_drains_on_sigterm() {
     assert!(!log.contains("hidden"), "the query reached the log");
 }
 
-/// Waits for `child` to exit, failing after `within`.
-async fn exit_within(child: &mut Child, within: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(exit) = child.try_wait().unwrap() {
-            return exit;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "serve did not stop in {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn sigterm_drains_streams_in_flight_and_closes_idle_and_half_open_connections_at_once() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -230,7 +154,7 @@ async fn sigterm_drains_streams_in_flight_and_closes_idle_and_half_open_connecti
     // Heads may take a minute: only the shutdown can close the half-open connections soon.
     let yaml = format!(
         "timeouts: {{ client_header_secs: 60 }}\n{}",
-        config(listen, admin_port, &engine, 10)
+        one_engine_config(listen, admin_port, &engine, 10)
     );
     std::fs::write(&file, yaml).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_grid-route-example"))
@@ -261,7 +185,7 @@ async fn sigterm_drains_streams_in_flight_and_closes_idle_and_half_open_connecti
         socket.write_all(partial.as_bytes()).await.unwrap();
         half_open.push(socket);
     }
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let client = client();
     let request = Request::builder()
         .method(Method::POST)
         .uri(format!("http://127.0.0.1:{listen}/v1/chat/completions"))
@@ -277,7 +201,7 @@ async fn sigterm_drains_streams_in_flight_and_closes_idle_and_half_open_connecti
     assert!(first.is_data());
 
     let signalled = Instant::now();
-    signal(&child, "-TERM");
+    signal(child.id(), "-TERM");
     for socket in &mut half_open {
         // Whatever is left of an answer, then the end.
         let closed = tokio::time::timeout(Duration::from_secs(5), async {
@@ -300,7 +224,7 @@ async fn sigterm_drains_streams_in_flight_and_closes_idle_and_half_open_connecti
         String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"),
         "the stream in flight was cut: {rest:?}"
     );
-    let exit = exit_within(&mut child, WAIT).await;
+    let exit = exit_within(&mut child, PROCESS_WAIT).await;
     assert!(exit.success(), "{exit}");
     assert!(
         signalled.elapsed() < Duration::from_secs(10),
@@ -325,8 +249,8 @@ async fn engine_process(name: &str, decode_ms: u64) -> (Child, String) {
         .spawn()
         .unwrap();
     let url = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + WAIT;
-    while send(Method::GET, &format!("{url}/health"), "")
+    let deadline = Instant::now() + PROCESS_WAIT;
+    while try_send(Method::GET, &format!("{url}/health"), "")
         .await
         .is_none()
     {
@@ -360,7 +284,7 @@ async fn json_logs_name_the_site_and_cluster_of_an_engine_that_died_mid_stream()
         .unwrap();
     wait_generation(&format!("http://127.0.0.1:{admin_port}"), 0).await;
 
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let client = client();
     let request = Request::builder()
         .method(Method::POST)
         .uri(format!("http://127.0.0.1:{listen}/v1/chat/completions"))
@@ -387,8 +311,8 @@ async fn json_logs_name_the_site_and_cluster_of_an_engine_that_died_mid_stream()
         "the client's stream ended cleanly after the engine died"
     );
 
-    signal(&child, "-TERM");
-    let exit = exit_within(&mut child, WAIT).await;
+    signal(child.id(), "-TERM");
+    let exit = exit_within(&mut child, PROCESS_WAIT).await;
     assert!(exit.success(), "{exit}");
     let raw = std::fs::read_to_string(&log).unwrap();
     assert!(!raw.contains('\u{1b}'), "colour codes in JSON logs");

@@ -11,7 +11,8 @@ use grid_route_mock_engine::MockEngine;
 use hyper::Method;
 
 use super::engines::MODEL;
-use super::http::send;
+use super::http::{send, try_send};
+use super::process::PROCESS_WAIT;
 use super::wait::eventually;
 
 /// One cluster of a test config: its name, models, whether it admits, and its endpoints.
@@ -125,7 +126,7 @@ pub fn cluster_id(gateway: &Gateway, name: &str) -> ClusterId {
         .clone()
 }
 
-/// The admin `/metrics` page at `admin_url`.
+/// The admin `/metrics` page at `admin_url`; fails the test when nothing answers.
 pub async fn metrics_text(admin_url: &str) -> String {
     send(Method::GET, &format!("{admin_url}/metrics"), "")
         .await
@@ -133,7 +134,29 @@ pub async fn metrics_text(admin_url: &str) -> String {
 }
 
 /// The value of `series` (summed over its other labels) on the admin page at
-/// `admin_url`.
+/// `admin_url`; `None` when the page has no such sample or nothing answers (a gateway
+/// process starting or gone).
 pub async fn metric(admin_url: &str, series: &str) -> Option<f64> {
-    grid_route_example::prometheus::series(&metrics_text(admin_url).await, series)
+    let page = try_send(Method::GET, &format!("{admin_url}/metrics"), "").await?;
+    grid_route_example::prometheus::series(&page.text(), series)
+}
+
+/// The config generation the admin `/healthz` at `admin_url` reports; `None` while
+/// nothing answers.
+pub async fn generation(admin_url: &str) -> Option<u64> {
+    let health = try_send(Method::GET, &format!("{admin_url}/healthz"), "").await?;
+    serde_json::from_slice::<serde_json::Value>(&health.body).ok()?["generation"].as_u64()
+}
+
+/// Waits until the admin `/healthz` at `admin_url` reports `generation`, failing after
+/// [`PROCESS_WAIT`].
+pub async fn wait_generation(admin_url: &str, generation_wanted: u64) {
+    let deadline = Instant::now() + PROCESS_WAIT;
+    while generation(admin_url).await != Some(generation_wanted) {
+        assert!(
+            Instant::now() < deadline,
+            "no generation {generation_wanted} at {admin_url} within {PROCESS_WAIT:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

@@ -95,7 +95,7 @@ impl Answer {
 /// Sends a request with exactly `headers` and reads its whole answer; `None` when the
 /// connection fails (nothing listens yet, or any more) or the exchange takes longer than
 /// `patience`.
-pub async fn try_send(
+pub async fn try_send_with(
     method: Method,
     url: &str,
     headers: &[(&str, &str)],
@@ -142,9 +142,16 @@ pub async fn send_with(
     body: impl Into<Bytes>,
 ) -> Answer {
     let what = format!("{method} {url}");
-    try_send(method, url, headers, body, REQUEST_DEADLINE)
+    try_send_with(method, url, headers, body, REQUEST_DEADLINE)
         .await
         .unwrap_or_else(|| panic!("no whole answer to {what} within {REQUEST_DEADLINE:?}"))
+}
+
+/// [`try_send_with`] a JSON body (`content-type: application/json`) within
+/// [`REQUEST_DEADLINE`]: for a process that may not be listening yet, or any more.
+pub async fn try_send(method: Method, url: &str, body: impl Into<Bytes>) -> Option<Answer> {
+    let json = [("content-type", "application/json")];
+    try_send_with(method, url, &json, body, REQUEST_DEADLINE).await
 }
 
 /// [`send_with`] a JSON body (`content-type: application/json`).

@@ -23,15 +23,17 @@ pub mod counting_alloc;
 mod engines;
 mod gateways;
 mod http;
+mod process;
 mod wait;
 
 pub use engines::{MODEL, chat, engine, engine_requests, engine_serving, set_queue};
 pub use gateways::{
-    ClusterYaml, cluster, cluster_id, config_yaml, gateway, measured_gateway, metric, metrics_text,
-    parse, wait_measured,
+    ClusterYaml, cluster, cluster_id, config_yaml, gateway, generation, measured_gateway, metric,
+    metrics_text, parse, wait_generation, wait_measured,
 };
 pub use http::{
     Answer, HttpClient, REQUEST_DEADLINE, client, free_port, send, send_with, try_send,
-    workspace_root,
+    try_send_with, workspace_root,
 };
+pub use process::{PROCESS_WAIT, exit_within, signal};
 pub use wait::{WAIT, eventually};

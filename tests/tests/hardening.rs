@@ -17,7 +17,7 @@ use grid_route_example::gateway::{Gateway, MIN_HEAD_SAMPLES};
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use grid_route_tests::{
     ClusterYaml, MODEL, WAIT, chat, client, cluster, cluster_id, config_yaml, engine,
-    engine_requests, eventually, gateway, metric, send, set_queue, try_send,
+    engine_requests, eventually, gateway, metric, send, set_queue, try_send_with,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -618,7 +618,7 @@ async fn a_wedged_engine_costs_at_most_one_request_at_the_defaults() {
     let mut waited_on_the_wedge = 0;
     for i in 0..20 {
         let body = chat(&format!("after the wedge {i}"));
-        match try_send(
+        match try_send_with(
             Method::POST,
             &url,
             &[("content-type", "application/json")],
