@@ -15,7 +15,6 @@
 #![allow(clippy::unwrap_used, clippy::float_cmp)]
 
 use std::fmt::Write as _;
-use std::net::TcpListener as StdListener;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -23,28 +22,19 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use grid_route_example::gateway::shared_index::{EVENT_FIELD, stream_key};
 use grid_route_layer::index::wire::WireEvent;
-use grid_route_mock_engine::{MockEngine, MockEngineConfig};
-use http_body_util::{BodyExt, Full};
-use hyper::{Method, Request, StatusCode};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use grid_route_mock_engine::MockEngine;
+use grid_route_tests::{
+    Conversation, MODEL, PROCESS_WAIT, engine, eventually_within, free_port, metric, other, send,
+    set_queue, site_of, try_send,
+};
+use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
-const MODEL: &str = "demo-model";
-const WAIT: Duration = Duration::from_secs(20);
 /// The first turn's system prompt: worth more than one queued request of prefill.
 const SYSTEM_BYTES: usize = 110 * 1024;
 
 // ---- processes ----------------------------------------------------------------------
-
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn scratch_dir(name: &str) -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -90,7 +80,7 @@ impl Redis {
             .expect("redis-server on the PATH (apt-get install redis-server)");
         self.child = Some(child);
         let url = self.url();
-        eventually("redis-server answers PING", || {
+        eventually_within("redis-server answers PING", PROCESS_WAIT, || {
             let url = url.clone();
             async move {
                 let Ok(mut connection) = connection(&url).await else {
@@ -153,7 +143,7 @@ impl Replica {
             child,
         };
         let healthz = format!("{}/healthz", replica.admin);
-        eventually(&format!("{name} serves"), || {
+        eventually_within(&format!("{name} serves"), PROCESS_WAIT, || {
             let healthz = healthz.clone();
             async move {
                 try_send(Method::GET, &healthz, Bytes::new())
@@ -178,7 +168,7 @@ impl Replica {
             .await
             .unwrap();
         assert!(status.success());
-        eventually("the reload is applied", || async {
+        eventually_within("the reload is applied", PROCESS_WAIT, || async {
             self.metric(applied).await > before
         })
         .await;
@@ -186,14 +176,7 @@ impl Replica {
 
     /// The value of one metric series in its Prometheus text (0 when absent).
     async fn metric(&self, series: &str) -> f64 {
-        let text = send(
-            Method::GET,
-            &format!("{}/metrics", self.admin),
-            Bytes::new(),
-        )
-        .await
-        .text();
-        grid_route_example::prometheus::series(&text, series).unwrap_or(0.0)
+        metric(&self.admin, series).await.unwrap_or(0.0)
     }
 
     async fn entries(&self, cluster: &str) -> f64 {
@@ -229,16 +212,6 @@ struct Testbed {
     shared_yaml: String,
     /// Owns `dir` (removed on drop); declared last, so it goes after the servers.
     _scratch: tempfile::TempDir,
-}
-
-async fn engine(name: &str) -> MockEngine {
-    let config = MockEngineConfig {
-        models: vec![MODEL.to_owned()],
-        prefill_tokens_per_second: 50_000_000,
-        decode_delay_per_token: Duration::ZERO,
-        ..MockEngineConfig::named(name)
-    };
-    MockEngine::start("127.0.0.1:0", config).await.unwrap()
 }
 
 impl Testbed {
@@ -296,7 +269,7 @@ impl Testbed {
     async fn weigh_down(&self, home: &str, replica: &Replica) {
         set_queue(self.engine(home), 1).await;
         set_queue(self.engine(other(home)), 0).await;
-        eventually("the replica sees the queues", || async {
+        eventually_within("the replica sees the queues", PROCESS_WAIT, || async {
             replica.queue_depth(home).await == 1.0 && replica.queue_depth(other(home)).await == 0.0
         })
         .await;
@@ -331,124 +304,9 @@ impl Testbed {
     }
 }
 
-fn site_of(engine: &str) -> &'static str {
-    if engine == "east-a" { "east" } else { "west" }
-}
-
-fn other(engine: &str) -> &'static str {
-    if engine == "east-a" {
-        "west-a"
-    } else {
-        "east-a"
-    }
-}
-
-async fn set_queue(engine: &MockEngine, waiting: u64) {
-    let url = format!("{}/mock/queue", engine.url());
-    let body = json!({"waiting": waiting, "exact": true}).to_string();
-    assert_eq!(send(Method::POST, &url, body).await.status, StatusCode::OK);
-}
-
 // ---- the client ---------------------------------------------------------------------
 
-struct Answer {
-    status: StatusCode,
-    engine: Option<String>,
-    body: Bytes,
-}
-
-impl Answer {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    fn engine(&self) -> String {
-        self.engine
-            .clone()
-            .unwrap_or_else(|| panic!("no engine answered: {} {}", self.status, self.text()))
-    }
-}
-
-async fn try_send(method: Method, url: &str, body: Bytes) -> Option<Answer> {
-    let client = Client::builder(TokioExecutor::new()).build_http();
-    let request = Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json")
-        .body(Full::new(body))
-        .unwrap();
-    let response = client.request(request).await.ok()?;
-    let status = response.status();
-    let engine = response
-        .headers()
-        .get("x-mock-engine")
-        .map(|v| v.to_str().unwrap().to_owned());
-    let body = response.into_body().collect().await.ok()?.to_bytes();
-    Some(Answer {
-        status,
-        engine,
-        body,
-    })
-}
-
-async fn send(method: Method, url: &str, body: impl Into<Bytes>) -> Answer {
-    try_send(method, url, body.into())
-        .await
-        .unwrap_or_else(|| panic!("no answer from {url}"))
-}
-
-/// Waits until `condition` holds, polling every 20 ms; fails after [`WAIT`].
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + WAIT;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 // ---- prompts ------------------------------------------------------------------------
-
-/// A multi-turn Chat conversation with a long system prompt about `topic`.
-struct Conversation {
-    messages: Vec<Value>,
-}
-
-impl Conversation {
-    fn new(topic: &str) -> Self {
-        let mut system = String::new();
-        let mut i = 0;
-        while system.len() < SYSTEM_BYTES {
-            let _ = write!(system, "{topic} rule {i}: answer precisely. ");
-            i += 1;
-        }
-        Self {
-            messages: vec![json!({"role": "system", "content": system})],
-        }
-    }
-
-    /// Sends the next turn through `replica`; a 200 answer joins the conversation.
-    async fn turn(&mut self, replica: &Replica, question: &str) -> Answer {
-        self.messages
-            .push(json!({"role": "user", "content": question}));
-        let body = serde_json::to_vec(&json!({"model": MODEL, "messages": self.messages})).unwrap();
-        let url = format!("{}/v1/chat/completions", replica.front);
-        let answer = send(Method::POST, &url, body).await;
-        if answer.status == StatusCode::OK {
-            let reply: Value = serde_json::from_slice(&answer.body).unwrap();
-            self.messages.push(json!({
-                "role": "assistant",
-                "content": reply["choices"][0]["message"]["content"].clone()
-            }));
-        } else {
-            self.messages.pop();
-        }
-        answer
-    }
-}
 
 // ---- tests --------------------------------------------------------------------------
 
@@ -457,16 +315,19 @@ async fn a_follow_up_through_the_other_replica_stays_on_the_first_turns_site() {
     let bed = Testbed::start("follow-up").await;
     let (a, b) = (bed.replica("a").await, bed.replica("b").await);
     for topic in ["zebra", "quokka"] {
-        let mut conversation = Conversation::new(topic);
-        let first = conversation.turn(&a, "hello").await;
+        let mut conversation = Conversation::new(topic, SYSTEM_BYTES);
+        let first = conversation.turn(&a.front, "hello").await;
         assert_eq!(first.status, StatusCode::OK);
-        let home = first.engine();
-        eventually("replica b learns the first turn", || async {
+        let home = first.engine_name();
+        eventually_within("replica b learns the first turn", PROCESS_WAIT, || async {
             b.entries(&home).await > 0.0
         })
         .await;
         bed.weigh_down(&home, &b).await;
-        assert_eq!(conversation.turn(&b, "and then?").await.engine(), home);
+        assert_eq!(
+            conversation.turn(&b.front, "and then?").await.engine_name(),
+            home
+        );
     }
     assert!(b.applied().await >= 2.0);
     assert!(
@@ -483,9 +344,9 @@ async fn a_restarted_replica_is_sticky_at_once() {
     let b = bed.replica("b").await;
     drop(b);
     // Learned while b is down: b can only know it by replaying the stream.
-    let mut conversation = Conversation::new("pangolin");
-    let home = conversation.turn(&a, "hello").await.engine();
-    eventually("a publishes the first turn", || async {
+    let mut conversation = Conversation::new("pangolin", SYSTEM_BYTES);
+    let home = conversation.turn(&a.front, "hello").await.engine_name();
+    eventually_within("a publishes the first turn", PROCESS_WAIT, || async {
         a.metric("grid_route_shared_index_events_total{direction=\"published\"}")
             .await
             >= 1.0
@@ -495,7 +356,13 @@ async fn a_restarted_replica_is_sticky_at_once() {
     // Warm from its first scrape: the replay happened before it served.
     assert!(b.entries(&home).await > 0.0);
     bed.weigh_down(&home, &b).await;
-    assert_eq!(conversation.turn(&b, "still there?").await.engine(), home);
+    assert_eq!(
+        conversation
+            .turn(&b.front, "still there?")
+            .await
+            .engine_name(),
+        home
+    );
 }
 
 #[tokio::test]
@@ -504,15 +371,15 @@ async fn stopping_redis_fails_no_request_and_sharing_resumes_when_it_returns() {
     let (a, b) = (bed.replica("a").await, bed.replica("b").await);
     bed.redis.stop().await;
     for (i, replica) in [&a, &b, &a, &b, &a, &b].into_iter().enumerate() {
-        let mut conversation = Conversation::new(&format!("outage{i}"));
-        let first = conversation.turn(replica, "hello").await;
+        let mut conversation = Conversation::new(&format!("outage{i}"), SYSTEM_BYTES);
+        let first = conversation.turn(&replica.front, "hello").await;
         assert_eq!(first.status, StatusCode::OK, "{}", first.text());
-        let second = conversation.turn(replica, "and?").await;
+        let second = conversation.turn(&replica.front, "and?").await;
         assert_eq!(second.status, StatusCode::OK, "{}", second.text());
         // Routing goes on with the local index.
-        assert_eq!(second.engine(), first.engine());
+        assert_eq!(second.engine_name(), first.engine_name());
     }
-    eventually("both replicas count Redis errors", || async {
+    eventually_within("both replicas count Redis errors", PROCESS_WAIT, || async {
         a.metric("grid_route_shared_index_errors_total").await > 0.0
             && b.metric("grid_route_shared_index_errors_total").await > 0.0
     })
@@ -521,7 +388,7 @@ async fn stopping_redis_fails_no_request_and_sharing_resumes_when_it_returns() {
     bed.redis.restart().await;
     // Events sent while a replica had not yet noticed the restart may be lost (a lost
     // event costs a miss); new first turns go through until b applies one.
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + PROCESS_WAIT;
     let mut attempt = 0;
     let (mut conversation, home) = 'resumed: loop {
         assert!(
@@ -530,8 +397,8 @@ async fn stopping_redis_fails_no_request_and_sharing_resumes_when_it_returns() {
         );
         attempt += 1;
         let before = b.applied().await;
-        let mut conversation = Conversation::new(&format!("resumed{attempt}"));
-        let home = conversation.turn(&a, "hello").await.engine();
+        let mut conversation = Conversation::new(&format!("resumed{attempt}"), SYSTEM_BYTES);
+        let home = conversation.turn(&a.front, "hello").await.engine_name();
         let applied_by = Instant::now() + Duration::from_secs(1);
         while Instant::now() < applied_by {
             if b.applied().await > before {
@@ -541,7 +408,10 @@ async fn stopping_redis_fails_no_request_and_sharing_resumes_when_it_returns() {
         }
     };
     bed.weigh_down(&home, &b).await;
-    assert_eq!(conversation.turn(&b, "and then?").await.engine(), home);
+    assert_eq!(
+        conversation.turn(&b.front, "and then?").await.engine_name(),
+        home
+    );
 }
 
 #[tokio::test]
@@ -556,9 +426,9 @@ async fn a_replica_with_another_tag_key_applies_no_peer_event() {
     );
     let (a, b) = (bed.replica("a").await, bed.replica("b").await);
     let c = Replica::start(&bed.dir, "c", &rotated).await;
-    let mut conversation = Conversation::new("axolotl");
-    let home = conversation.turn(&a, "hello").await.engine();
-    eventually("b learns the first turn", || async {
+    let mut conversation = Conversation::new("axolotl", SYSTEM_BYTES);
+    let home = conversation.turn(&a.front, "hello").await.engine_name();
+    eventually_within("b learns the first turn", PROCESS_WAIT, || async {
         b.entries(&home).await > 0.0
     })
     .await;
@@ -578,31 +448,31 @@ async fn a_reload_that_adds_shared_index_starts_sharing() {
         .join("\n");
     let a = bed.replica("a").await;
     let b = Replica::start(&bed.dir, "b", &format!("{alone}\n")).await;
-    let mut before = Conversation::new("wombat");
-    let home = before.turn(&a, "hello").await.engine();
+    let mut before = Conversation::new("wombat", SYSTEM_BYTES);
+    let home = before.turn(&a.front, "hello").await.engine_name();
     // b does not share yet, and keys under a seed of its own.
     assert_eq!(b.entries(&home).await, 0.0);
 
     b.reload(&bed.shared_yaml).await;
     // Sharing started: b replays what a published before, now under the same seed.
-    eventually("b replays the stream", || async {
+    eventually_within("b replays the stream", PROCESS_WAIT, || async {
         b.entries(&home).await > 0.0
     })
     .await;
     bed.weigh_down(&home, &b).await;
-    assert_eq!(before.turn(&b, "and then?").await.engine(), home);
+    assert_eq!(before.turn(&b.front, "and then?").await.engine_name(), home);
 }
 
 #[tokio::test]
 async fn redis_holds_keys_and_no_prompt_text() {
     let bed = Testbed::start("no-text").await;
     let (a, b) = (bed.replica("a").await, bed.replica("b").await);
-    let mut conversation = Conversation::new("ocelot");
+    let mut conversation = Conversation::new("ocelot", SYSTEM_BYTES);
     let home = conversation
-        .turn(&a, "what about the narwhal?")
+        .turn(&a.front, "what about the narwhal?")
         .await
-        .engine();
-    eventually("b learns the first turn", || async {
+        .engine_name();
+    eventually_within("b learns the first turn", PROCESS_WAIT, || async {
         b.entries(&home).await > 0.0
     })
     .await;
@@ -653,10 +523,11 @@ async fn a_session_answered_through_one_replica_keeps_its_next_turn_through_the_
     )
     .await;
     assert_eq!(first.status, StatusCode::OK);
-    let home = first.engine();
+    let home = first.engine_name();
     // Two events: the first turn's keys, then its session.
-    eventually(
+    eventually_within(
         "replica b learns the first turn and its session",
+        PROCESS_WAIT,
         || async { b.applied().await >= 2.0 },
     )
     .await;
@@ -670,7 +541,7 @@ async fn a_session_answered_through_one_replica_keeps_its_next_turn_through_the_
         body(&messages),
     )
     .await;
-    assert_eq!(second.engine(), home);
+    assert_eq!(second.engine_name(), home);
     assert_eq!(
         b.metric("grid_route_prefix_affinity_total{outcome=\"session\"}")
             .await,

@@ -51,3 +51,17 @@ pub fn chat(content: &str) -> String {
     serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": content}]})
         .to_string()
 }
+
+/// Of the two engines of a two-site test, `east-a` and `west-a`, the one `engine` is not.
+pub fn other(engine: &str) -> &'static str {
+    if engine == "east-a" {
+        "west-a"
+    } else {
+        "east-a"
+    }
+}
+
+/// The site of a two-site test's engine: `east` for `east-a`, else `west`.
+pub fn site_of(engine: &str) -> &'static str {
+    if engine == "east-a" { "east" } else { "west" }
+}

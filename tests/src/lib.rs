@@ -24,9 +24,12 @@ mod engines;
 mod gateways;
 mod http;
 mod process;
+mod prompts;
 mod wait;
 
-pub use engines::{MODEL, chat, engine, engine_requests, engine_serving, set_queue};
+pub use engines::{
+    MODEL, chat, engine, engine_requests, engine_serving, other, set_queue, site_of,
+};
 pub use gateways::{
     ClusterYaml, cluster, cluster_id, config_yaml, gateway, generation, measured_gateway, metric,
     metrics_text, parse, wait_generation, wait_measured,
@@ -36,4 +39,5 @@ pub use http::{
     try_send_with, workspace_root,
 };
 pub use process::{PROCESS_WAIT, exit_within, signal};
-pub use wait::{WAIT, eventually};
+pub use prompts::{Conversation, text};
+pub use wait::{WAIT, eventually, eventually_within};

@@ -21,8 +21,9 @@ use grid_route_example::gateway::Gateway;
 use grid_route_example::prometheus;
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use grid_route_tests::{
-    Answer, ClusterYaml, MODEL, chat, client, cluster, cluster_id, config_yaml, engine,
-    engine_serving, eventually, measured_gateway, parse, send, send_with, set_queue, wait_measured,
+    Answer, ClusterYaml, Conversation, MODEL, chat, client, cluster, cluster_id, config_yaml,
+    engine, engine_serving, eventually, measured_gateway, other, parse, send, send_with, set_queue,
+    text, wait_measured,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -72,53 +73,6 @@ async fn get(url: String) -> Answer {
 
 // ---- prompts ------------------------------------------------------------------------
 
-/// `bytes` of text that differs by `topic`.
-fn text(topic: &str, bytes: usize) -> String {
-    let mut text = String::new();
-    let mut i = 0;
-    while text.len() < bytes {
-        let _ = write!(text, "{topic} rule {i}: answer precisely. ");
-        i += 1;
-    }
-    text.truncate(bytes);
-    text
-}
-
-/// A multi-turn Chat conversation with a long system prompt.
-struct Conversation {
-    messages: Vec<Value>,
-}
-
-impl Conversation {
-    fn new(topic: &str, system_bytes: usize) -> Self {
-        Self {
-            messages: vec![json!({"role": "system", "content": text(topic, system_bytes)})],
-        }
-    }
-
-    /// The body of the next turn, asking `question`.
-    fn ask(&mut self, question: &str) -> Vec<u8> {
-        self.messages
-            .push(json!({"role": "user", "content": question}));
-        serde_json::to_vec(&json!({"model": MODEL, "messages": self.messages})).unwrap()
-    }
-
-    /// Sends the next turn; records the answer in the conversation.
-    async fn turn(&mut self, gateway: &Gateway, question: &str) -> Answer {
-        let body = self.ask(question);
-        let answer = post(gateway, "/v1/chat/completions", body).await;
-        if answer.status == StatusCode::OK {
-            let reply = answer.json()["choices"][0]["message"]["content"].clone();
-            self.messages
-                .push(json!({"role": "assistant", "content": reply}));
-        } else {
-            // A failed turn is asked again next time.
-            self.messages.pop();
-        }
-        answer
-    }
-}
-
 async fn two_sites() -> (MockEngine, MockEngine, Gateway) {
     two_sites_named("east", "west").await
 }
@@ -146,14 +100,6 @@ async fn two_sites_with(
     );
     let gateway = measured_gateway(&yaml).await;
     (east, west, gateway)
-}
-
-fn other(site_engine: &str) -> &'static str {
-    if site_engine == "east-a" {
-        "west-a"
-    } else {
-        "east-a"
-    }
 }
 
 /// Gives `home`'s engine (`east` or `west`) `waiting` queued requests and the other's none,
@@ -185,11 +131,11 @@ async fn conversation_turns_stay_on_their_site() {
     let (_east, _west, gateway) = two_sites().await;
     for topic in ["billing", "travel"] {
         let mut conversation = Conversation::new(topic, 9 * 1024);
-        let first = conversation.turn(&gateway, "hello there").await;
+        let first = conversation.turn(&gateway.url(), "hello there").await;
         assert_eq!(first.status, StatusCode::OK);
         let home = first.engine_name();
         for question in ["and then?", "why so?", "tell me more", "thanks"] {
-            let answer = conversation.turn(&gateway, question).await;
+            let answer = conversation.turn(&gateway.url(), question).await;
             assert_eq!(answer.status, StatusCode::OK);
             assert_eq!(answer.engine_name(), home, "{topic}: {question}");
         }
@@ -202,7 +148,7 @@ async fn distinct_first_turns_spread_over_the_sites() {
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     for i in 0..8 {
         let mut conversation = Conversation::new(&format!("topic-{i}"), 9 * 1024);
-        let answer = conversation.turn(&gateway, "hello").await;
+        let answer = conversation.turn(&gateway.url(), "hello").await;
         *seen.entry(answer.engine_name()).or_default() += 1;
     }
     assert_eq!(seen.len(), 2, "{seen:?}");
@@ -227,10 +173,13 @@ async fn identical_short_prompts_spread_by_load() {
 async fn a_deeper_queue_overrides_a_short_match() {
     let (east, west, gateway) = two_sites().await;
     let mut conversation = Conversation::new("gate", 9 * 1024);
-    let home = conversation.turn(&gateway, "hello").await.engine_name();
+    let home = conversation
+        .turn(&gateway.url(), "hello")
+        .await
+        .engine_name();
     // 9 KiB saves about 0.1 of a queued request: 5 waiting outweighs it.
     queue_at(&gateway, (&east, &west), &home, 5).await;
-    let answer = conversation.turn(&gateway, "next").await;
+    let answer = conversation.turn(&gateway.url(), "next").await;
     assert_eq!(answer.engine_name(), other(&home));
 }
 
@@ -239,10 +188,16 @@ async fn a_long_match_keeps_its_site_one_queued_request_heavier() {
     let (east, west, gateway) = two_sites().await;
     // 110 KiB: about 1.4 queued requests of prefill saved.
     let mut conversation = Conversation::new("long", 110 * 1024);
-    let home = conversation.turn(&gateway, "hello").await.engine_name();
+    let home = conversation
+        .turn(&gateway.url(), "hello")
+        .await
+        .engine_name();
     let busy = queue_at(&gateway, (&east, &west), &home, 1).await;
     assert_eq!(
-        conversation.turn(&gateway, "next").await.engine_name(),
+        conversation
+            .turn(&gateway.url(), "next")
+            .await
+            .engine_name(),
         home
     );
     // Two queued requests are worth more than the match.
@@ -252,7 +207,10 @@ async fn a_long_match_keeps_its_site_one_queued_request_heavier() {
     })
     .await;
     assert_eq!(
-        conversation.turn(&gateway, "again").await.engine_name(),
+        conversation
+            .turn(&gateway.url(), "again")
+            .await
+            .engine_name(),
         other(&home)
     );
 }
@@ -261,14 +219,17 @@ async fn a_long_match_keeps_its_site_one_queued_request_heavier() {
 async fn an_unmeasured_site_gives_way_to_a_measured_one() {
     let (east, west, gateway) = two_sites().await;
     let mut conversation = Conversation::new("blind", 9 * 1024);
-    let home = conversation.turn(&gateway, "hello").await.engine_name();
+    let home = conversation
+        .turn(&gateway.url(), "hello")
+        .await
+        .engine_name();
     let blind = if home == "east-a" { &east } else { &west };
     blind.fail_metrics(true);
     eventually("the site's window empties", || async {
         queue_depth(&gateway, &home).is_infinite()
     })
     .await;
-    let answer = conversation.turn(&gateway, "next").await;
+    let answer = conversation.turn(&gateway.url(), "next").await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.engine_name(), other(&home));
     // Unmeasured is not unhealthy: the site still admits.
@@ -565,7 +526,7 @@ async fn counting_in_flight_a_burst_of_follow_ups_spills_past_the_sticky_site() 
         let (_east, _west, gateway) = two_slow_sites_read_once(count_in_flight).await;
         let mut conversation = Conversation::new("burst", 9 * 1024);
         let home = conversation
-            .turn(&gateway, "hello there")
+            .turn(&gateway.url(), "hello there")
             .await
             .engine_name();
         let follow_ups = (0..4)
@@ -715,12 +676,15 @@ async fn a_5xx_or_a_429_answer_drops_the_prompt_from_its_cluster() {
     ] {
         let mut conversation = Conversation::new(topic, 9 * 1024);
         let before = [entries(&gateway, "east-a"), entries(&gateway, "west-a")];
-        let home = conversation.turn(&gateway, "hello").await.engine_name();
+        let home = conversation
+            .turn(&gateway.url(), "hello")
+            .await
+            .engine_name();
         let held = entries(&gateway, &home);
         assert!(held > before[usize::from(home == "west-a")], "{topic}");
         let engine = if home == "east-a" { &east } else { &west };
         engine.fail_next(status, 1);
-        let failed = conversation.turn(&gateway, "next").await;
+        let failed = conversation.turn(&gateway.url(), "next").await;
         // Sticky to its site, which answers the failure; the client sees it as is.
         assert_eq!(failed.status, status, "{topic}");
         assert_eq!(failed.engine_name(), home);
@@ -752,14 +716,17 @@ async fn a_drained_site_takes_no_new_request() {
     // Find a conversation that lives on west.
     let mut conversation = loop {
         let mut candidate = Conversation::new(&format!("drain-{}", rand_topic()), 9 * 1024);
-        if candidate.turn(&gateway, "hello").await.engine_name() == "west-a" {
+        if candidate.turn(&gateway.url(), "hello").await.engine_name() == "west-a" {
             break candidate;
         }
     };
     gateway.reload(&parse(&sites(true))).unwrap();
     for question in ["next", "and next", "last"] {
         assert_eq!(
-            conversation.turn(&gateway, question).await.engine_name(),
+            conversation
+                .turn(&gateway.url(), question)
+                .await
+                .engine_name(),
             "east-a"
         );
     }
@@ -954,7 +921,12 @@ async fn reload_adds_and_removes_clusters() {
     let mut seen = BTreeSet::new();
     for i in 0..6 {
         let mut conversation = Conversation::new(&format!("grow-{i}"), 2048);
-        seen.insert(conversation.turn(&gateway, "hello").await.engine_name());
+        seen.insert(
+            conversation
+                .turn(&gateway.url(), "hello")
+                .await
+                .engine_name(),
+        );
     }
     assert_eq!(seen.len(), 2, "{seen:?}");
 
@@ -1366,7 +1338,7 @@ async fn the_engines_prompt_and_cached_tokens_are_counted_per_cluster() {
     let gateway = measured_gateway(&yaml).await;
     let mut conversation = Conversation::new("usage", 9 * 1024);
     assert_eq!(
-        conversation.turn(&gateway, "hello").await.status,
+        conversation.turn(&gateway.url(), "hello").await.status,
         StatusCode::OK
     );
     // A streamed follow-up reports its usage in the last chunk before [DONE].
@@ -1426,18 +1398,26 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_what_came_
     // An older conversation, then (a second later: the index keeps time to the second) a
     // newer one on the same engine.
     let mut older = Conversation::new("older", 12 * 1024);
-    let home = older.turn(&gateway, "hello").await.engine_name();
+    let home = older.turn(&gateway.url(), "hello").await.engine_name();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let mut newer = None;
     for attempt in 0..30 {
         let mut conversation = Conversation::new(&format!("newer {attempt}"), 12 * 1024);
-        if conversation.turn(&gateway, "hello").await.engine_name() == home {
+        if conversation
+            .turn(&gateway.url(), "hello")
+            .await
+            .engine_name()
+            == home
+        {
             newer = Some(conversation);
             break;
         }
     }
     let mut newer = newer.expect("a first turn by load lands on either engine");
-    assert_eq!(newer.turn(&gateway, "and then?").await.engine_name(), home);
+    assert_eq!(
+        newer.turn(&gateway.url(), "and then?").await.engine_name(),
+        home
+    );
     // A sticky turn the engine served from cache: predicted and delivered agree.
     eventually("the sticky turn counted", || async {
         counters(home.clone()).await.0 > 0
@@ -1457,7 +1437,7 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_what_came_
     .await;
     assert_eq!(reset.status, StatusCode::OK);
     let entries_before = entries(&gateway, &home);
-    let answer = newer.turn(&gateway, "still there?").await;
+    let answer = newer.turn(&gateway.url(), "still there?").await;
     assert_eq!(answer.engine_name(), home, "the index still predicted it");
     assert_eq!(
         answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
@@ -1480,7 +1460,7 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_what_came_
     assert_eq!(after_eviction.1, seen.1, "and nothing of it delivered");
 
     // The newer conversation stays sticky, and the engine holds it again.
-    let answer = newer.turn(&gateway, "once more").await;
+    let answer = newer.turn(&gateway.url(), "once more").await;
     assert_eq!(answer.engine_name(), home);
     assert!(
         answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -1496,7 +1476,7 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_what_came_
     // prediction, wherever it goes.
     let before_older = counters(home.clone()).await;
     assert_eq!(
-        older.turn(&gateway, "and you?").await.status,
+        older.turn(&gateway.url(), "and you?").await.status,
         StatusCode::OK
     );
     // Usage is counted when the gateway drops the answer's body, just after the client
@@ -1574,8 +1554,8 @@ async fn the_admin_port_serves_every_metric_with_help_text_and_health() {
     // scrapes (other tests only ever add to them).
     let before = get(format!("{}/metrics", gateway.admin_url())).await.text();
     let mut conversation = Conversation::new("metrics", 9 * 1024);
-    conversation.turn(&gateway, "hello").await;
-    conversation.turn(&gateway, "again").await;
+    conversation.turn(&gateway.url(), "hello").await;
+    conversation.turn(&gateway.url(), "again").await;
     let first = post(&gateway, "/v1/responses", responses_body("hello", None)).await;
     let id = first.json()["id"].as_str().unwrap().to_owned();
     let chained = post(&gateway, "/v1/responses", responses_body("more", Some(&id))).await;
