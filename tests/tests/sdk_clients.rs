@@ -19,16 +19,16 @@
 
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use grid_route_example::config::GatewayConfig;
 use grid_route_example::gateway::Gateway;
-use grid_route_mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_mock_engine::MockEngine;
+use grid_route_tests::{
+    ClusterYaml, MODEL, cluster, config_yaml, engine, measured_gateway, workspace_root,
+};
 
-const MODEL: &str = "demo-model";
 /// The sites, each served by one cluster `<site>-a` of one engine of the same name.
 const SITES: [&str; 2] = ["east", "west"];
 /// Longer than the SDK scenarios take by far (a few seconds), short enough to end a hang.
@@ -38,13 +38,6 @@ const PYTHON_TIMEOUT: Duration = Duration::from_secs(180);
 const SESSION_HEADER: &str = "x-session-affinity";
 const SETUP_COMMAND: &str =
     "tests/sdk/setup && cargo test -p grid-route-tests --features sdk --test sdk_clients";
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
 
 /// The interpreter with the SDKs installed; a failure naming the setup command otherwise.
 fn sdk_python() -> PathBuf {
@@ -61,53 +54,21 @@ fn sdk_python() -> PathBuf {
     python
 }
 
-async fn engine(name: &str) -> MockEngine {
-    let config = MockEngineConfig {
-        models: vec![MODEL.to_owned()],
-        prefill_tokens_per_second: 50_000_000,
-        decode_delay_per_token: Duration::ZERO,
-        ..MockEngineConfig::named(name)
-    };
-    MockEngine::start("127.0.0.1:0", config).await.unwrap()
-}
-
 /// Starts the gateway over `engines` (one per site, in [`SITES`] order) and waits until it
 /// has read every cluster's queue, so no scenario races the first poll.
-async fn gateway(engines: &[MockEngine], tag_key: &Path) -> Gateway {
-    let mut yaml = format!(
-        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n\
-         queue: {{ poll_interval_ms: 20, window_secs: 1 }}\n\
-         grid_site_route: {{ prefix_affinity: {{ tag_key_path: {}, exploration: 0.0, \
+async fn sdk_gateway(engines: &[MockEngine], tag_key: &Path) -> Gateway {
+    let sites: Vec<(&str, Vec<ClusterYaml>)> = SITES
+        .iter()
+        .zip(engines)
+        .map(|(site, engine)| (*site, vec![cluster(&format!("{site}-a"), &[engine])]))
+        .collect();
+    let extra = format!(
+        "grid_site_route: {{ prefix_affinity: {{ tag_key_path: {}, exploration: 0.0, \
          prefill_tokens_per_second: 10000, queued_request_seconds: 2, \
-         session_headers: [{SESSION_HEADER}] }} }}\nsites:\n",
+         session_headers: [{SESSION_HEADER}] }} }}\n",
         tag_key.display()
     );
-    for (site, engine) in SITES.iter().zip(engines) {
-        let _ = writeln!(
-            yaml,
-            "  - {{ name: {site}, clusters: [{{ name: {site}-a, models: [{MODEL}], \
-             endpoints: [{}] }}] }}",
-            engine.url()
-        );
-    }
-    let gateway = Gateway::start(GatewayConfig::from_yaml(&yaml).unwrap())
-        .await
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let view = gateway.grid().view();
-        let now = Instant::now();
-        if view
-            .clusters()
-            .iter()
-            .all(|c| c.load().queue_depth(now).is_finite())
-        {
-            break;
-        }
-        assert!(now < deadline, "the gateway never measured its clusters");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    gateway
+    measured_gateway(&config_yaml(&sites, &extra)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,7 +82,7 @@ async fn the_official_python_sdks_work_through_the_gateway() {
     for site in SITES {
         engines.push(engine(&format!("{site}-a")).await);
     }
-    let gateway = gateway(&engines, &tag_key).await;
+    let gateway = sdk_gateway(&engines, &tag_key).await;
     let engine_names: Vec<String> = SITES
         .iter()
         .map(|site| format!("{site}={site}-a"))

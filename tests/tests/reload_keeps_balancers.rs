@@ -15,12 +15,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use grid_route_example::config::GatewayConfig;
 use grid_route_example::gateway::Gateway;
-use grid_route_mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_mock_engine::MockEngine;
+use grid_route_tests::{HttpClient, client, engine_serving};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tokio::task::JoinHandle;
 
 const CHAT: &str = "POST /v1/chat/completions";
@@ -33,17 +31,7 @@ const AFTER_RELOAD: usize = 20;
 /// from a balancer that knows no pending request).
 const UNTIL_STALLED: usize = 64;
 
-async fn engine(name: &str, model: &str) -> MockEngine {
-    let config = MockEngineConfig {
-        models: vec![model.to_owned()],
-        prefill_tokens_per_second: 50_000_000,
-        decode_delay_per_token: Duration::ZERO,
-        ..MockEngineConfig::named(name)
-    };
-    MockEngine::start("127.0.0.1:0", config).await.unwrap()
-}
-
-fn config(east: &[&MockEngine], west: &MockEngine) -> GatewayConfig {
+fn two_cluster_config(east: &[&MockEngine], west: &MockEngine) -> GatewayConfig {
     let urls = |engines: &[&MockEngine]| {
         engines
             .iter()
@@ -63,11 +51,14 @@ fn config(east: &[&MockEngine], west: &MockEngine) -> GatewayConfig {
     .unwrap()
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
 /// Sends a streamed chat request for `model`; resolves to the answering engine's name
 /// once the whole answer is read.
-fn chat(client: &HttpClient, gateway: &Gateway, model: &str, n: usize) -> JoinHandle<String> {
+fn streamed_chat(
+    client: &HttpClient,
+    gateway: &Gateway,
+    model: &str,
+    n: usize,
+) -> JoinHandle<String> {
     let body = format!(
         r#"{{"model":"{model}","stream":true,"messages":[{{"role":"user","content":"request {n}"}}]}}"#
     );
@@ -101,9 +92,14 @@ enum Landed {
 }
 
 /// Sends request `n` and waits until it is answered or reaches `stalled`.
-async fn send(client: &HttpClient, gateway: &Gateway, stalled: &MockEngine, n: usize) -> Landed {
+async fn send_until_landed(
+    client: &HttpClient,
+    gateway: &Gateway,
+    stalled: &MockEngine,
+    n: usize,
+) -> Landed {
     let before = chats_reaching(stalled);
-    let mut request = chat(client, gateway, "demo-model", n);
+    let mut request = streamed_chat(client, gateway, "demo-model", n);
     let deadline = Instant::now() + WAIT;
     loop {
         tokio::select! {
@@ -126,7 +122,7 @@ async fn stall_one(
     first: usize,
 ) -> JoinHandle<String> {
     for n in first..first + UNTIL_STALLED {
-        match send(client, gateway, stalled, n).await {
+        match send_until_landed(client, gateway, stalled, n).await {
             Landed::Stalled(request) => return request,
             Landed::Answered(engine) => assert_eq!(engine, fast.name()),
         }
@@ -136,16 +132,16 @@ async fn stall_one(
 
 #[tokio::test]
 async fn a_reload_that_leaves_a_cluster_alone_keeps_its_balancer_and_rebuilds_the_changed_one() {
-    let stalled = engine("east-a-stalled", "demo-model").await;
+    let stalled = engine_serving("east-a-stalled", &["demo-model"]).await;
     stalled.stall(Duration::from_secs(3600), Duration::ZERO);
-    let fast = engine("east-a-fast", "demo-model").await;
-    let replacement = engine("east-a-replacement", "demo-model").await;
-    let west = engine("east-b-first", "other-model").await;
-    let west_moved = engine("east-b-second", "other-model").await;
-    let gateway = Gateway::start(config(&[&stalled, &fast], &west))
+    let fast = engine_serving("east-a-fast", &["demo-model"]).await;
+    let replacement = engine_serving("east-a-replacement", &["demo-model"]).await;
+    let west = engine_serving("east-b-first", &["other-model"]).await;
+    let west_moved = engine_serving("east-b-second", &["other-model"]).await;
+    let gateway = Gateway::start(two_cluster_config(&[&stalled, &fast], &west))
         .await
         .unwrap();
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let client = client();
     let east_a = |gateway: &Gateway| {
         let view = gateway.grid().view();
         view.clusters()
@@ -161,7 +157,7 @@ async fn a_reload_that_leaves_a_cluster_alone_keeps_its_balancer_and_rebuilds_th
 
     // A reload that changes only east-b (its engine moves).
     gateway
-        .reload(&config(&[&stalled, &fast], &west_moved))
+        .reload(&two_cluster_config(&[&stalled, &fast], &west_moved))
         .unwrap();
     assert_eq!(
         east_a(&gateway).load().in_flight(),
@@ -169,7 +165,7 @@ async fn a_reload_that_leaves_a_cluster_alone_keeps_its_balancer_and_rebuilds_th
         "the held request no longer counts in flight on east-a"
     );
     for n in 100..100 + AFTER_RELOAD {
-        match send(&client, &gateway, &stalled, n).await {
+        match send_until_landed(&client, &gateway, &stalled, n).await {
             Landed::Answered(engine) => assert_eq!(engine, fast.name()),
             Landed::Stalled(_) => panic!(
                 "request {n} went to the engine a request is pending on: the reload rebuilt \
@@ -178,14 +174,16 @@ async fn a_reload_that_leaves_a_cluster_alone_keeps_its_balancer_and_rebuilds_th
         }
     }
     // East-b's change applied.
-    let other = chat(&client, &gateway, "other-model", 200).await.unwrap();
+    let other = streamed_chat(&client, &gateway, "other-model", 200)
+        .await
+        .unwrap();
     assert_eq!(other, west_moved.name());
     assert_eq!(chats_reaching(&west), 0);
 
     // A reload that changes east-a's endpoints builds it a new balancer: it knows no
     // pending request, so requests reach the stalled engine again.
     gateway
-        .reload(&config(&[&stalled, &replacement], &west_moved))
+        .reload(&two_cluster_config(&[&stalled, &replacement], &west_moved))
         .unwrap();
     let held_again = stall_one(&client, &gateway, &stalled, &replacement, 300).await;
     assert_eq!(chats_reaching(&stalled), 2);
