@@ -4,15 +4,10 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use grid_route_tests::workspace_root;
 use serde_json::Value;
-
-/// The workspace root, where the README's commands run.
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 fn grid_route_example(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_grid-route-example"))

@@ -24,8 +24,8 @@ use grid_route_example::gateway::shared_index::{EVENT_FIELD, stream_key};
 use grid_route_layer::index::wire::WireEvent;
 use grid_route_mock_engine::MockEngine;
 use grid_route_tests::{
-    Conversation, MODEL, PROCESS_WAIT, engine, eventually_within, free_port, metric, other, send,
-    set_queue, site_of, try_send,
+    Conversation, MODEL, PROCESS_WAIT, engine, eventually_within, free_port, metric, other,
+    scratch_dir, send, set_queue, site_of, try_send,
 };
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -35,13 +35,6 @@ use tokio::process::{Child, Command};
 const SYSTEM_BYTES: usize = 110 * 1024;
 
 // ---- processes ----------------------------------------------------------------------
-
-fn scratch_dir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("grid-route-shared-index-{name}-"))
-        .tempdir()
-        .unwrap()
-}
 
 /// A `redis-server` of the test's own, without persistence, killed on drop.
 struct Redis {
@@ -216,7 +209,7 @@ struct Testbed {
 
 impl Testbed {
     async fn start(name: &str) -> Self {
-        let scratch = scratch_dir(name);
+        let scratch = scratch_dir(&format!("shared-index-{name}"));
         let dir = scratch.path().to_owned();
         let redis = Redis::start(&dir).await;
         let (east, west) = (engine("east-a").await, engine("west-a").await);

@@ -58,14 +58,14 @@ fn stack(limit: usize) -> (Stack, MockHandle) {
     (tower::util::BoxCloneService::new(layered), handle)
 }
 
-fn chat_body() -> Vec<u8> {
+fn long_chat_body() -> Vec<u8> {
     let text = "A long enough prompt to fill several blocks of the stream. ".repeat(40);
     serde_json::json!({"model":"demo","messages":[{"role":"user","content":text}],"stream":true})
         .to_string()
         .into_bytes()
 }
 
-fn post(path: &str, body: &[u8], chunk: usize) -> Request<Chunks> {
+fn chunked_post(path: &str, body: &[u8], chunk: usize) -> Request<Chunks> {
     Request::post(path)
         .header("content-type", "application/json")
         .body(Chunks::of(body, chunk))
@@ -88,10 +88,10 @@ async fn forwarded(limit: usize, request: Request<Chunks>) -> (http::Extensions,
 
 #[tokio::test]
 async fn the_body_is_forwarded_byte_for_byte_with_the_prompt_attached() {
-    let body = chat_body();
+    let body = long_chat_body();
     for chunk in [1, 7, 1000, body.len()] {
         let (extensions, bytes) =
-            forwarded(1 << 20, post("/v1/chat/completions", &body, chunk)).await;
+            forwarded(1 << 20, chunked_post("/v1/chat/completions", &body, chunk)).await;
         assert_eq!(bytes, body, "chunks of {chunk}");
         let prompt = extensions.get::<Prompt>().expect("prompt attached");
         assert_eq!(prompt.model(), Some("demo"));
@@ -109,7 +109,7 @@ async fn the_body_is_forwarded_byte_for_byte_with_the_prompt_attached() {
 
 #[tokio::test]
 async fn keys_do_not_depend_on_how_the_body_was_chunked() {
-    let body = chat_body();
+    let body = long_chat_body();
     let seed = KeySeed::random();
     let mut keys_by_chunking = Vec::new();
     for chunk in [1, 13, 4096] {
@@ -117,7 +117,8 @@ async fn keys_do_not_depend_on_how_the_body_was_chunked() {
             let (service, handle): (Mocked, MockHandle) = mock::pair();
             (KeyingLayer::new(seed.clone()).layer(service), handle)
         };
-        let call = tokio::spawn(service.oneshot(post("/v1/chat/completions", &body, chunk)));
+        let call =
+            tokio::spawn(service.oneshot(chunked_post("/v1/chat/completions", &body, chunk)));
         let (received, respond) = handle.next_request().await.unwrap();
         respond.send_response(Response::new(Full::new(Bytes::new())));
         call.await.unwrap().unwrap();
@@ -149,7 +150,8 @@ async fn every_api_path_is_keyed() {
         ),
     ];
     for (path, body) in bodies {
-        let (extensions, _) = forwarded(1 << 20, post(path, body.to_string().as_bytes(), 64)).await;
+        let (extensions, _) =
+            forwarded(1 << 20, chunked_post(path, body.to_string().as_bytes(), 64)).await;
         assert!(extensions.get::<Prompt>().unwrap().keys().is_ok(), "{path}");
     }
 }
@@ -164,7 +166,7 @@ async fn passes_through(limit: usize, request: Request<Chunks>, body: &[u8]) {
 
 #[tokio::test]
 async fn bodiless_methods_and_other_non_json_bodies_pass_through_unread() {
-    let body = chat_body();
+    let body = long_chat_body();
     let get = Request::get("/v1/responses/resp_1")
         .body(Chunks::of(b"", 1))
         .unwrap();
@@ -173,13 +175,13 @@ async fn bodiless_methods_and_other_non_json_bodies_pass_through_unread() {
         .body(Chunks::of(b"", 1))
         .unwrap();
     passes_through(1 << 20, delete, b"").await;
-    let mut form = post("/v1/audio/transcriptions", &body, 100);
+    let mut form = chunked_post("/v1/audio/transcriptions", &body, 100);
     form.headers_mut().insert(
         "content-type",
         "multipart/form-data; boundary=x".parse().unwrap(),
     );
     passes_through(1 << 20, form, &body).await;
-    let mut text = post("/v1/embeddings", &body, 100);
+    let mut text = chunked_post("/v1/embeddings", &body, 100);
     text.headers_mut()
         .insert("content-type", "text/plain".parse().unwrap());
     passes_through(1 << 20, text, &body).await;
@@ -213,8 +215,8 @@ async fn other_json_bodies_are_read_for_their_model_only() {
 
 #[tokio::test]
 async fn a_compressed_body_passes_through_unread_on_a_keyed_path() {
-    let body = chat_body();
-    let mut gzip = post("/v1/chat/completions", &body, 100);
+    let body = long_chat_body();
+    let mut gzip = chunked_post("/v1/chat/completions", &body, 100);
     gzip.headers_mut()
         .insert("content-encoding", "gzip".parse().unwrap());
     passes_through(1 << 20, gzip, &body).await;
@@ -222,9 +224,9 @@ async fn a_compressed_body_passes_through_unread_on_a_keyed_path() {
 
 #[tokio::test]
 async fn a_keyed_body_is_read_as_json_whatever_its_content_type() {
-    let body = chat_body();
+    let body = long_chat_body();
     for content_type in ["text/plain", "application/x-www-form-urlencoded"] {
-        let mut request = post("/v1/chat/completions", &body, 100);
+        let mut request = chunked_post("/v1/chat/completions", &body, 100);
         request
             .headers_mut()
             .insert("content-type", content_type.parse().unwrap());
@@ -263,13 +265,13 @@ async fn a_stored_state_body_over_the_limit_is_a_413_and_nothing_is_forwarded() 
         // Chunked, growing past the limit.
         answered(
             1000,
-            post(path, body.as_bytes(), 300),
+            chunked_post(path, body.as_bytes(), 300),
             413,
             "request_too_large",
         )
         .await;
         // Declared over the limit: refused before reading.
-        let mut declared = post(path, body.as_bytes(), 300);
+        let mut declared = chunked_post(path, body.as_bytes(), 300);
         declared
             .headers_mut()
             .insert("content-length", body.len().into());
@@ -281,7 +283,7 @@ async fn a_stored_state_body_over_the_limit_is_a_413_and_nothing_is_forwarded() 
 async fn a_stored_state_body_in_an_encoding_not_decoded_is_a_415() {
     let body = br#"{"model":"m","previous_response_id":"resp_east.1ef772aa..abc","input":"hi"}"#;
     for encoding in ["gzip", "compress"] {
-        let mut request = post("/v1/responses", body, 100);
+        let mut request = chunked_post("/v1/responses", body, 100);
         request
             .headers_mut()
             .insert("content-encoding", encoding.parse().unwrap());
@@ -291,14 +293,14 @@ async fn a_stored_state_body_in_an_encoding_not_decoded_is_a_415() {
 
 #[tokio::test]
 async fn a_keyed_body_over_the_limit_is_routed_by_the_model_in_its_first_bytes() {
-    let body = chat_body();
+    let body = long_chat_body();
     let model_first = format!(
         r#"{{"model":"early","messages":[{{"role":"user","content":{:?}}}]}}"#,
         "x".repeat(5000)
     );
     let (extensions, bytes) = forwarded(
         1000,
-        post("/v1/chat/completions", model_first.as_bytes(), 64),
+        chunked_post("/v1/chat/completions", model_first.as_bytes(), 64),
     )
     .await;
     assert_eq!(bytes, model_first.as_bytes());
@@ -309,15 +311,16 @@ async fn a_keyed_body_over_the_limit_is_routed_by_the_model_in_its_first_bytes()
         Some("early")
     );
     // The model past the first bytes: not known, and the body still arrives whole.
-    let (extensions, bytes) = forwarded(1000, post("/v1/chat/completions", &body, 64)).await;
+    let (extensions, bytes) =
+        forwarded(1000, chunked_post("/v1/chat/completions", &body, 64)).await;
     assert_eq!(bytes, body);
     assert!(extensions.get::<RequestModel>().is_none());
 }
 
 #[tokio::test]
 async fn a_body_declared_over_the_limit_streams_through_unread() {
-    let body = chat_body();
-    let mut request = post("/v1/chat/completions", &body, 100);
+    let body = long_chat_body();
+    let mut request = chunked_post("/v1/chat/completions", &body, 100);
     request
         .headers_mut()
         .insert("content-length", body.len().into());
@@ -326,17 +329,22 @@ async fn a_body_declared_over_the_limit_streams_through_unread() {
 
 #[tokio::test]
 async fn a_chunked_body_that_grows_over_the_limit_streams_through_whole() {
-    let body = chat_body();
+    let body = long_chat_body();
     // No Content-Length: the layer starts buffering, goes over, and forwards what it read
     // followed by the rest.
     for chunk in [1, 100, 999] {
-        passes_through(1000, post("/v1/chat/completions", &body, chunk), &body).await;
+        passes_through(
+            1000,
+            chunked_post("/v1/chat/completions", &body, chunk),
+            &body,
+        )
+        .await;
     }
 }
 
 #[tokio::test]
 async fn a_body_without_a_content_type_is_keyed() {
-    let body = chat_body();
+    let body = long_chat_body();
     let request = Request::post("/v1/chat/completions")
         .body(Chunks::of(&body, 50))
         .unwrap();
@@ -348,7 +356,8 @@ async fn a_body_without_a_content_type_is_keyed() {
 #[tokio::test]
 async fn unreadable_json_is_forwarded_unkeyed_not_refused() {
     let body = b"{\"model\":\"m\",\"messages\":[{\"role\":".to_vec();
-    let (extensions, bytes) = forwarded(1 << 20, post("/v1/chat/completions", &body, 5)).await;
+    let (extensions, bytes) =
+        forwarded(1 << 20, chunked_post("/v1/chat/completions", &body, 5)).await;
     assert_eq!(bytes, body);
     let prompt = extensions.get::<Prompt>().unwrap();
     assert!(matches!(prompt.keys(), Err(NoKeys::Unreadable { .. })));
@@ -372,7 +381,7 @@ async fn a_large_body_is_keyed_like_a_small_one() {
     let (service, handle): (Mocked, MockHandle) = mock::pair();
     let mut handle = handle;
     let service = KeyingLayer::new(seed).layer(service);
-    let call = tokio::spawn(service.oneshot(post("/v1/completions", &body, 64 * 1024)));
+    let call = tokio::spawn(service.oneshot(chunked_post("/v1/completions", &body, 64 * 1024)));
     let (received, respond) = handle.next_request().await.unwrap();
     respond.send_response(Response::new(Full::new(Bytes::new())));
     call.await.unwrap().unwrap();
@@ -388,7 +397,7 @@ async fn a_duplicated_routing_field_is_a_400_and_nothing_is_forwarded() {
     let body = br#"{"model":"a","messages":[],"model":"b"}"#;
     let (service, mut handle) = stack(1 << 20);
     let response = service
-        .oneshot(post("/v1/chat/completions", body, 3))
+        .oneshot(chunked_post("/v1/chat/completions", body, 3))
         .await
         .unwrap();
     assert_eq!(response.status(), 400);

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 static SEED: LazyLock<KeySeed> = LazyLock::new(KeySeed::random);
 
-fn keys(api: Api, body: &str) -> Vec<u64> {
+fn prop_keys(api: Api, body: &str) -> Vec<u64> {
     let prompt = key_body(&SEED, api, body.as_bytes()).expect("no duplicates");
     prompt.keys().expect("keys").as_slice().to_vec()
 }
@@ -62,7 +62,7 @@ proptest! {
     ) {
         let plain = format!(r#"{{"model":"m","messages":[{{"role":"user","content":{}}}]}}"#, literal(&text, &[]));
         let escaped = format!(r#"{{"model":"m","messages":[{{"role":"user","content":{}}}]}}"#, literal(&text, &escape));
-        prop_assert_eq!(keys(Api::ChatCompletions, &plain), keys(Api::ChatCompletions, &escaped));
+        prop_assert_eq!(prop_keys(Api::ChatCompletions, &plain), prop_keys(Api::ChatCompletions, &escaped));
     }
 
     #[test]
@@ -93,8 +93,8 @@ proptest! {
             format!("{{{}}}", picked.join(","))
         };
         prop_assert_eq!(
-            keys(Api::ChatCompletions, &body(&[0, 1, 2, 3, 4], &[0, 1, 2])),
-            keys(Api::ChatCompletions, &body(&top, &inner))
+            prop_keys(Api::ChatCompletions, &body(&[0, 1, 2, 3, 4], &[0, 1, 2])),
+            prop_keys(Api::ChatCompletions, &body(&top, &inner))
         );
     }
 }

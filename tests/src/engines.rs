@@ -10,6 +10,9 @@ use super::http::send;
 
 /// The model every test engine serves unless told otherwise.
 pub const MODEL: &str = "demo-model";
+/// The sites of a two-site test, each with one cluster `<site>-a` of one engine of that
+/// name.
+pub const SITES: [&str; 2] = ["east", "west"];
 
 /// A fast mock engine (prefill in microseconds, no decode delay) named `name` serving
 /// `models`.

@@ -175,3 +175,12 @@ pub fn workspace_root() -> PathBuf {
         .unwrap()
         .to_owned()
 }
+
+/// A fresh directory named after `name` (`grid-route-NAME-…`), removed when the guard
+/// drops.
+pub fn scratch_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("grid-route-{name}-"))
+        .tempdir()
+        .unwrap()
+}

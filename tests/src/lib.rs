@@ -28,15 +28,15 @@ mod prompts;
 mod wait;
 
 pub use engines::{
-    MODEL, chat, engine, engine_requests, engine_serving, other, set_queue, site_of,
+    MODEL, SITES, chat, engine, engine_requests, engine_serving, other, set_queue, site_of,
 };
 pub use gateways::{
     ClusterYaml, cluster, cluster_id, config_yaml, gateway, generation, measured_gateway, metric,
     metrics_text, parse, wait_generation, wait_measured,
 };
 pub use http::{
-    Answer, HttpClient, REQUEST_DEADLINE, client, free_port, send, send_with, try_send,
-    try_send_with, workspace_root,
+    Answer, HttpClient, REQUEST_DEADLINE, client, free_port, scratch_dir, send, send_with,
+    try_send, try_send_with, workspace_root,
 };
 pub use process::{PROCESS_WAIT, exit_within, signal};
 pub use prompts::{Conversation, text};

@@ -22,8 +22,8 @@ use grid_route_example::prometheus;
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use grid_route_tests::{
     Answer, ClusterYaml, Conversation, MODEL, chat, client, cluster, cluster_id, config_yaml,
-    engine, engine_serving, eventually, measured_gateway, other, parse, send, send_with, set_queue,
-    text, wait_measured,
+    engine, engine_serving, eventually, measured_gateway, other, parse, scratch_dir, send,
+    send_with, set_queue, text, wait_measured,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -1689,14 +1689,6 @@ async fn shutdown_lets_a_stream_in_flight_finish() {
 }
 
 // ---- pinning ------------------------------------------------------------------------
-
-/// A fresh directory for this test's files, removed when dropped.
-fn scratch_dir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("grid-route-{name}-"))
-        .tempdir()
-        .unwrap()
-}
 
 /// `resp_<site>.<digest>.<mac>.<id>`: the site and whether the mac is 16 hex digits.
 fn tag_of(id: &str) -> (String, bool) {

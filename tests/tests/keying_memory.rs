@@ -24,7 +24,7 @@ fn tools() -> String {
 }
 
 /// A chat body of about `bytes`, in the requested field orders.
-fn chat_body(bytes: usize, tools_first: bool, content_first: bool) -> Vec<u8> {
+fn conversation_body(bytes: usize, tools_first: bool, content_first: bool) -> Vec<u8> {
     let line = "Lines of a long conversation, with \\\"quotes\\\" and a newline.\\n ";
     let turn = line.repeat(64);
     let mut messages = Vec::new();
@@ -62,7 +62,7 @@ fn keying_uses_at_most_the_body_size_plus_64_kib_of_extra_heap() {
     for mib in [1, 8] {
         for tools_first in [true, false] {
             for content_first in [false, true] {
-                let body = chat_body(mib << 20, tools_first, content_first);
+                let body = conversation_body(mib << 20, tools_first, content_first);
                 let before = reset_peak();
                 let prompt = key_body(&seed, Api::ChatCompletions, &body).expect("no duplicates");
                 let extra = peak_bytes() - before;

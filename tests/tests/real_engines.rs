@@ -32,34 +32,22 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use grid_route_example::config::GatewayConfig;
 use grid_route_example::gateway::Gateway;
-use grid_route_mock_engine::sse::read_events;
-use http_body_util::{BodyExt, Full};
-use hyper::{Method, Request, StatusCode};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use grid_route_tests::{Answer, SITES, try_send, try_send_with, workspace_root};
+use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 
 /// The name the engines serve the model under (`--alias`) and the clusters list.
-const MODEL: &str = "smollm2";
-/// The sites of most tests, each one cluster `<site>-a` of one engine.
-const SITES: [&str; 2] = ["east", "west"];
+const LLAMA_MODEL: &str = "smollm2";
 /// Generous for loading a 100 MB model on a busy 2-core machine.
 const ENGINE_START: Duration = Duration::from_secs(120);
 /// Longest any one request may take: a ~1k-token prefill on one thread of a busy machine.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(180);
 /// Enough to tell text apart and short enough to keep each request within seconds.
 const MAX_TOKENS: u32 = 24;
-const SETUP_COMMAND: &str =
+const LLAMA_SETUP: &str =
     "tests/llama/setup && cargo test -p grid-route-tests --features llama --test real_engines";
 
 // ---- the engine and the model -------------------------------------------------------
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
 
 /// `tests/llama/setup`'s cache folder: the same rule as the script's.
 fn setup_cache() -> PathBuf {
@@ -83,7 +71,7 @@ fn setup_file(var: &str, default: &str) -> PathBuf {
     let path = std::env::var_os(var).map_or_else(|| setup_cache().join(default), PathBuf::from);
     assert!(
         path.is_file(),
-        "no {} at {}: run `{SETUP_COMMAND}` from the workspace root (or set {var})",
+        "no {} at {}: run `{LLAMA_SETUP}` from the workspace root (or set {var})",
         Path::new(default).file_name().unwrap().to_string_lossy(),
         path.display()
     );
@@ -124,7 +112,7 @@ impl Engine {
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .arg("--model")
             .arg(model)
-            .args(["--alias", MODEL, "--metrics"])
+            .args(["--alias", LLAMA_MODEL, "--metrics"])
             // One thread and one slot each: the engines of the issue's measurements, and
             // two of them fit on a 2-core machine beside the build.
             .args(["--threads", "1", "--threads-batch", "1", "--parallel", "1"])
@@ -161,7 +149,7 @@ impl Engine {
     async fn wait_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + ENGINE_START;
         loop {
-            if let Ok(answer) = try_send(Method::GET, &format!("{}/health", self.url), "").await
+            if let Some(answer) = try_send(Method::GET, &format!("{}/health", self.url), "").await
                 && answer.status == StatusCode::OK
             {
                 return Ok(());
@@ -190,7 +178,7 @@ impl Engine {
 
     /// A `llamacpp:<name>` value from the engine's `/metrics`.
     async fn metric(&self, name: &str) -> f64 {
-        let answer = send(Method::GET, &format!("{}/metrics", self.url), "").await;
+        let answer = send_slow(Method::GET, &format!("{}/metrics", self.url), "").await;
         let text = answer.text();
         let prefix = format!("llamacpp:{name} ");
         text.lines()
@@ -261,7 +249,7 @@ impl TwoSites {
         for (site, engine) in sites.iter().zip(&engines) {
             let _ = writeln!(
                 yaml,
-                "  - {{ name: {site}, clusters: [{{ name: {site}-a, models: [{MODEL}], \
+                "  - {{ name: {site}, clusters: [{{ name: {site}-a, models: [{LLAMA_MODEL}], \
                  endpoints: [{}] }}] }}",
                 engine.url
             );
@@ -292,7 +280,7 @@ impl TwoSites {
 
     async fn post(&self, path: &str, body: &Value) -> Answer {
         let url = format!("{}{path}", self.gateway.url());
-        let answer = send(Method::POST, &url, body.to_string()).await;
+        let answer = send_slow(Method::POST, &url, body.to_string()).await;
         assert_eq!(answer.status, StatusCode::OK, "{path}: {}", answer.text());
         answer
     }
@@ -321,85 +309,38 @@ impl TwoSites {
 
 // ---- the client ---------------------------------------------------------------------
 
-struct Answer {
-    status: StatusCode,
-    content_type: String,
-    body: Bytes,
-}
-
-impl Answer {
-    fn text(&self) -> String {
-        String::from_utf8(self.body.to_vec()).unwrap()
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
-    }
-
-    /// The `data:` payloads of a server-sent event stream, in order, each parsed as JSON
-    /// except the `[DONE]` sentinel, which is returned as a JSON string. A stream cut
-    /// mid-event loses that event, so its API's closing event is missing
-    /// ([`streamed_text`] checks it).
-    fn events(&self) -> Vec<Value> {
-        assert!(
-            self.content_type.starts_with("text/event-stream"),
-            "not an event stream: {} {}",
-            self.content_type,
-            self.text()
-        );
-        read_events(&self.body)
-            .unwrap_or_else(|e| panic!("not an event stream ({e}): {}", self.text()))
-            .into_iter()
-            .map(|event| {
-                let data = event
-                    .data
-                    .as_deref()
-                    .unwrap_or_else(|| panic!("an event without data: {event:?}"));
-                if data == "[DONE]" {
-                    Value::String("[DONE]".to_owned())
-                } else {
-                    serde_json::from_str(data)
-                        .unwrap_or_else(|e| panic!("event data is not JSON ({e}): {event:?}"))
-                }
-            })
-            .collect()
-    }
-}
-
-async fn try_send(
-    method: Method,
-    url: &str,
-    body: impl Into<Bytes>,
-) -> Result<Answer, Box<dyn std::error::Error + Send + Sync>> {
-    let client = Client::builder(TokioExecutor::new()).build_http();
-    let request = Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json")
-        .body(Full::new(body.into()))?;
-    let response = tokio::time::timeout(REQUEST_TIMEOUT, client.request(request)).await??;
-    let content_type = response
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let status = response.status();
-    let body = tokio::time::timeout(REQUEST_TIMEOUT, response.into_body().collect())
-        .await??
-        .to_bytes();
-    Ok(Answer {
-        status,
-        content_type,
-        body,
-    })
-}
-
-async fn send(method: Method, url: &str, body: impl Into<Bytes>) -> Answer {
-    try_send(method, url, body)
+/// Sends a JSON request and reads its whole answer, within [`REQUEST_TIMEOUT`] (a real
+/// engine's prefill on a busy machine takes longer than the harness's deadline).
+async fn send_slow(method: Method, url: &str, body: impl Into<Bytes>) -> Answer {
+    let json = [("content-type", "application/json")];
+    try_send_with(method.clone(), url, &json, body, REQUEST_TIMEOUT)
         .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"))
+        .unwrap_or_else(|| panic!("no whole answer to {method} {url} within {REQUEST_TIMEOUT:?}"))
+}
+
+/// The `data:` payloads of `answer`'s server-sent event stream, in order, each parsed as
+/// JSON except the `[DONE]` sentinel, which is returned as a JSON string. A stream cut
+/// mid-event loses that event, so its API's closing event is missing ([`streamed_text`]
+/// checks it).
+fn json_events(answer: &Answer) -> Vec<Value> {
+    assert!(
+        answer.content_type().starts_with("text/event-stream"),
+        "not an event stream: {} {}",
+        answer.content_type(),
+        answer.text()
+    );
+    answer
+        .event_data()
+        .into_iter()
+        .map(|data| {
+            if data == "[DONE]" {
+                Value::String("[DONE]".to_owned())
+            } else {
+                serde_json::from_str(&data)
+                    .unwrap_or_else(|e| panic!("event data is not JSON ({e}): {data:?}"))
+            }
+        })
+        .collect()
 }
 
 // ---- prompts ------------------------------------------------------------------------
@@ -421,7 +362,7 @@ fn system_prompt(topic: &str, bytes: usize) -> String {
 
 /// A request's sampling: greedy, so the same prompt gives the same text on either engine.
 fn greedy(mut body: Value) -> Value {
-    body["model"] = json!(MODEL);
+    body["model"] = json!(LLAMA_MODEL);
     body["temperature"] = json!(0.0);
     body["seed"] = json!(7);
     body
@@ -501,7 +442,7 @@ async fn assert_streams_through_whole(path: &str, body: Value) {
     let mut streaming = body.clone();
     streaming["stream"] = json!(true);
     let streamed = sites.post(path, &streaming).await;
-    let streamed_text = streamed_text(path, &streamed.events());
+    let streamed_text = streamed_text(path, &json_events(&streamed));
     assert_eq!(
         streamed_text, whole_text,
         "{path}: the stream carried other text"
@@ -547,7 +488,7 @@ async fn a_follow_up_turn_stays_on_its_site_and_the_engine_serves_it_from_cache(
     // The gateway read both answers' usage: its counters for the site hold both turns.
     let prompt_tokens = first_prompt_tokens + usage["prompt_tokens"].as_u64().unwrap();
     let labels = format!(r#"{{site="{first_site}",cluster="{first_site}-a"}}"#);
-    let scrape = send(
+    let scrape = send_slow(
         Method::GET,
         &format!("{}/metrics", sites.gateway.admin_url()),
         "",

@@ -16,14 +16,12 @@ use bytes::Bytes;
 use grid_route_example::config::GatewayConfig;
 use grid_route_example::gateway::Gateway;
 use grid_route_mock_engine::MockEngine;
-use grid_route_tests::{HttpClient, client, engine_serving};
+use grid_route_tests::{HttpClient, REQUEST_DEADLINE, client, engine_serving};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use tokio::task::JoinHandle;
 
 const CHAT: &str = "POST /v1/chat/completions";
-/// How long a request may take to reach an engine or be answered before the test fails.
-const WAIT: Duration = Duration::from_secs(20);
 /// Requests sent after a reload that must all avoid the stalled engine: a rebuilt
 /// balancer would pass all of them with probability 2^-20.
 const AFTER_RELOAD: usize = 20;
@@ -100,7 +98,7 @@ async fn send_until_landed(
 ) -> Landed {
     let before = chats_reaching(stalled);
     let mut request = streamed_chat(client, gateway, "demo-model", n);
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + REQUEST_DEADLINE;
     loop {
         tokio::select! {
             answered = &mut request => return Landed::Answered(answered.unwrap()),
@@ -193,5 +191,5 @@ async fn a_reload_that_leaves_a_cluster_alone_keeps_its_balancer_and_rebuilds_th
     held_again.abort();
     let _ = held.await;
     let _ = held_again.await;
-    gateway.shutdown_within(WAIT).await.unwrap();
+    gateway.shutdown_within(REQUEST_DEADLINE).await.unwrap();
 }

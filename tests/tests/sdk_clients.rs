@@ -26,17 +26,15 @@ use std::time::Duration;
 use grid_route_example::gateway::Gateway;
 use grid_route_mock_engine::MockEngine;
 use grid_route_tests::{
-    ClusterYaml, MODEL, cluster, config_yaml, engine, measured_gateway, workspace_root,
+    ClusterYaml, MODEL, SITES, cluster, config_yaml, engine, measured_gateway, workspace_root,
 };
 
-/// The sites, each served by one cluster `<site>-a` of one engine of the same name.
-const SITES: [&str; 2] = ["east", "west"];
 /// Longer than the SDK scenarios take by far (a few seconds), short enough to end a hang.
 const PYTHON_TIMEOUT: Duration = Duration::from_secs(180);
 /// The header the gateway reads a session id from: not the default, so the scenarios see
 /// that the configured one is read and the default is not.
 const SESSION_HEADER: &str = "x-session-affinity";
-const SETUP_COMMAND: &str =
+const SDK_SETUP: &str =
     "tests/sdk/setup && cargo test -p grid-route-tests --features sdk --test sdk_clients";
 
 /// The interpreter with the SDKs installed; a failure naming the setup command otherwise.
@@ -47,7 +45,7 @@ fn sdk_python() -> PathBuf {
     );
     assert!(
         python.is_file(),
-        "no Python for the SDK tests at {}: run `{SETUP_COMMAND}` from the workspace root \
+        "no Python for the SDK tests at {}: run `{SDK_SETUP}` from the workspace root \
          (or set GRID_ROUTE_SDK_PYTHON to a Python with tests/sdk/requirements.txt installed)",
         python.display()
     );
@@ -110,12 +108,7 @@ async fn the_official_python_sdks_work_through_the_gateway() {
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run {}: {e}; run `{SETUP_COMMAND}`",
-                python.display()
-            )
-        });
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}; run `{SDK_SETUP}`", python.display()));
     let output = tokio::time::timeout(PYTHON_TIMEOUT, child.wait_with_output())
         .await
         .unwrap_or_else(|_| panic!("{} ran over {PYTHON_TIMEOUT:?}", script.display()))

@@ -9,109 +9,68 @@ use bytes::Bytes;
 use futures_util::StreamExt as _;
 use grid_route_mock_engine::sse::{SseStream, read_events};
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_tests::{Answer, client, send};
 use http_body_util::{BodyExt, Full};
-use hyper::header::HeaderMap;
 use hyper::{Method, Request, StatusCode};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|error| {
-            panic!(
-                "not JSON ({error}): {:?}",
-                String::from_utf8_lossy(&self.body)
+/// The server-sent events of `answer`'s stream: (event name or "", data).
+fn named_events(answer: &Answer) -> Vec<(String, String)> {
+    read_events(&answer.body)
+        .unwrap()
+        .into_iter()
+        .map(|event| {
+            (
+                event.event.unwrap_or_default(),
+                event.data.unwrap_or_default(),
             )
         })
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8(self.body.to_vec()).unwrap()
-    }
-
-    /// The server-sent events of a stream: (event name or "", data).
-    fn events(&self) -> Vec<(String, String)> {
-        read_events(&self.body)
-            .unwrap()
-            .into_iter()
-            .map(|event| {
-                (
-                    event.event.unwrap_or_default(),
-                    event.data.unwrap_or_default(),
-                )
-            })
-            .collect()
-    }
-
-    fn event_data(&self) -> Vec<Value> {
-        self.events()
-            .into_iter()
-            .filter(|(_, data)| data != "[DONE]")
-            .map(|(_, data)| serde_json::from_str(&data).unwrap())
-            .collect()
-    }
+        .collect()
 }
 
-/// Sends a request; returns the answer and the time from sending to its first body frame.
+/// The JSON data of `answer`'s server-sent events, `[DONE]` left out.
+fn json_data(answer: &Answer) -> Vec<Value> {
+    answer
+        .event_data()
+        .into_iter()
+        .filter(|data| data != "[DONE]")
+        .map(|data| serde_json::from_str(&data).unwrap())
+        .collect()
+}
+
+/// Sends a request to `engine`; returns the answer and the time from sending to its first
+/// body frame.
 async fn timed(
     engine: &MockEngine,
     method: Method,
     path: &str,
     body: impl Into<Bytes>,
 ) -> (Answer, Duration) {
-    let request = Request::builder()
-        .method(method)
-        .uri(format!("{}{path}", engine.url()))
-        .header("content-type", "application/json")
-        .body(Full::new(body.into()))
-        .unwrap();
     let started = Instant::now();
-    let response = client().request(request).await.unwrap();
-    let (parts, mut body) = response.into_parts();
-    let mut bytes = Vec::new();
-    let mut first_frame = None;
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.unwrap().into_data() {
-            first_frame.get_or_insert_with(|| started.elapsed());
-            bytes.extend_from_slice(&data);
-        }
-    }
-    let answer = Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: bytes.into(),
-    };
-    (answer, first_frame.unwrap_or_else(|| started.elapsed()))
+    let answer = send(method, &format!("{}{path}", engine.url()), body).await;
+    let first = answer
+        .frame_times
+        .first()
+        .copied()
+        .unwrap_or_else(|| started.elapsed());
+    (answer, first)
 }
 
-async fn send(engine: &MockEngine, method: Method, path: &str, body: impl Into<Bytes>) -> Answer {
+/// Sends a request to `engine`'s `path`.
+async fn call(engine: &MockEngine, method: Method, path: &str, body: impl Into<Bytes>) -> Answer {
     timed(engine, method, path, body).await.0
 }
 
-async fn post(engine: &MockEngine, path: &str, body: &Value) -> Answer {
-    send(engine, Method::POST, path, body.to_string()).await
+async fn post_to(engine: &MockEngine, path: &str, body: &Value) -> Answer {
+    call(engine, Method::POST, path, body.to_string()).await
 }
 
-async fn get(engine: &MockEngine, path: &str) -> Answer {
-    send(engine, Method::GET, path, Bytes::new()).await
+async fn get_from(engine: &MockEngine, path: &str) -> Answer {
+    call(engine, Method::GET, path, Bytes::new()).await
 }
 
 async fn delete(engine: &MockEngine, path: &str) -> Answer {
-    send(engine, Method::DELETE, path, Bytes::new()).await
+    call(engine, Method::DELETE, path, Bytes::new()).await
 }
 
 async fn start(config: MockEngineConfig) -> MockEngine {
@@ -122,17 +81,17 @@ async fn start_named(name: &str) -> MockEngine {
     start(MockEngineConfig::named(name)).await
 }
 
-fn chat(text: &str) -> Value {
+fn chat_value(text: &str) -> Value {
     json!({"model": "demo-model", "messages": [{"role": "user", "content": text}]})
 }
 
 /// The reported waiting count of `demo-model` on `/metrics`.
 async fn reported_waiting(engine: &MockEngine) -> u64 {
-    metric(engine, "vllm:num_requests_waiting").await
+    engine_metric(engine, "vllm:num_requests_waiting").await
 }
 
-async fn metric(engine: &MockEngine, name: &str) -> u64 {
-    let text = get(engine, "/metrics").await.text();
+async fn engine_metric(engine: &MockEngine, name: &str) -> u64 {
+    let text = get_from(engine, "/metrics").await.text();
     let prefix = format!("{name}{{model_name=\"demo-model\"}} ");
     let line = text
         .lines()
@@ -144,7 +103,7 @@ async fn metric(engine: &MockEngine, name: &str) -> u64 {
 #[tokio::test]
 async fn a_chat_completion_is_in_openai_shape_and_names_the_engine() {
     let engine = start_named("east-a").await;
-    let answer = post(&engine, "/v1/chat/completions", &chat("hello there")).await;
+    let answer = post_to(&engine, "/v1/chat/completions", &chat_value("hello there")).await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.headers["x-mock-engine"], "east-a");
     let body = answer.json();
@@ -166,14 +125,14 @@ async fn a_chat_completion_is_in_openai_shape_and_names_the_engine() {
 #[tokio::test]
 async fn a_chat_stream_sends_deltas_then_usage_then_done() {
     let engine = start_named("east-a").await;
-    let mut body = chat("one two three");
+    let mut body = chat_value("one two three");
     body["stream"] = true.into();
     body["stream_options"] = json!({"include_usage": true});
-    let answer = post(&engine, "/v1/chat/completions", &body).await;
+    let answer = post_to(&engine, "/v1/chat/completions", &body).await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.headers["content-type"], "text/event-stream");
-    assert_eq!(answer.events().last().unwrap().1, "[DONE]");
-    let chunks = answer.event_data();
+    assert_eq!(named_events(&answer).last().unwrap().1, "[DONE]");
+    let chunks = json_data(&answer);
     assert!(
         chunks
             .iter()
@@ -195,12 +154,12 @@ async fn a_chat_stream_sends_deltas_then_usage_then_done() {
 #[tokio::test]
 async fn a_chat_stream_carries_usage_only_when_asked() {
     let engine = start_named("east-a").await;
-    let mut body = chat("one two");
+    let mut body = chat_value("one two");
     body["stream"] = true.into();
-    let answer = post(&engine, "/v1/chat/completions", &body).await;
+    let answer = post_to(&engine, "/v1/chat/completions", &body).await;
     assert_eq!(answer.status, StatusCode::OK);
-    assert_eq!(answer.events().last().unwrap().1, "[DONE]");
-    let chunks = answer.event_data();
+    assert_eq!(named_events(&answer).last().unwrap().1, "[DONE]");
+    let chunks = json_data(&answer);
     // An empty stream would carry no usage either: the reply must be there, usage not.
     let text: String = chunks
         .iter()
@@ -214,7 +173,7 @@ async fn a_chat_stream_carries_usage_only_when_asked() {
 async fn completions_answer_text_completions_streamed_or_not() {
     let engine = start_named("west-b").await;
     let body = json!({"model": "demo-model", "prompt": "say this", "max_tokens": 2});
-    let answer = post(&engine, "/v1/completions", &body).await.json();
+    let answer = post_to(&engine, "/v1/completions", &body).await.json();
     assert!(answer["id"].as_str().unwrap().starts_with("cmpl-"));
     assert_eq!(answer["object"], "text_completion");
     assert_eq!(answer["choices"][0]["text"], "[west-b] say");
@@ -223,14 +182,13 @@ async fn completions_answer_text_completions_streamed_or_not() {
 
     let mut body = body;
     body["stream"] = true.into();
-    let answer = post(&engine, "/v1/completions", &body).await;
-    let text: String = answer
-        .event_data()
+    let answer = post_to(&engine, "/v1/completions", &body).await;
+    let text: String = json_data(&answer)
         .iter()
         .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_owned))
         .collect();
     assert_eq!(text, "[west-b] say");
-    assert_eq!(answer.events().last().unwrap().1, "[DONE]");
+    assert_eq!(named_events(&answer).last().unwrap().1, "[DONE]");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,7 +201,7 @@ async fn a_repeated_prompt_is_cached_and_reaches_its_first_token_sooner() {
     })
     .await;
     let long = "token ".repeat(40 * 1024 / 6);
-    let mut body = chat(&long);
+    let mut body = chat_value(&long);
     body["stream"] = true.into();
     body["stream_options"] = json!({"include_usage": true});
     let body = body.to_string();
@@ -252,7 +210,7 @@ async fn a_repeated_prompt_is_cached_and_reaches_its_first_token_sooner() {
         timed(&engine, Method::POST, "/v1/chat/completions", body.clone()).await;
     let (second, second_ttft) = timed(&engine, Method::POST, "/v1/chat/completions", body).await;
 
-    let usage = |answer: &Answer| answer.event_data().last().unwrap()["usage"].clone();
+    let usage = |answer: &Answer| json_data(answer).last().unwrap()["usage"].clone();
     assert_eq!(usage(&first)["prompt_tokens_details"]["cached_tokens"], 0);
     let prompt_tokens = usage(&second)["prompt_tokens"].as_u64().unwrap();
     let cached = usage(&second)["prompt_tokens_details"]["cached_tokens"]
@@ -287,9 +245,9 @@ async fn zero_prefill_and_decode_rates_answer_at_once() {
         ..MockEngineConfig::named("east-a")
     })
     .await;
-    let body = chat(&"z".repeat(4 << 20)).to_string();
+    let body = chat_value(&"z".repeat(4 << 20)).to_string();
     let started = Instant::now();
-    let answer = send(&engine, Method::POST, "/v1/chat/completions", body).await;
+    let answer = call(&engine, Method::POST, "/v1/chat/completions", body).await;
     let elapsed = started.elapsed();
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
     assert!(
@@ -312,20 +270,20 @@ async fn models_and_cache_salts_do_not_share_cached_blocks() {
     let long = "x".repeat(4096);
     let cached =
         |answer: Answer| answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"].clone();
-    let mut body = chat(&long);
-    post(&engine, "/v1/chat/completions", &body).await;
+    let mut body = chat_value(&long);
+    post_to(&engine, "/v1/chat/completions", &body).await;
     body["model"] = "other-model".into();
     assert_eq!(
-        cached(post(&engine, "/v1/chat/completions", &body).await),
+        cached(post_to(&engine, "/v1/chat/completions", &body).await),
         0
     );
     body["cache_salt"] = "tenant-1".into();
     assert_eq!(
-        cached(post(&engine, "/v1/chat/completions", &body).await),
+        cached(post_to(&engine, "/v1/chat/completions", &body).await),
         0
     );
     assert!(
-        cached(post(&engine, "/v1/chat/completions", &body).await)
+        cached(post_to(&engine, "/v1/chat/completions", &body).await)
             .as_u64()
             .unwrap()
             > 0
@@ -344,7 +302,7 @@ async fn requests_beyond_max_running_wait_and_show_in_the_queue_metric() {
     let url = engine.url();
     let requests: Vec<_> = (0..3)
         .map(|i| {
-            let body = chat(&format!("{i} {}", "y".repeat(2000))).to_string();
+            let body = chat_value(&format!("{i} {}", "y".repeat(2000))).to_string();
             let url = url.clone();
             tokio::spawn(async move {
                 let request = Request::post(format!("{url}/v1/chat/completions"))
@@ -360,7 +318,7 @@ async fn requests_beyond_max_running_wait_and_show_in_the_queue_metric() {
     while Instant::now() < deadline {
         seen = (
             reported_waiting(&engine).await,
-            metric(&engine, "vllm:num_requests_running").await,
+            engine_metric(&engine, "vllm:num_requests_running").await,
         );
         if seen.0 == 2 {
             break;
@@ -372,7 +330,7 @@ async fn requests_beyond_max_running_wait_and_show_in_the_queue_metric() {
         assert_eq!(request.await.unwrap(), StatusCode::OK);
     }
     assert_eq!(reported_waiting(&engine).await, 0);
-    assert_eq!(metric(&engine, "vllm:num_requests_running").await, 0);
+    assert_eq!(engine_metric(&engine, "vllm:num_requests_running").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -399,15 +357,17 @@ async fn a_client_that_gives_up_stops_counting_as_waiting() {
             .await;
         })
     };
-    let holder = send_for(chat(&"h".repeat(2000)), Duration::from_secs(60));
+    let holder = send_for(chat_value(&"h".repeat(2000)), Duration::from_secs(60));
     let deadline = Instant::now() + Duration::from_secs(5);
-    while metric(&engine, "vllm:num_requests_running").await == 0 && Instant::now() < deadline {
+    while engine_metric(&engine, "vllm:num_requests_running").await == 0
+        && Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut streaming = chat("second");
+    let mut streaming = chat_value("second");
     streaming["stream"] = true.into();
     let quitters = [
-        send_for(chat("first"), Duration::from_millis(300)),
+        send_for(chat_value("first"), Duration::from_millis(300)),
         send_for(streaming, Duration::from_millis(300)),
     ];
     let mut waiting = Vec::new();
@@ -427,7 +387,7 @@ async fn a_client_that_gives_up_stops_counting_as_waiting() {
         Some(&0),
         "and stopped waiting when they left: {waiting:?}"
     );
-    assert_eq!(metric(&engine, "vllm:num_requests_running").await, 1);
+    assert_eq!(engine_metric(&engine, "vllm:num_requests_running").await, 1);
     for quitter in quitters {
         quitter.await.unwrap();
     }
@@ -443,7 +403,7 @@ async fn a_stream_flushes_each_event_and_a_client_that_leaves_frees_its_running_
         ..MockEngineConfig::named("east-a")
     })
     .await;
-    let mut body = chat("one two three four five six");
+    let mut body = chat_value("one two three four five six");
     body["stream"] = true.into();
     let request = Request::post(format!("{}/v1/chat/completions", engine.url()))
         .body(Full::new(Bytes::from(body.to_string())))
@@ -457,11 +417,11 @@ async fn a_stream_flushes_each_event_and_a_client_that_leaves_frees_its_running_
     // The role chunk arrives on its own, before the first token is decoded: the body is
     // not held back until the stream ends.
     assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
-    assert_eq!(metric(&engine, "vllm:num_requests_running").await, 1);
+    assert_eq!(engine_metric(&engine, "vllm:num_requests_running").await, 1);
 
     drop(events);
     let full_stream = sent + decode_delay * 7;
-    while metric(&engine, "vllm:num_requests_running").await != 0 {
+    while engine_metric(&engine, "vllm:num_requests_running").await != 0 {
         assert!(
             Instant::now() < full_stream,
             "the abandoned stream kept its running slot to the end"
@@ -473,7 +433,7 @@ async fn a_stream_flushes_each_event_and_a_client_that_leaves_frees_its_running_
 #[tokio::test]
 async fn the_queue_override_shows_in_the_metrics() {
     let engine = start_named("east-a").await;
-    let metrics = get(&engine, "/metrics").await;
+    let metrics = get_from(&engine, "/metrics").await;
     assert!(
         metrics
             .text()
@@ -482,44 +442,44 @@ async fn the_queue_override_shows_in_the_metrics() {
     assert!(metrics.text().contains("# HELP vllm:num_requests_waiting "));
     assert_eq!(reported_waiting(&engine).await, 0);
 
-    let answer = post(&engine, "/mock/queue", &json!({"waiting": 7})).await;
+    let answer = post_to(&engine, "/mock/queue", &json!({"waiting": 7})).await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(reported_waiting(&engine).await, 7);
-    post(
+    post_to(
         &engine,
         "/mock/queue",
         &json!({"waiting": 3, "exact": true}),
     )
     .await;
     assert_eq!(reported_waiting(&engine).await, 3);
-    post(&engine, "/mock/queue", &json!({"waiting": 0})).await;
+    post_to(&engine, "/mock/queue", &json!({"waiting": 0})).await;
     assert_eq!(reported_waiting(&engine).await, 0);
 
-    let refused = post(&engine, "/mock/queue", &json!({"waiting": -1})).await;
+    let refused = post_to(&engine, "/mock/queue", &json!({"waiting": -1})).await;
     assert_eq!(refused.status, StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test]
 async fn the_metrics_knob_makes_the_queue_unreadable_until_cleared() {
     let engine = start_named("east-a").await;
-    let knob = post(&engine, "/mock/metrics", &json!({"fail": true})).await;
+    let knob = post_to(&engine, "/mock/metrics", &json!({"fail": true})).await;
     assert_eq!(knob.status, StatusCode::OK);
-    let failed = get(&engine, "/metrics").await;
+    let failed = get_from(&engine, "/metrics").await;
     assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(!failed.text().contains("vllm:num_requests_waiting"));
     // Generation is not affected.
-    let answer = post(&engine, "/v1/chat/completions", &chat("hi")).await;
+    let answer = post_to(&engine, "/v1/chat/completions", &chat_value("hi")).await;
     assert_eq!(answer.status, StatusCode::OK);
-    post(&engine, "/mock/metrics", &json!({"fail": false})).await;
-    assert_eq!(get(&engine, "/metrics").await.status, StatusCode::OK);
+    post_to(&engine, "/mock/metrics", &json!({"fail": false})).await;
+    assert_eq!(get_from(&engine, "/metrics").await.status, StatusCode::OK);
     engine.fail_metrics(true);
     assert_eq!(
-        get(&engine, "/metrics").await.status,
+        get_from(&engine, "/metrics").await.status,
         StatusCode::SERVICE_UNAVAILABLE
     );
     engine.reset();
-    assert_eq!(get(&engine, "/metrics").await.status, StatusCode::OK);
-    let refused = post(&engine, "/mock/metrics", &json!({"fail": 1})).await;
+    assert_eq!(get_from(&engine, "/metrics").await.status, StatusCode::OK);
+    let refused = post_to(&engine, "/mock/metrics", &json!({"fail": 1})).await;
     assert_eq!(refused.status, StatusCode::BAD_REQUEST);
 }
 
@@ -528,14 +488,14 @@ async fn the_fail_knob_fails_the_next_requests_then_recovers() {
     let engine = start_named("east-a").await;
     let knob = json!({"status": 503, "count": 2, "retry_after": 1});
     assert_eq!(
-        post(&engine, "/mock/fail", &knob).await.status,
+        post_to(&engine, "/mock/fail", &knob).await.status,
         StatusCode::OK
     );
 
     // Endpoints that do not generate are not affected.
-    assert_eq!(get(&engine, "/v1/models").await.status, StatusCode::OK);
+    assert_eq!(get_from(&engine, "/v1/models").await.status, StatusCode::OK);
     for _ in 0..2 {
-        let failed = post(&engine, "/v1/chat/completions", &chat("hi")).await;
+        let failed = post_to(&engine, "/v1/chat/completions", &chat_value("hi")).await;
         assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(failed.headers["retry-after"], "1");
         assert_eq!(failed.headers["x-mock-engine"], "east-a");
@@ -543,23 +503,23 @@ async fn the_fail_knob_fails_the_next_requests_then_recovers() {
         assert_eq!(error["type"], "server_error");
         assert!(error["message"].as_str().unwrap().contains("injected"));
     }
-    let recovered = post(&engine, "/v1/chat/completions", &chat("hi")).await;
+    let recovered = post_to(&engine, "/v1/chat/completions", &chat_value("hi")).await;
     assert_eq!(recovered.status, StatusCode::OK);
     assert_eq!(engine.stats().injected_failures, 2);
 
-    post(&engine, "/mock/fail", &json!({"status": 429})).await;
+    post_to(&engine, "/mock/fail", &json!({"status": 429})).await;
     let body = json!({"model": "demo-model", "max_tokens": 5,
                       "messages": [{"role": "user", "content": "hi"}]});
-    let failed = post(&engine, "/v1/messages", &body).await;
+    let failed = post_to(&engine, "/v1/messages", &body).await;
     assert_eq!(failed.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(failed.json()["type"], "error");
     assert_eq!(failed.json()["error"]["type"], "rate_limit_error");
     assert_eq!(
-        post(&engine, "/v1/messages", &body).await.status,
+        post_to(&engine, "/v1/messages", &body).await.status,
         StatusCode::OK
     );
 
-    let refused = post(&engine, "/mock/fail", &json!({"status": 200})).await;
+    let refused = post_to(&engine, "/mock/fail", &json!({"status": 200})).await;
     assert_eq!(refused.status, StatusCode::BAD_REQUEST);
 }
 
@@ -589,7 +549,7 @@ async fn bad_requests_are_400s_with_error_bodies_never_panics() {
         ("/v1/conversations", r#"{"items": 3}"#),
         ("/mock/fail", "{}"),
     ] {
-        let answer = send(&engine, Method::POST, path, body).await;
+        let answer = call(&engine, Method::POST, path, body).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path} {body}");
         assert_eq!(
             answer.json()["error"]["type"],
@@ -597,12 +557,12 @@ async fn bad_requests_are_400s_with_error_bodies_never_panics() {
             "{path} {body}"
         );
     }
-    let answer = send(&engine, Method::POST, "/v1/messages", "{oops").await;
+    let answer = call(&engine, Method::POST, "/v1/messages", "{oops").await;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST);
     assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
     assert_eq!(answer.json()["type"], "error");
 
-    let answer = get(&engine, "/no/such/path").await;
+    let answer = get_from(&engine, "/no/such/path").await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);
     assert!(answer.json()["error"]["message"].is_string());
 }
@@ -614,7 +574,7 @@ async fn models_lists_the_served_models_and_others_are_404() {
         ..MockEngineConfig::named("east-a")
     })
     .await;
-    let models = get(&engine, "/v1/models").await.json();
+    let models = get_from(&engine, "/v1/models").await.json();
     let ids: Vec<&str> = models["data"]
         .as_array()
         .unwrap()
@@ -623,13 +583,13 @@ async fn models_lists_the_served_models_and_others_are_404() {
         .collect();
     assert_eq!(ids, ["a", "b"]);
 
-    let mut body = chat("hi");
+    let mut body = chat_value("hi");
     body["model"] = "c".into();
-    let answer = post(&engine, "/v1/chat/completions", &body).await;
+    let answer = post_to(&engine, "/v1/chat/completions", &body).await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);
     assert_eq!(answer.json()["error"]["code"], "model_not_found");
     body.as_object_mut().unwrap().remove("model");
-    let answer = post(&engine, "/v1/chat/completions", &body).await;
+    let answer = post_to(&engine, "/v1/chat/completions", &body).await;
     assert_eq!(
         answer.json()["model"],
         "a",
@@ -643,13 +603,13 @@ async fn anthropic_messages_answer_with_cache_reads_and_stream_the_event_sequenc
     let long = "z ".repeat(1024);
     let body = json!({"model": "demo-model", "max_tokens": 64, "system": "be brief",
                       "messages": [{"role": "user", "content": [{"type": "text", "text": long}]}]});
-    let first = post(&engine, "/v1/messages", &body).await.json();
+    let first = post_to(&engine, "/v1/messages", &body).await.json();
     assert!(first["id"].as_str().unwrap().starts_with("msg_"));
     assert_eq!(first["type"], "message");
     assert_eq!(first["content"][0]["type"], "text");
     assert_eq!(first["stop_reason"], "end_turn");
     assert_eq!(first["usage"]["cache_read_input_tokens"], 0);
-    let again = post(&engine, "/v1/messages", &body).await.json();
+    let again = post_to(&engine, "/v1/messages", &body).await.json();
     let cache_read = again["usage"]["cache_read_input_tokens"].as_u64().unwrap();
     assert!(cache_read > 0);
     assert_eq!(
@@ -660,13 +620,16 @@ async fn anthropic_messages_answer_with_cache_reads_and_stream_the_event_sequenc
 
     let mut body = body;
     body["stream"] = true.into();
-    let answer = post(&engine, "/v1/messages", &body).await;
-    let names: Vec<String> = answer.events().into_iter().map(|(name, _)| name).collect();
+    let answer = post_to(&engine, "/v1/messages", &body).await;
+    let names: Vec<String> = named_events(&answer)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
     let mut expected = vec!["message_start", "content_block_start", "ping"];
     expected.extend(["content_block_delta"; 7]);
     expected.extend(["content_block_stop", "message_delta", "message_stop"]);
     assert_eq!(names, expected);
-    let data = answer.event_data();
+    let data = json_data(&answer);
     for (name, event) in names.iter().zip(&data) {
         assert_eq!(&event["type"], name.as_str());
     }
@@ -682,7 +645,7 @@ async fn anthropic_messages_answer_with_cache_reads_and_stream_the_event_sequenc
 #[tokio::test]
 async fn responses_are_stored_retrievable_and_deletable() {
     let engine = start_named("east-a").await;
-    let created = post(
+    let created = post_to(
         &engine,
         "/v1/responses",
         &json!({"model": "demo-model", "input": "hello"}),
@@ -710,10 +673,12 @@ async fn responses_are_stored_retrievable_and_deletable() {
     assert!(created.get("conversation").is_none());
 
     assert_eq!(
-        get(&engine, &format!("/v1/responses/{id}")).await.json(),
+        get_from(&engine, &format!("/v1/responses/{id}"))
+            .await
+            .json(),
         created
     );
-    let items = get(&engine, &format!("/v1/responses/{id}/input_items"))
+    let items = get_from(&engine, &format!("/v1/responses/{id}/input_items"))
         .await
         .json();
     assert_eq!(items["object"], "list");
@@ -727,7 +692,7 @@ async fn responses_are_stored_retrievable_and_deletable() {
         format!("/v1/responses/{id}"),
         format!("/v1/responses/{id}/input_items"),
     ] {
-        let answer = get(&engine, &path).await;
+        let answer = get_from(&engine, &path).await;
         assert_eq!(answer.status, StatusCode::NOT_FOUND);
         assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
     }
@@ -740,14 +705,14 @@ async fn responses_are_stored_retrievable_and_deletable() {
 #[tokio::test]
 async fn a_response_with_store_false_is_not_kept() {
     let engine = start_named("east-a").await;
-    let created = post(
+    let created = post_to(
         &engine,
         "/v1/responses",
         &json!({"input": "hello", "store": false}),
     )
     .await
     .json();
-    let answer = get(
+    let answer = get_from(
         &engine,
         &format!("/v1/responses/{}", created["id"].as_str().unwrap()),
     )
@@ -759,11 +724,11 @@ async fn a_response_with_store_false_is_not_kept() {
 async fn previous_response_id_chains_turns_and_reuses_their_cached_prefix() {
     let engine = start_named("east-a").await;
     let long = "a long shared context ".repeat(100);
-    let first = post(&engine, "/v1/responses", &json!({"input": long}))
+    let first = post_to(&engine, "/v1/responses", &json!({"input": long}))
         .await
         .json();
     let first_id = first["id"].as_str().unwrap();
-    let second = post(
+    let second = post_to(
         &engine,
         "/v1/responses",
         &json!({"input": "and then?", "previous_response_id": first_id}),
@@ -782,7 +747,7 @@ async fn previous_response_id_chains_turns_and_reuses_their_cached_prefix() {
             .unwrap()
             > 0
     );
-    let items = get(
+    let items = get_from(
         &engine,
         &format!(
             "/v1/responses/{}/input_items",
@@ -801,7 +766,7 @@ async fn previous_response_id_chains_turns_and_reuses_their_cached_prefix() {
 #[tokio::test]
 async fn an_unknown_previous_response_id_is_a_404_with_its_code() {
     let engine = start_named("east-a").await;
-    let answer = post(
+    let answer = post_to(
         &engine,
         "/v1/responses",
         &json!({"input": "hi", "previous_response_id": "resp_0123abcd"}),
@@ -818,13 +783,16 @@ async fn an_unknown_previous_response_id_is_a_404_with_its_code() {
 #[tokio::test]
 async fn responses_stream_their_events_in_order_with_sequence_numbers() {
     let engine = start_named("east-a").await;
-    let answer = post(
+    let answer = post_to(
         &engine,
         "/v1/responses",
         &json!({"input": "one two", "stream": true}),
     )
     .await;
-    let names: Vec<String> = answer.events().into_iter().map(|(name, _)| name).collect();
+    let names: Vec<String> = named_events(&answer)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
     let mut expected = vec![
         "response.created",
         "response.in_progress",
@@ -839,7 +807,7 @@ async fn responses_stream_their_events_in_order_with_sequence_numbers() {
         "response.completed",
     ]);
     assert_eq!(names, expected);
-    let data = answer.event_data();
+    let data = json_data(&answer);
     for (n, (name, event)) in names.iter().zip(&data).enumerate() {
         assert_eq!(&event["type"], name.as_str());
         assert_eq!(event["sequence_number"], n);
@@ -847,7 +815,7 @@ async fn responses_stream_their_events_in_order_with_sequence_numbers() {
     let completed = &data.last().unwrap()["response"];
     assert_eq!(completed["status"], "completed");
     assert_eq!(data[0]["response"]["id"], completed["id"]);
-    let stored = get(
+    let stored = get_from(
         &engine,
         &format!("/v1/responses/{}", completed["id"].as_str().unwrap()),
     )
@@ -858,7 +826,7 @@ async fn responses_stream_their_events_in_order_with_sequence_numbers() {
 #[tokio::test]
 async fn conversations_hold_items_and_responses_append_their_turns() {
     let engine = start_named("east-a").await;
-    let created = post(
+    let created = post_to(
         &engine,
         "/v1/conversations",
         &json!({"items": [{"type": "message", "role": "user", "content": "first"}],
@@ -871,13 +839,13 @@ async fn conversations_hold_items_and_responses_append_their_turns() {
     assert_eq!(created["object"], "conversation");
     assert_eq!(created["metadata"]["topic"], "demo");
     assert_eq!(
-        get(&engine, &format!("/v1/conversations/{id}"))
+        get_from(&engine, &format!("/v1/conversations/{id}"))
             .await
             .json(),
         created
     );
 
-    let added = post(
+    let added = post_to(
         &engine,
         &format!("/v1/conversations/{id}/items"),
         &json!({"items": [{"role": "assistant", "content": "second"}]}),
@@ -885,12 +853,12 @@ async fn conversations_hold_items_and_responses_append_their_turns() {
     .await
     .json();
     let added_id = added["data"][0]["id"].as_str().unwrap().to_owned();
-    let item = get(&engine, &format!("/v1/conversations/{id}/items/{added_id}"))
+    let item = get_from(&engine, &format!("/v1/conversations/{id}/items/{added_id}"))
         .await
         .json();
     assert_eq!(item["content"][0]["text"], "second");
 
-    let response = post(
+    let response = post_to(
         &engine,
         "/v1/responses",
         &json!({"input": "third", "conversation": id}),
@@ -898,7 +866,7 @@ async fn conversations_hold_items_and_responses_append_their_turns() {
     .await
     .json();
     assert_eq!(response["conversation"], json!({"id": id}));
-    let items = get(&engine, &format!("/v1/conversations/{id}/items?order=asc"))
+    let items = get_from(&engine, &format!("/v1/conversations/{id}/items?order=asc"))
         .await
         .json();
     let texts: Vec<&str> = items["data"]
@@ -917,7 +885,7 @@ async fn conversations_hold_items_and_responses_append_their_turns() {
             .all(|item| item["status"] == "completed"),
         "{items}"
     );
-    let newest = get(&engine, &format!("/v1/conversations/{id}/items?limit=1"))
+    let newest = get_from(&engine, &format!("/v1/conversations/{id}/items?limit=1"))
         .await
         .json();
     assert_eq!(newest["data"][0]["content"][0]["text"], "[east-a] third");
@@ -925,7 +893,7 @@ async fn conversations_hold_items_and_responses_append_their_turns() {
 
     let after_delete = delete(&engine, &format!("/v1/conversations/{id}/items/{added_id}")).await;
     assert_eq!(after_delete.json()["id"], id.as_str());
-    let gone = get(&engine, &format!("/v1/conversations/{id}/items/{added_id}")).await;
+    let gone = get_from(&engine, &format!("/v1/conversations/{id}/items/{added_id}")).await;
     assert_eq!(gone.status, StatusCode::NOT_FOUND);
 
     let deleted = delete(&engine, &format!("/v1/conversations/{id}"))
@@ -933,7 +901,7 @@ async fn conversations_hold_items_and_responses_append_their_turns() {
         .json();
     assert_eq!(deleted["deleted"], true);
     assert_eq!(
-        get(&engine, &format!("/v1/conversations/{id}"))
+        get_from(&engine, &format!("/v1/conversations/{id}"))
             .await
             .status,
         StatusCode::NOT_FOUND
@@ -944,17 +912,17 @@ async fn conversations_hold_items_and_responses_append_their_turns() {
 async fn unknown_conversations_are_404s() {
     let engine = start_named("east-a").await;
     for answer in [
-        get(&engine, "/v1/conversations/conv_nope").await,
-        get(&engine, "/v1/conversations/conv_nope/items").await,
-        get(&engine, "/v1/conversations/conv_nope/items/msg_x").await,
+        get_from(&engine, "/v1/conversations/conv_nope").await,
+        get_from(&engine, "/v1/conversations/conv_nope/items").await,
+        get_from(&engine, "/v1/conversations/conv_nope/items/msg_x").await,
         delete(&engine, "/v1/conversations/conv_nope").await,
-        post(
+        post_to(
             &engine,
             "/v1/conversations/conv_nope/items",
             &json!({"items": []}),
         )
         .await,
-        post(
+        post_to(
             &engine,
             "/v1/responses",
             &json!({"input": "hi", "conversation": {"id": "conv_nope"}}),
@@ -978,7 +946,7 @@ async fn a_background_response_can_be_cancelled_and_a_synchronous_one_cannot() {
         ..MockEngineConfig::named("east-a")
     })
     .await;
-    let queued = post(
+    let queued = post_to(
         &engine,
         "/v1/responses",
         &json!({"input": "a prompt that takes seconds to prefill", "background": true}),
@@ -987,19 +955,21 @@ async fn a_background_response_can_be_cancelled_and_a_synchronous_one_cannot() {
     .json();
     assert_eq!(queued["status"], "queued");
     let id = queued["id"].as_str().unwrap();
-    let cancelled = post(&engine, &format!("/v1/responses/{id}/cancel"), &json!({})).await;
+    let cancelled = post_to(&engine, &format!("/v1/responses/{id}/cancel"), &json!({})).await;
     assert_eq!(cancelled.status, StatusCode::OK);
     assert_eq!(cancelled.json()["status"], "cancelled");
     assert_eq!(
-        get(&engine, &format!("/v1/responses/{id}")).await.json()["status"],
+        get_from(&engine, &format!("/v1/responses/{id}"))
+            .await
+            .json()["status"],
         "cancelled"
     );
 
     let quick = start_named("east-b").await;
-    let done = post(&quick, "/v1/responses", &json!({"input": "hi"}))
+    let done = post_to(&quick, "/v1/responses", &json!({"input": "hi"}))
         .await
         .json();
-    let refused = post(
+    let refused = post_to(
         &quick,
         &format!("/v1/responses/{}/cancel", done["id"].as_str().unwrap()),
         &json!({}),
@@ -1012,28 +982,28 @@ async fn a_background_response_can_be_cancelled_and_a_synchronous_one_cannot() {
 async fn last_body_returns_the_exact_bytes_received() {
     let engine = start_named("east-a").await;
     assert_eq!(
-        get(&engine, "/mock/last_body").await.status,
+        get_from(&engine, "/mock/last_body").await.status,
         StatusCode::NOT_FOUND
     );
     let first = r#"{"model":"demo-model","prompt":"x"}"#;
     let second =
         "{ \"messages\" : [ {\"content\":\"caf\\u00e9 \\/ \u{1F600}\", \"role\":\"user\"} ] }\n";
-    send(&engine, Method::POST, "/v1/completions", first).await;
+    call(&engine, Method::POST, "/v1/completions", first).await;
     assert_eq!(
-        send(&engine, Method::POST, "/v1/chat/completions", second)
+        call(&engine, Method::POST, "/v1/chat/completions", second)
             .await
             .status,
         StatusCode::OK
     );
 
-    let last = get(&engine, "/mock/last_body").await;
+    let last = get_from(&engine, "/mock/last_body").await;
     assert_eq!(last.body, second.as_bytes());
     assert_eq!(last.headers["x-mock-path"], "/v1/chat/completions");
-    let before = get(&engine, "/mock/last_body?back=1").await;
+    let before = get_from(&engine, "/mock/last_body?back=1").await;
     assert_eq!(before.body, first.as_bytes());
     assert_eq!(before.headers["x-mock-path"], "/v1/completions");
 
-    let stats = get(&engine, "/mock/stats").await.json();
+    let stats = get_from(&engine, "/mock/stats").await.json();
     assert_eq!(stats["last_body"]["len"], second.len());
     assert_eq!(stats["requests"]["POST /v1/chat/completions"], 1);
     assert_eq!(stats["requests"]["POST /v1/completions"], 1);
@@ -1042,21 +1012,21 @@ async fn last_body_returns_the_exact_bytes_received() {
 #[tokio::test]
 async fn reset_forgets_the_cache_the_stores_and_the_counters() {
     let engine = start_named("east-a").await;
-    let body = chat(&"r".repeat(2048));
-    post(&engine, "/v1/chat/completions", &body).await;
-    let response = post(&engine, "/v1/responses", &json!({"input": "hi"}))
+    let body = chat_value(&"r".repeat(2048));
+    post_to(&engine, "/v1/chat/completions", &body).await;
+    let response = post_to(&engine, "/v1/responses", &json!({"input": "hi"}))
         .await
         .json();
-    post(&engine, "/mock/queue", &json!({"waiting": 5})).await;
+    post_to(&engine, "/mock/queue", &json!({"waiting": 5})).await;
 
     assert_eq!(
-        post(&engine, "/mock/reset", &json!({})).await.status,
+        post_to(&engine, "/mock/reset", &json!({})).await.status,
         StatusCode::OK
     );
     assert_eq!(reported_waiting(&engine).await, 0);
     let path = format!("/v1/responses/{}", response["id"].as_str().unwrap());
-    assert_eq!(get(&engine, &path).await.status, StatusCode::NOT_FOUND);
-    let again = post(&engine, "/v1/chat/completions", &body).await.json();
+    assert_eq!(get_from(&engine, &path).await.status, StatusCode::NOT_FOUND);
+    let again = post_to(&engine, "/v1/chat/completions", &body).await.json();
     assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(engine.stats().requests.get("POST /v1/responses"), None);
 }
@@ -1076,18 +1046,18 @@ async fn the_stall_knob_delays_heads_and_tokens_until_cleared() {
         ..MockEngineConfig::named("east-a")
     })
     .await;
-    let knob = post(&engine, "/mock/stall", &json!({"head_ms": 400})).await;
+    let knob = post_to(&engine, "/mock/stall", &json!({"head_ms": 400})).await;
     assert_eq!(knob.status, StatusCode::OK);
     let started = Instant::now();
-    let answer = post(&engine, "/v1/chat/completions", &chat("slow head")).await;
+    let answer = post_to(&engine, "/v1/chat/completions", &chat_value("slow head")).await;
     assert_eq!(answer.status, StatusCode::OK);
     assert!(started.elapsed() >= Duration::from_millis(400));
     // Only generation stalls.
     let started = Instant::now();
-    assert_eq!(get(&engine, "/v1/models").await.status, StatusCode::OK);
+    assert_eq!(get_from(&engine, "/v1/models").await.status, StatusCode::OK);
     assert!(started.elapsed() < Duration::from_millis(400));
 
-    post(&engine, "/mock/stall", &json!({"token_ms": 100})).await;
+    post_to(&engine, "/mock/stall", &json!({"token_ms": 100})).await;
     let streamed = json!({"model": "demo-model", "stream": true,
                           "messages": [{"role": "user", "content": "a b c"}]});
     let started = Instant::now();
@@ -1104,10 +1074,10 @@ async fn the_stall_knob_delays_heads_and_tokens_until_cleared() {
     assert!(first_frame < Duration::from_millis(100), "{first_frame:?}");
     assert!(whole >= Duration::from_millis(400), "{whole:?}");
 
-    post(&engine, "/mock/stall", &json!({})).await;
+    post_to(&engine, "/mock/stall", &json!({})).await;
     let started = Instant::now();
-    post(&engine, "/v1/chat/completions", &chat("fast again")).await;
+    post_to(&engine, "/v1/chat/completions", &chat_value("fast again")).await;
     assert!(started.elapsed() < Duration::from_millis(300));
-    let refused = post(&engine, "/mock/stall", &json!({"head_ms": -1})).await;
+    let refused = post_to(&engine, "/mock/stall", &json!({"head_ms": -1})).await;
     assert_eq!(refused.status, StatusCode::BAD_REQUEST);
 }
