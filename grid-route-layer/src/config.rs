@@ -4,7 +4,7 @@
 //! plain data whose [`Default`] is the documented defaults; with the `serde` feature it
 //! deserializes straight from the file's `prefix_affinity` section (the example gateway's
 //! YAML does). [`PrefixAffinityConfig::validate`] turns it into the typed settings the
-//! layers take, or a [`ConfigError`] that names the field and the bad value, so a reload
+//! layers take, or a [`PrefixAffinityError`] that names the field and the bad value, so a reload
 //! that would break routing is refused before anything changes.
 //!
 //! ```
@@ -255,48 +255,48 @@ pub struct PrefixAffinity {
 
 impl PrefixAffinityConfig {
     /// Checks every field; the first bad one is the error.
-    pub fn validate(&self) -> Result<PrefixAffinity, ConfigError> {
+    pub fn validate(&self) -> Result<PrefixAffinity, PrefixAffinityError> {
         if !(self.threshold > 0.0 && self.threshold <= 1.0) {
-            return Err(ConfigError::Threshold(self.threshold));
+            return Err(PrefixAffinityError::Threshold(self.threshold));
         }
         if !(0.0..=1.0).contains(&self.exploration) {
-            return Err(ConfigError::Exploration(self.exploration));
+            return Err(PrefixAffinityError::Exploration(self.exploration));
         }
         let (prefill_tokens_per_second, learn_prefill) = match self.prefill_tokens_per_second {
             Price::Fixed(price) if is_positive(price) => (price, false),
-            Price::Fixed(price) => return Err(ConfigError::PrefillTokensPerSecond(price)),
+            Price::Fixed(price) => return Err(PrefixAffinityError::PrefillTokensPerSecond(price)),
             Price::Auto if is_positive(self.prefill_prior_tokens_per_second) => {
                 (self.prefill_prior_tokens_per_second, true)
             }
             Price::Auto => {
-                return Err(ConfigError::PrefillPriorTokensPerSecond(
+                return Err(PrefixAffinityError::PrefillPriorTokensPerSecond(
                     self.prefill_prior_tokens_per_second,
                 ));
             }
         };
         let (queued_request_seconds, learn_queued) = match self.queued_request_seconds {
             Price::Fixed(price) if is_positive(price) => (price, false),
-            Price::Fixed(price) => return Err(ConfigError::QueuedRequestSeconds(price)),
+            Price::Fixed(price) => return Err(PrefixAffinityError::QueuedRequestSeconds(price)),
             Price::Auto if is_positive(self.queued_request_prior_seconds) => {
                 (self.queued_request_prior_seconds, true)
             }
             Price::Auto => {
-                return Err(ConfigError::QueuedRequestPriorSeconds(
+                return Err(PrefixAffinityError::QueuedRequestPriorSeconds(
                     self.queued_request_prior_seconds,
                 ));
             }
         };
         let index = IndexSettings::new(self.capacity, Duration::from_secs(self.ttl_secs))
-            .map_err(ConfigError::Index)?;
+            .map_err(PrefixAffinityError::Index)?;
         if let (None, Some(previous)) = (&self.tag_key_path, &self.previous_tag_key_path) {
-            return Err(ConfigError::PreviousTagKeyAlone(previous.clone()));
+            return Err(PrefixAffinityError::PreviousTagKeyAlone(previous.clone()));
         }
         let session_headers = self
             .session_headers
             .iter()
             .map(|name| {
                 http::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| ConfigError::SessionHeader(name.clone()))
+                    .map_err(|_| PrefixAffinityError::SessionHeader(name.clone()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(PrefixAffinity {
@@ -369,7 +369,7 @@ fn queued_price<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Pri
 /// A refused `prefix_affinity` setting; the message names the field and the value.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum PrefixAffinityError {
     /// `threshold` is not in (0, 1].
     Threshold(f64),
     /// `exploration` is not in [0, 1].
@@ -392,7 +392,7 @@ pub enum ConfigError {
     SessionHeader(String),
 }
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for PrefixAffinityError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Threshold(got) => {
@@ -439,7 +439,7 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {
+impl std::error::Error for PrefixAffinityError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Index(err) => Some(err),
@@ -447,6 +447,11 @@ impl std::error::Error for ConfigError {
         }
     }
 }
+
+/// The name [`PrefixAffinityError`] had (the example gateway's config has a `ConfigError`
+/// of its own, for the whole file).
+#[deprecated(note = "renamed `PrefixAffinityError`")]
+pub type ConfigError = PrefixAffinityError;
 
 #[cfg(test)]
 // Tests compare values that are stored and read back, not computed: exactly equal.

@@ -30,7 +30,7 @@ pub enum ConfigError {
     /// `grid_site_route.prefix_affinity`, refused by the library.
     // The library names `prefix_affinity.*`; the file nests it one level deeper.
     #[error("grid_site_route.{0}")]
-    PrefixAffinity(#[source] grid_route_layer::config::ConfigError),
+    PrefixAffinity(#[source] grid_route_layer::config::PrefixAffinityError),
     /// `grid_site_route.prefix_affinity.tag_key_path` could not be used.
     #[error("grid_site_route.prefix_affinity.tag_key_path: {0}")]
     TagKey(#[source] TagKeyError),
