@@ -1,5 +1,6 @@
 //! The binary's command line: every subcommand's `--help`, clap's exit status for a bad
-//! flag, options with no command going to the demo, and the README's `keys` commands run
+//! flag, options with no command going to the demo, and the `keys` commands of
+//! docs/architecture.md run
 //! exactly as written on the sample bodies the repository ships.
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -192,7 +193,7 @@ fn options_without_a_command_are_the_demo_options() {
     assert!(stderr(&output).contains("cannot be used with '--quick'"));
 }
 
-/// The README's `keys` commands, as argument lists after `cargo run ... --`.
+/// The `keys` commands of docs/architecture.md, as argument lists after `cargo run ... --`.
 fn readme_keys_commands(readme: &str) -> Vec<Vec<String>> {
     const PREFIX: &str = "cargo run -p grid-route-example -- keys ";
     readme
@@ -206,7 +207,7 @@ fn readme_keys_commands(readme: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The output lines the README shows, in its first `json` block after the first `keys`
+/// The output lines docs/architecture.md shows, in its first `json` block after the first `keys`
 /// command.
 fn readme_keys_output(readme: &str) -> Vec<Value> {
     let after = &readme[readme.find("-- keys --api").unwrap()..];
@@ -264,8 +265,8 @@ fn keyed_line(line: &str, file: &str) -> Vec<String> {
 }
 
 #[test]
-fn the_readme_keys_commands_print_one_keyed_line_per_sample_body() {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
+fn the_documented_keys_commands_print_one_keyed_line_per_sample_body() {
+    let readme = std::fs::read_to_string(workspace_root().join("docs/architecture.md")).unwrap();
     let commands = readme_keys_commands(&readme);
     assert!(commands.len() >= 2, "{commands:?}");
     for args in &commands {
@@ -292,7 +293,7 @@ fn the_readme_keys_commands_print_one_keyed_line_per_sample_body() {
     }
 
     // The first command's two chat turns: turn 2's keys extend turn 1's, and the output
-    // has the shape and the key counts the README shows.
+    // has the shape and the key counts the page shows.
     let chat = &commands[0];
     let output = grid_route_example(&chat.iter().map(String::as_str).collect::<Vec<_>>());
     let stdout = stdout(&output);

@@ -2,18 +2,15 @@
 //! prefix in KV cache, and that pin stored OpenAI Responses state to the cluster that
 //! stored it.
 //!
-//! See the crate README and `docs/architecture.md` for the request path; each module
-//! documents one concept with a runnable example. The layers talk only through the extensions in
-//! [`route`] and the shared [`grid::Grid`] handle:
-//!
-//! ```text
-//! KeyingLayer    -> Prompt      (keying)
-//! PinLayer       -> Pinned      (pin)
-//! ConfirmLayer   2xx confirms, 429/5xx/failed connection drops   (confirm)
-//! AffinityLayer  -> Candidates  (affinity)
-//! FeedbackLayer  engine-reported prompt and cached tokens, per cluster   (feedback)
-//! Select         -> Served      (select: the default balancer, or your own)
-//! ```
+//! The request path, outermost first: [`keying`] (the prompt's keys and session),
+//! [`pin`] (tagged ids to the cluster that stored them), [`confirm`] (a 2xx answer
+//! confirms the keys at its cluster, a 429, 5xx or failed connection drops them),
+//! [`affinity`] (the candidates a request may go to), [`feedback`] (what the engines
+//! report of their caches, and the prices they teach), and [`select`] (the least loaded
+//! candidate; or your own balancer). The layers talk only through the extensions in
+//! [`route`], the shared [`grid::Grid`] handle and the [`affinity::Affinity`] handle;
+//! `docs/architecture.md` draws the path and says what each layer does. Each module
+//! documents one concept with a runnable example.
 //!
 //! [`select`] shows a cluster service built from `tower::balance` p2c over its endpoints,
 //! and a balancer of your own in place of [`select::Select`].

@@ -7,7 +7,7 @@
 //! `sites` and `grid_site_route.prefix_affinity` deserialize straight into the library's
 //! own [`SiteSpec`](grid_route_layer::grid::SiteSpec) and [`PrefixAffinityConfig`](grid_route_layer::config::PrefixAffinityConfig) (its `serde` feature), so their defaults
 //! live in the library alone. Unknown fields are refused, naming the field; every field
-//! but `sites` has a default (the values of the config reference in the README).
+//! but `sites` has a default (the values of docs/configuration.md).
 //! [`GatewayConfig::validate`] then checks everything the gateway will rely on — with the
 //! library's own validations for the grid and the `prefix_affinity` settings — and reads
 //! the tag key file, so that a reload which would break routing is refused before

@@ -40,7 +40,7 @@
 //!   routed by the model their body names. No cluster serves the model: 404
 //!   `model_not_found`; every cluster that serves it drained: 503 with `Retry-After: 5`;
 //!   the chosen cluster failed before answering: 502; no answer's head in time: 504. All
-//!   OpenAI-style JSON (the README lists every answer the gateway makes itself).
+//!   OpenAI-style JSON (docs/operations.md lists every answer the gateway makes itself).
 //! - **Admin listener** (`admin_listen`; `gateway/admin.rs`): `/metrics` and `/healthz`.
 //! - **Queue poller** (`gateway/queue.rs`): each endpoint's `/metrics` every
 //!   `queue.poll_interval_ms`, see [`queue_sample`].

@@ -1,24 +1,12 @@
 //! The routing stack: the library's layers over the per-cluster balancers, assembled in
 //! one place.
 //!
-//! ```text
-//! DecodeBodies    gzip/deflate/br/zstd bodies of keyed and stored-state paths decoded,
-//!                 at most max_body_bytes once decoded (tower-http request decompression)
-//! answer errors   NoCandidate -> 404 model_not_found when no cluster serves the model,
-//!                 else 503 + Retry-After: 5; no head in time -> 504;
-//!                 DispatchError -> 502 (JSON)
-//! KeyingLayer     buffer keyed bodies up to max_body_bytes   -> Prompt, BufferedBody
-//! PinLayer        tagged ids -> one cluster (404/503); ids in answers tagged -> Pinned
-//! ConfirmLayer    2xx confirms, 429/5xx/failed connection drops
-//! AffinityLayer   the sticky set, or every admitted candidate -> Candidates, Outcome
-//! RouteNoteLayer  Outcome / Pinned onto the response, for the request log
-//! FeedbackLayer   the engines' usage of 2xx answers -> token counters; far less cached
-//!                 than a sticky request's predicted match -> the index forgets what that
-//!                 cluster recorded before it
-//! RetryLayer      connect failures -> the next candidate, up to retries.max_attempts
-//! Select          least loaded among Candidates (queue [+ in flight]) -> Served
-//!   per cluster:  Buffer(p2c Balance over one Endpoint each)  (see upstream)
-//! ```
+//! The order, outermost first, is the request path of `docs/architecture.md` (its one
+//! diagram): request decompression, the error answers (`NoCandidate` → 404
+//! `model_not_found` or 503 with `Retry-After: 5`, no head in time → 504, `DispatchError`
+//! → 502), keying, pinning, confirmation, affinity, the route note the request log reads,
+//! engine feedback, retries of failed connects, and `Select` over each cluster's p2c
+//! balancer (see `upstream`).
 //!
 //! A reload builds the layers above `Select` afresh (they hold the settings it may
 //! change) but hands them the gateway's one `Select`, whose per-cluster balancers outlive
