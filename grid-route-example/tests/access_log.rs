@@ -6,11 +6,11 @@
 #![allow(clippy::unwrap_used)]
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use grid_route_tests::{
-    PROCESS_WAIT, REQUEST_DEADLINE, exit_within, free_port, signal, try_send_with,
+    PROCESS_WAIT, REQUEST_DEADLINE, eventually_within, exit_within, free_port, signal,
+    try_send_with,
 };
 use hyper::{Method, StatusCode};
 use serde_json::Value;
@@ -97,15 +97,13 @@ async fn serve_two_requests(engine: &MockEngine) -> String {
         ),
         "trace",
     );
-    let deadline = Instant::now() + PROCESS_WAIT;
     let health = format!("http://127.0.0.1:{}/healthz", serving.admin);
-    while send_with_credentials(Method::GET, &health, "")
-        .await
-        .is_none()
-    {
-        assert!(Instant::now() < deadline, "serve did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("serve answers", PROCESS_WAIT, || async {
+        send_with_credentials(Method::GET, &health, "")
+            .await
+            .is_some()
+    })
+    .await;
 
     let body = format!(
         r#"{{"model":"demo-model","prompt_cache_key":"{BODY_SESSION}","messages":[{{"role":"user","content":"{PROMPT}"}}]}}"#
@@ -217,14 +215,10 @@ async fn a_metrics_page_without_a_known_gauge_is_logged_once() {
         "info",
     );
     // Ten reads of the page at least, each of which finds no known gauge.
-    let deadline = Instant::now() + PROCESS_WAIT;
-    while reads.load(Ordering::Relaxed) < 10 {
-        assert!(
-            Instant::now() < deadline,
-            "serve never read the page ten times"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("serve reads the page ten times", PROCESS_WAIT, || async {
+        reads.load(Ordering::Relaxed) >= 10
+    })
+    .await;
     let raw = serving.stop().await;
     let warned: Vec<Value> = raw
         .lines()

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use grid_route_tests::{
-    HttpClient, PROCESS_WAIT, client, exit_within, free_port, generation, metric, signal, try_send,
+    HttpClient, PROCESS_WAIT, client, eventually_within, exit_within, free_port, generation,
+    metric, signal, try_send, wait_generation,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -48,14 +49,11 @@ impl EngineProcess {
             .spawn()
             .unwrap();
         let engine = Self { name, port, child };
-        let deadline = Instant::now() + PROCESS_WAIT;
-        while try_send(Method::GET, &format!("{}/health", engine.url()), "")
-            .await
-            .is_none()
-        {
-            assert!(Instant::now() < deadline, "{name} did not start");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let health = format!("{}/health", engine.url());
+        eventually_within(&format!("{name} answers"), PROCESS_WAIT, || async {
+            try_send(Method::GET, &health, "").await.is_some()
+        })
+        .await;
         engine
     }
 
@@ -291,11 +289,7 @@ async fn start_gateway(file: &std::path::Path, log: &std::path::Path, admin: &st
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + PROCESS_WAIT;
-    while generation(admin).await != Some(0) {
-        assert!(Instant::now() < deadline, "serve did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_generation(admin, 0).await;
     gateway
 }
 

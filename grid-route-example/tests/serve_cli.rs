@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use grid_route_tests::{
-    PROCESS_WAIT, client, exit_within, free_port, metric, signal, try_send, wait_generation,
+    PROCESS_WAIT, client, eventually_within, exit_within, free_port, metric, signal, try_send,
+    wait_generation,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -85,17 +86,11 @@ async fn serve_reloads_on_sighup_and_drains_on_sigterm() {
 
     std::fs::write(&file, "sites: [").unwrap();
     signal(child.id(), "-HUP");
-    let deadline = Instant::now() + PROCESS_WAIT;
-    while metric(
-        &admin,
-        r#"grid_serving_config_reload_total{result="rejected"}"#,
-    )
-    .await
-        != Some(1.0)
-    {
-        assert!(Instant::now() < deadline, "the bad reload was not counted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let rejected = r#"grid_serving_config_reload_total{result="rejected"}"#;
+    eventually_within("the bad reload is counted", PROCESS_WAIT, || async {
+        metric(&admin, rejected).await == Some(1.0)
+    })
+    .await;
     wait_generation(&admin, 1).await;
     let status = try_send(Method::POST, &url, body.clone())
         .await
@@ -249,14 +244,11 @@ async fn engine_process(name: &str, decode_ms: u64) -> (Child, String) {
         .spawn()
         .unwrap();
     let url = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + PROCESS_WAIT;
-    while try_send(Method::GET, &format!("{url}/health"), "")
-        .await
-        .is_none()
-    {
-        assert!(Instant::now() < deadline, "the mock engine did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let health = format!("{url}/health");
+    eventually_within("the mock engine answers", PROCESS_WAIT, || async {
+        try_send(Method::GET, &health, "").await.is_some()
+    })
+    .await;
     (child, url)
 }
 

@@ -11,9 +11,9 @@ use grid_route_mock_engine::MockEngine;
 use hyper::Method;
 
 use super::engines::MODEL;
-use super::http::{send, try_send};
+use super::http::try_send;
 use super::process::PROCESS_WAIT;
-use super::wait::eventually;
+use super::wait::{eventually, eventually_within};
 
 /// One cluster of a test config: its name, models, whether it admits, and its endpoints.
 #[derive(Debug, Clone)]
@@ -126,13 +126,6 @@ pub fn cluster_id(gateway: &Gateway, name: &str) -> ClusterId {
         .clone()
 }
 
-/// The admin `/metrics` page at `admin_url`; fails the test when nothing answers.
-pub async fn metrics_text(admin_url: &str) -> String {
-    send(Method::GET, &format!("{admin_url}/metrics"), "")
-        .await
-        .text()
-}
-
 /// The value of `series` (summed over its other labels) on the admin page at
 /// `admin_url`; `None` when the page has no such sample or nothing answers (a gateway
 /// process starting or gone).
@@ -151,12 +144,9 @@ pub async fn generation(admin_url: &str) -> Option<u64> {
 /// Waits until the admin `/healthz` at `admin_url` reports `generation`, failing after
 /// [`PROCESS_WAIT`].
 pub async fn wait_generation(admin_url: &str, generation_wanted: u64) {
-    let deadline = Instant::now() + PROCESS_WAIT;
-    while generation(admin_url).await != Some(generation_wanted) {
-        assert!(
-            Instant::now() < deadline,
-            "no generation {generation_wanted} at {admin_url} within {PROCESS_WAIT:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let what = format!("generation {generation_wanted} at {admin_url}");
+    eventually_within(&what, PROCESS_WAIT, || async {
+        generation(admin_url).await == Some(generation_wanted)
+    })
+    .await;
 }

@@ -32,7 +32,7 @@ pub use engines::{
 };
 pub use gateways::{
     ClusterYaml, cluster, cluster_id, config_yaml, gateway, generation, measured_gateway, metric,
-    metrics_text, parse, wait_generation, wait_measured,
+    parse, wait_generation, wait_measured,
 };
 pub use http::{
     Answer, HttpClient, REQUEST_DEADLINE, client, free_port, scratch_dir, send, send_with,

@@ -22,7 +22,7 @@ use grid_route_example::prometheus;
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use grid_route_tests::{
     Answer, ClusterYaml, Conversation, MODEL, chat, client, cluster, cluster_id, config_yaml,
-    engine, engine_serving, eventually, measured_gateway, other, parse, scratch_dir, send,
+    engine, engine_serving, eventually, measured_gateway, metric, other, parse, scratch_dir, send,
     send_with, set_queue, text, wait_measured,
 };
 use http_body_util::{BodyExt, Full};
@@ -316,13 +316,6 @@ async fn with_no_queue_block_each_endpoint_is_read_by_the_gauge_it_serves() {
     assert!(queue_depth(&gateway, "gauge-sglang-a").is_infinite());
 }
 
-/// The value of `series` (its full name with labels) on the gateway's `/metrics`.
-async fn scraped_value(gateway: &Gateway, series: &str) -> Option<f64> {
-    let text = get(format!("{}/metrics", gateway.admin_url())).await.text();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exports_them() {
     // One engine that prefills 100,000 tokens a second: a 40 KiB prompt (10,000 tokens by
@@ -345,7 +338,7 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
     let json_answer = send(Method::POST, &url, chat(&text("whole", 40 * 1024))).await;
     assert_eq!(json_answer.status, StatusCode::OK);
     assert_eq!(
-        scraped_value(&gateway, prefill).await,
+        metric(&gateway.admin_url(), prefill).await,
         None,
         "nothing learned"
     );
@@ -369,12 +362,12 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
     while let Some(answer) = sent.join_next().await {
         assert_eq!(answer.unwrap().status, StatusCode::OK);
     }
-    let rate = scraped_value(&gateway, prefill)
+    let rate = metric(&gateway.admin_url(), prefill)
         .await
         .expect("a learned prefill speed");
     // The engine's speed, less what the network and the mock's own work add.
     assert!((30_000.0..=150_000.0).contains(&rate), "{rate}");
-    let seconds = scraped_value(&gateway, queued)
+    let seconds = metric(&gateway.admin_url(), queued)
         .await
         .expect("a learned queued price");
     // The mock engine runs the four side by side: more load cost them far less than the

@@ -8,8 +8,8 @@
 //! before its first event.
 //!
 //! The exporter cannot forget a series, so `/metrics` leaves out the series of clusters
-//! that a reload removed (those labelled with their `site` and `cluster`, or with
-//! `cluster="site/name"`): they leave the page at the reload that removes them, and come
+//! that a reload removed (those labelled with their `site` and `cluster`): they leave
+//! the page at the reload that removes them, and come
 //! back (counters where they were) if a later reload adds the cluster again. The
 //! exporter keeps their last values meanwhile, one set per cluster name ever configured.
 //!

@@ -36,7 +36,7 @@
 //!   `GET /v1/models` aggregated over admitted clusters, and every other forwarded request
 //!   through the routing stack (`gateway/stack.rs`): keying → pinning → confirmation →
 //!   affinity → retries → `Select` → the chosen cluster's p2c balancer over its endpoints
-//!   (`gateway/upstream.rs`). Forwarded paths the layers do not key still go through it,
+//!   (`gateway/upstream/`). Forwarded paths the layers do not key still go through it,
 //!   routed by the model their body names. No cluster serves the model: 404
 //!   `model_not_found`; every cluster that serves it drained: 503 with `Retry-After: 5`;
 //!   the chosen cluster failed before answering: 502; no answer's head in time: 504. All
