@@ -413,3 +413,46 @@ async fn a_duplicated_routing_field_is_a_400_and_nothing_is_forwarded() {
         "nothing forwarded"
     );
 }
+
+/// An `Affinity` over an empty index, switched on or off.
+fn affinity(enabled: bool) -> grid_route_layer::affinity::Affinity {
+    let mut config = grid_route_layer::config::PrefixAffinityConfig::default();
+    config.enabled = enabled;
+    let settings = config.validate().unwrap();
+    let index = grid_route_layer::index::PrefixIndex::new(settings.index, []);
+    grid_route_layer::affinity::Affinity::new(std::sync::Arc::new(index), settings.affinity)
+}
+
+/// The prompt `layer` attaches to the long chat body.
+async fn prompt_through(layer: KeyingLayer) -> Prompt {
+    let (service, mut handle): (Mocked, MockHandle) = mock::pair();
+    let call = tokio::spawn(layer.layer(service).oneshot(chunked_post(
+        "/v1/chat/completions",
+        &long_chat_body(),
+        4096,
+    )));
+    let (received, respond) = handle.next_request().await.expect("forwarded");
+    respond.send_response(Response::new(Full::new(Bytes::from_static(b"ok"))));
+    call.await.expect("task").expect("response");
+    received
+        .extensions()
+        .get::<Prompt>()
+        .expect("prompt")
+        .clone()
+}
+
+#[tokio::test]
+async fn with_affinity_switched_off_only_the_model_is_read_under_either_name_of_the_builder() {
+    let seed = KeySeed::random();
+    let on = prompt_through(KeyingLayer::new(seed.clone()).with_affinity(affinity(true))).await;
+    assert!(on.keys().is_ok(), "affinity on: the prompt is keyed");
+    let off = prompt_through(KeyingLayer::new(seed.clone()).with_affinity(affinity(false))).await;
+    assert_eq!(off.model(), Some("demo"), "the model is still read");
+    assert!(off.keys().is_err(), "affinity off: no keys");
+    // The name the builder had keeps working, with the same effect.
+    #[allow(deprecated)]
+    let old = KeyingLayer::new(seed).follow(affinity(false));
+    let old = prompt_through(old).await;
+    assert_eq!(old.model(), Some("demo"));
+    assert!(old.keys().is_err());
+}

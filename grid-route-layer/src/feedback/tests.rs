@@ -388,6 +388,14 @@ mod teaching {
         /// candidate, whose engine reports `cached_tokens` of it cached. Returns the depth
         /// at east-a once the head passed, and once the body was read and dropped.
         fn send(&self, cached_tokens: u64) -> (usize, usize) {
+            self.send_through(
+                FeedbackLayer::new().with_affinity(self.affinity.clone()),
+                cached_tokens,
+            )
+        }
+
+        /// [`send`](Self::send) through `feedback`.
+        fn send_through(&self, feedback: FeedbackLayer, cached_tokens: u64) -> (usize, usize) {
             let answer = json!({"usage": {"prompt_tokens": 4000,
                 "prompt_tokens_details": {"cached_tokens": cached_tokens}}})
             .to_string();
@@ -398,7 +406,6 @@ mod teaching {
                 response.extensions_mut().insert(Served::new(cluster));
                 std::future::ready(Ok::<_, Infallible>(response))
             });
-            let feedback = FeedbackLayer::new().with_affinity(self.affinity.clone());
             let mut stack = ConfirmLayer::new(self.affinity.clone()).layer(
                 AffinityLayer::new(self.grid.clone(), self.affinity.clone())
                     .layer(feedback.layer(engine)),
@@ -420,6 +427,21 @@ mod teaching {
             drop(body);
             (at_head, self.depth("east-a"))
         }
+    }
+
+    #[test]
+    fn the_old_name_of_the_builder_teaches_the_index_too() {
+        let f = fixture(true);
+        f.confirm_ago(&f.other, "east-a", 60);
+        f.confirm_ago(&f.prompt, "east-a", 40);
+        #[allow(deprecated)]
+        let feedback = FeedbackLayer::new().teach(f.affinity.clone());
+        f.send_through(feedback, 0);
+        assert_eq!(
+            f.depth_of(&f.other, "east-a"),
+            0,
+            "forgotten, as with_affinity does"
+        );
     }
 
     #[test]
