@@ -389,13 +389,13 @@ mod teaching {
         /// at east-a once the head passed, and once the body was read and dropped.
         fn send(&self, cached_tokens: u64) -> (usize, usize) {
             self.send_through(
-                FeedbackLayer::new().with_affinity(self.affinity.clone()),
+                &FeedbackLayer::new().with_affinity(self.affinity.clone()),
                 cached_tokens,
             )
         }
 
         /// [`send`](Self::send) through `feedback`.
-        fn send_through(&self, feedback: FeedbackLayer, cached_tokens: u64) -> (usize, usize) {
+        fn send_through(&self, feedback: &FeedbackLayer, cached_tokens: u64) -> (usize, usize) {
             let answer = json!({"usage": {"prompt_tokens": 4000,
                 "prompt_tokens_details": {"cached_tokens": cached_tokens}}})
             .to_string();
@@ -436,7 +436,7 @@ mod teaching {
         f.confirm_ago(&f.prompt, "east-a", 40);
         #[allow(deprecated)]
         let feedback = FeedbackLayer::new().teach(f.affinity.clone());
-        f.send_through(feedback, 0);
+        f.send_through(&feedback, 0);
         assert_eq!(
             f.depth_of(&f.other, "east-a"),
             0,
