@@ -670,7 +670,7 @@ def calibrate(conversations, systems, args) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------------------------------
-# The run as a trace, for `simulate` (BENCHMARKS.md, "Calibrating simulate's slot engine").
+# The run as a trace, for `simulate` (docs/routing.md, "Calibrating the slot engine against the arena").
 
 # simulate --block-tokens 64: finer than Mooncake's 512, as the arena's prompts are short.
 TRACE_BLOCK_TOKENS = 64

@@ -2,7 +2,8 @@
 //! gateway declares, every config field they mention is one the config file takes, every
 //! command they show names a script, a crate, a subcommand or a test target that is there;
 //! and the other way round, the config reference lists every field and the operations
-//! page every metric. The README stays short and the request-path diagram has one home.
+//! page every metric. A section another file points to by name (`BENCHMARKS.md
+//! ("Arena")`) is there. The README stays short and the request-path diagram has one home.
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 use std::collections::BTreeSet;
@@ -370,4 +371,96 @@ fn the_readme_is_short_and_the_request_path_is_drawn_once() {
         }
     }
     assert_eq!(drawn, ["docs/architecture.md"]);
+}
+
+/// Every file a reader or a maintainer reads section names in: the pages, the scripts and
+/// the crates' sources.
+fn referring_files() -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> = PAGES.iter().map(|p| (p.to_string(), read(p))).collect();
+    let mut dirs = vec![
+        workspace_root().join("scripts"),
+        workspace_root().join("grid-route-layer/src"),
+        workspace_root().join("grid-route-example/src"),
+        workspace_root().join("benches"),
+        workspace_root().join("tests/src"),
+        workspace_root().join("tests/tests"),
+    ];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if !path.ends_with("__pycache__") {
+                    dirs.push(path);
+                }
+            } else if let Ok(text) = std::fs::read_to_string(&path) {
+                let name = path.strip_prefix(workspace_root()).unwrap();
+                files.push((name.display().to_string(), text));
+            }
+        }
+    }
+    files
+}
+
+/// The section names `text` points to on another page, as `(page, title)`: a page's file
+/// name followed by a quoted title, as in `BENCHMARKS.md ("Arena")` or
+/// `[routing.md](routing.md), "The queue window"`.
+fn section_references(text: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (at, _) in text.match_indices(".md") {
+        let before = &text[..at];
+        let start = before
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || "_-/".contains(c)))
+            .map_or(0, |i| i + 1);
+        let page = format!("{}.md", &before[start..]);
+        let after = text[at + 3..].trim_start_matches(|c: char| "(), ]".contains(c));
+        // The link's target, when the name was a link's text: `[a.md](a.md), "…"`.
+        let after = after
+            .strip_prefix(page.rsplit('/').next().unwrap())
+            .or_else(|| after.strip_prefix(page.as_str()))
+            .map_or(after, |rest| {
+                rest.trim_start_matches(|c: char| "(), ]".contains(c))
+            });
+        // A title follows a space or an opening parenthesis (a quote right after the name
+        // closes a string the name was in) and stays on one line.
+        let gap = &text[at + 3..at + 3 + (text[at + 3..].len() - after.len())];
+        if let Some(quoted) = after.strip_prefix('"')
+            && let Some(end) = quoted.find('"')
+            && gap.len() <= 16
+            && gap.ends_with([' ', '('])
+            && !quoted[..end].contains('\n')
+        {
+            found.push((page, quoted[..end].to_string()));
+        }
+    }
+    found
+}
+
+#[test]
+fn every_section_a_file_points_to_is_there() {
+    let mut checked = 0;
+    for (file, text) in referring_files() {
+        for (page, title) in section_references(&text) {
+            let name = page.rsplit('/').next().unwrap();
+            let Some(target) = PAGES.iter().find(|p| p.rsplit('/').next() == Some(name)) else {
+                continue;
+            };
+            let headings: Vec<String> = read(target)
+                .lines()
+                .filter(|l| l.starts_with('#'))
+                .map(|l| l.trim_start_matches('#').trim().to_string())
+                .collect();
+            let there = headings.iter().any(|h| {
+                h == &title
+                    || h.strip_prefix(title.as_str())
+                        .is_some_and(|rest| rest.starts_with(':') || rest.starts_with(" ("))
+            });
+            assert!(
+                there,
+                "{file} points to \"{title}\" in {target}, which has no such section"
+            );
+            checked += 1;
+        }
+    }
+    // The references this test was written against; fewer means the scan broke.
+    assert!(checked >= 4, "only {checked} section references found");
 }

@@ -19,7 +19,7 @@
 //! - **Prefill and decode** per slot, side by side: `prefill_overhead_s` plus the uncached
 //!   tokens at `prefill_tps`, then `output_tokens / decode_tps`. The slot is busy until the
 //!   last token. Slots do not slow each other: on one CPU thread they do, and the speeds to
-//!   give are what one slot reaches while the others run (docs/routing.md, "Slot engines").
+//!   give are what one slot reaches while the others run (docs/routing.md, "The slot engine model").
 
 use std::collections::VecDeque;
 
