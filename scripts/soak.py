@@ -567,7 +567,7 @@ def main() -> int:
                  "could have been served"]:
         rows.append((name, f"{len(classes.get(name, []))}"))
     rows += [
-        ("pinned follow-ups that reached their cluster",
+        ("pinned follow-ups answered 2xx by their cluster",
          f"{len(reached)} of {len(follow_ups)}"),
         ("latency of 2xx answers, p50 / p99", f"{percentile(latencies, 50) * 1000:.0f} / "
          f"{percentile(latencies, 99) * 1000:.0f} ms"),
