@@ -9,7 +9,7 @@ dribbling its request body, one reading its streamed answer a few bytes at a tim
 - SIGHUP every 5 s (the config file is rewritten first, so every reload is a real one);
 - alpha's engine is killed (SIGKILL) and restarted on its port;
 - bravo's engine wedges: it takes requests and answers none, its /metrics still empty;
-- charlie's engine answers 500s, then 429s with a Retry-After;
+- charlie's engine answers 429s with a Retry-After, then 500s;
 - the shared index's Redis is stopped and started again.
 
 Every request is classified (see `classify`); the run fails (exit 1) when any request failed
