@@ -405,6 +405,7 @@ fn referring_files() -> Vec<(String, String)> {
 /// name followed by a quoted title, as in `BENCHMARKS.md ("Arena")` or
 /// `[routing.md](routing.md), "The queue window"`.
 fn section_references(text: &str) -> Vec<(String, String)> {
+    let separator = |c: char| "(), ]".contains(c);
     let mut found = Vec::new();
     for (at, _) in text.match_indices(".md") {
         let before = &text[..at];
@@ -412,17 +413,16 @@ fn section_references(text: &str) -> Vec<(String, String)> {
             .rfind(|c: char| !(c.is_ascii_alphanumeric() || "_-/".contains(c)))
             .map_or(0, |i| i + 1);
         let page = format!("{}.md", &before[start..]);
-        let after = text[at + 3..].trim_start_matches(|c: char| "(), ]".contains(c));
+        let rest = &text[at + 3..];
+        let after = rest.trim_start_matches(separator);
         // The link's target, when the name was a link's text: `[a.md](a.md), "…"`.
         let after = after
-            .strip_prefix(page.rsplit('/').next().unwrap())
+            .strip_prefix(file_name(&page))
             .or_else(|| after.strip_prefix(page.as_str()))
-            .map_or(after, |rest| {
-                rest.trim_start_matches(|c: char| "(), ]".contains(c))
-            });
+            .map_or(after, |target| target.trim_start_matches(separator));
         // A title follows a space or an opening parenthesis (a quote right after the name
         // closes a string the name was in) and stays on one line.
-        let gap = &text[at + 3..at + 3 + (text[at + 3..].len() - after.len())];
+        let gap = &rest[..rest.len() - after.len()];
         if let Some(quoted) = after.strip_prefix('"')
             && let Some(end) = quoted.find('"')
             && gap.len() <= 16
@@ -435,13 +435,17 @@ fn section_references(text: &str) -> Vec<(String, String)> {
     found
 }
 
+/// The last component of `path`.
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
 #[test]
 fn every_section_a_file_points_to_is_there() {
     let mut checked = 0;
     for (file, text) in referring_files() {
         for (page, title) in section_references(&text) {
-            let name = page.rsplit('/').next().unwrap();
-            let Some(target) = PAGES.iter().find(|p| p.rsplit('/').next() == Some(name)) else {
+            let Some(target) = PAGES.iter().find(|p| file_name(p) == file_name(&page)) else {
                 continue;
             };
             let headings: Vec<String> = read(target)
