@@ -3,7 +3,9 @@
 //! command they show names a script, a crate, a subcommand or a test target that is there;
 //! and the other way round, the config reference lists every field and the operations
 //! page every metric. A section another file points to by name (`BENCHMARKS.md
-//! ("Arena")`) is there. The README stays short and the request-path diagram has one home.
+//! ("Arena")`) is there. BENCHMARKS.md describes exactly the routers `scripts/arena` takes
+//! and runs each bench with the flags `scripts/bench-results` uses. The README stays short
+//! and the request-path diagram has one home.
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
 use std::collections::BTreeSet;
@@ -467,4 +469,67 @@ fn every_section_a_file_points_to_is_there() {
     }
     // The references this test was written against; fewer means the scan broke.
     assert!(checked >= 4, "only {checked} section references found");
+}
+
+/// The routers `scripts/arena` takes: the keys of its `router_configs`.
+fn arena_routers() -> BTreeSet<String> {
+    read("scripts/arena.py")
+        .lines()
+        .filter_map(|line| {
+            let name = line
+                .trim()
+                .strip_prefix('"')?
+                .split_once("\": RouterConfig(")?
+                .0;
+            Some(name.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn the_benchmarks_page_names_the_arenas_routers_and_the_benches_flags_as_the_scripts_have_them() {
+    let page = read("BENCHMARKS.md");
+    let routers = arena_routers();
+    assert!(routers.len() > 5, "{routers:?}");
+    let named: BTreeSet<String> = code_spans(&page)
+        .into_iter()
+        .filter(|span| {
+            ["grid-", "vllm-", "sglang-"]
+                .iter()
+                .any(|p| span.starts_with(p))
+                && span
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                && !span.starts_with("grid-route")
+        })
+        .map(str::to_string)
+        .collect();
+    for name in &named {
+        assert!(
+            routers.contains(name),
+            "BENCHMARKS.md names router {name}, which scripts/arena does not take"
+        );
+    }
+    for router in &routers {
+        assert!(
+            named.contains(router),
+            "scripts/arena takes {router}, which BENCHMARKS.md does not describe"
+        );
+    }
+    // Each bench's flags, as scripts/bench-results runs it and as the page shows it.
+    let script = read("scripts/bench-results");
+    for line in page.lines() {
+        let Some(rest) = line.strip_prefix("cargo bench -p grid-route-benches --bench ") else {
+            continue;
+        };
+        let (bench, flags) = rest.split_once(" -- ").unwrap();
+        if bench == "index" {
+            continue; // Not one of the tables bench-results prints.
+        }
+        let wanted = format!("{bench}) args=({flags}) ;;");
+        assert!(
+            script.contains(&wanted),
+            "BENCHMARKS.md runs the {bench} bench with `{flags}`, scripts/bench-results otherwise"
+        );
+    }
 }
