@@ -75,13 +75,42 @@ fn chunked_post(path: &str, body: &[u8], chunk: usize) -> Request<Chunks> {
 /// Sends `request` through the stack, answers it at the mock with 200, and returns what
 /// the mock received (its extensions and body bytes).
 async fn forwarded(limit: usize, request: Request<Chunks>) -> (http::Extensions, Vec<u8>) {
-    let (service, mut handle) = stack(limit);
-    let call = tokio::spawn(service.oneshot(request));
-    let (received, respond) = handle.next_request().await.expect("forwarded");
+    let layer = KeyingLayer::new(KeySeed::random()).body_limit(limit);
+    forwarded_through(layer, request).await
+}
+
+/// How long a test waits for the layer to forward a request or to answer.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// The next request `handle` receives, failing the test after [`DEADLINE`].
+async fn next_forwarded(
+    handle: &mut MockHandle,
+) -> (
+    Request<KeyedBody<Chunks>>,
+    mock::SendResponse<Response<Full<Bytes>>>,
+) {
+    tokio::time::timeout(DEADLINE, handle.next_request())
+        .await
+        .expect("forwarded in time")
+        .expect("forwarded")
+}
+
+/// [`forwarded`] through `layer`.
+async fn forwarded_through(
+    layer: KeyingLayer,
+    request: Request<Chunks>,
+) -> (http::Extensions, Vec<u8>) {
+    let (service, mut handle): (Mocked, MockHandle) = mock::pair();
+    let call = tokio::spawn(layer.layer(service).oneshot(request));
+    let (received, respond) = next_forwarded(&mut handle).await;
     respond.send_response(Response::new(Full::new(Bytes::from_static(b"ok"))));
     let (parts, body) = received.into_parts();
     let bytes = body.collect().await.expect("body").to_bytes().to_vec();
-    let response = call.await.expect("task").expect("response");
+    let response = tokio::time::timeout(DEADLINE, call)
+        .await
+        .expect("answered in time")
+        .expect("task")
+        .expect("response");
     assert_eq!(response.status(), 200);
     (parts.extensions, bytes)
 }
@@ -119,9 +148,13 @@ async fn keys_do_not_depend_on_how_the_body_was_chunked() {
         };
         let call =
             tokio::spawn(service.oneshot(chunked_post("/v1/chat/completions", &body, chunk)));
-        let (received, respond) = handle.next_request().await.unwrap();
+        let (received, respond) = next_forwarded(&mut handle).await;
         respond.send_response(Response::new(Full::new(Bytes::new())));
-        call.await.unwrap().unwrap();
+        tokio::time::timeout(DEADLINE, call)
+            .await
+            .expect("answered in time")
+            .unwrap()
+            .unwrap();
         let prompt = received.extensions().get::<Prompt>().unwrap();
         keys_by_chunking.push(prompt.keys().unwrap().as_slice().to_vec());
     }
@@ -382,9 +415,13 @@ async fn a_large_body_is_keyed_like_a_small_one() {
     let mut handle = handle;
     let service = KeyingLayer::new(seed).layer(service);
     let call = tokio::spawn(service.oneshot(chunked_post("/v1/completions", &body, 64 * 1024)));
-    let (received, respond) = handle.next_request().await.unwrap();
+    let (received, respond) = next_forwarded(&mut handle).await;
     respond.send_response(Response::new(Full::new(Bytes::new())));
-    call.await.unwrap().unwrap();
+    tokio::time::timeout(DEADLINE, call)
+        .await
+        .expect("answered in time")
+        .unwrap()
+        .unwrap();
     let prompt = received.extensions().get::<Prompt>().unwrap();
     assert_eq!(
         prompt.keys().unwrap().as_slice(),
@@ -425,20 +462,9 @@ fn affinity(enabled: bool) -> grid_route_layer::affinity::Affinity {
 
 /// The prompt `layer` attaches to the long chat body.
 async fn prompt_through(layer: KeyingLayer) -> Prompt {
-    let (service, mut handle): (Mocked, MockHandle) = mock::pair();
-    let call = tokio::spawn(layer.layer(service).oneshot(chunked_post(
-        "/v1/chat/completions",
-        &long_chat_body(),
-        4096,
-    )));
-    let (received, respond) = handle.next_request().await.expect("forwarded");
-    respond.send_response(Response::new(Full::new(Bytes::from_static(b"ok"))));
-    call.await.expect("task").expect("response");
-    received
-        .extensions()
-        .get::<Prompt>()
-        .expect("prompt")
-        .clone()
+    let request = chunked_post("/v1/chat/completions", &long_chat_body(), 4096);
+    let (extensions, _) = forwarded_through(layer, request).await;
+    extensions.get::<Prompt>().expect("prompt").clone()
 }
 
 #[tokio::test]
