@@ -341,7 +341,7 @@ impl Affinity {
             }
         }
         if narrowing.outcome == Outcome::NoMatch {
-            candidates = self.roomiest(&settings, candidates, keys, &depths, now);
+            candidates = self.roomiest(candidates, &depths, now);
         } else {
             let mut depth = depths.iter();
             candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
@@ -453,49 +453,29 @@ impl SessionFound {
 }
 
 impl Affinity {
-    /// Where a request whose match does not stick may go: the candidates whose load, less
-    /// what their match saves, is least (ties below).
+    /// Where a request whose match does not stick may go: the least loaded of
+    /// `candidates` (as [`least_loaded`](crate::select::least_loaded) ranks them), among
+    /// those the ones holding the most of its prompt (`depths[i]` is candidate `i`'s; a
+    /// depth under [`MIN_STICKY_DEPTH`] counts as none), and among those the ones whose
+    /// index holds the fewest entries.
     ///
-    /// ```text
-    /// rank = routing_load − match_worth(covered bytes of its depth)   a cluster whose engines report nothing waiting
-    /// rank = routing_load                                             otherwise, or a depth under MIN_STICKY_DEPTH
-    /// ```
-    ///
-    /// `match_worth` is the load gate's own price, at the cluster's prices
-    /// ([`AffinitySettings::match_worth`]): the prefill the match saves, in requests of
-    /// load. A match too short to stick is still prefill saved: a conversation whose new
-    /// turn adds more than `1 - threshold` of its prompt (a fifth at the default) goes back
-    /// to its engine unless another is less loaded by more than what the match saves, as
-    /// the gate would weigh a match that sticks. Only where the engines report no waiting
-    /// request ([`ClusterLoad::queue_depth`](crate::grid::ClusterLoad::queue_depth) 0): a
-    /// request sent to an engine with a queue waits behind all of it (a slot engine with
-    /// every slot busy waits for a whole answer to end), which the gate's linear price
-    /// does not see. Ties on that rank go to the fewest requests in flight, then to the
-    /// deepest match, then to the fewest entries, which stand for the most room, as the
-    /// smallest radix tree does in SGLang's and vLLM's cache-aware routers: between its
-    /// turns a conversation is in no cluster's load, so by load alone a new conversation
-    /// lands as often on an engine whose cache is full of others (which it then evicts)
-    /// as on one with room.
+    /// A match too short to stick is still prefill saved where load ties: a conversation
+    /// whose new turn adds more than `1 - threshold` of its prompt (a fifth at the
+    /// default) goes back to its engine when that engine is no busier than the others, instead of to whichever engine has the
+    /// most room. Between its turns a conversation is in no cluster's load, so by load and
+    /// depth alone a new conversation lands as often on an engine whose cache is full of
+    /// others (which it then evicts) as on one with room. The fewest entries stand for the
+    /// most room, as the smallest radix tree does in SGLang's and vLLM's cache-aware
+    /// routers. Load still comes first: depth and room only break ties.
     fn roomiest(
         &self,
-        settings: &AffinitySettings,
         candidates: Vec<Arc<Cluster>>,
-        keys: &PrefixKeys,
         depths: &[usize],
         now: Instant,
     ) -> Vec<Arc<Cluster>> {
         type Rank = (f64, usize, std::cmp::Reverse<usize>, usize);
         let rank = |c: &Cluster, depth: usize| {
-            let (mut load, in_flight) = load_rank(c, now);
-            if depth > 0 && c.load().queue_depth(now) == 0.0 {
-                let prices = self.prices_under(settings, c.id());
-                load -= settings
-                    .priced_at(
-                        prices.prefill_tokens_per_second,
-                        prices.queued_request_seconds,
-                    )
-                    .match_worth(keys.covered_bytes(depth));
-            }
+            let (load, in_flight) = load_rank(c, now);
             (
                 load,
                 in_flight,

@@ -386,50 +386,6 @@ fn a_match_too_short_to_stick_still_wins_a_tie_on_load() {
 }
 
 #[test]
-fn a_match_too_short_to_stick_is_worth_its_price_in_load_where_nothing_waits() {
-    let f = three_sites();
-    // A CPU engine's prices: 100 tokens a second, a queued request 1 s. A 9- or 10-block
-    // match (576 or 640 tokens) saves 5.8 or 6.4 s: that many requests of load.
-    f.affinity.set_settings(settings(
-        &PrefixAffinityConfig::default()
-            .with_prefill_tokens_per_second(Price::Fixed(100.0))
-            .with_queued_request_seconds(Price::Fixed(1.0)),
-    ));
-    let house = text("house", 10 * 256);
-    let first = f.prompt(&[("system", &house), ("user", "first")]);
-    let next = f.prompt(&[
-        ("system", &house),
-        ("user", &text("a long question", 6 * 256)),
-    ]);
-    f.confirm("west-a", &first);
-    for name in ["east-a", "west-a", "north-a"] {
-        f.set_queue(name, Some(0.0));
-    }
-    let west = f.cluster("west-a");
-    let mut sent: Vec<_> = (0..5).map(|_| west.load().start_request()).collect();
-    // Five sent, none started: load 5 + 5 against 0, more than the match saves; the idle
-    // ones take it.
-    let decision = f.decide(&next);
-    assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
-    assert!(
-        (9..=10).contains(&decision.deepest()),
-        "{}",
-        decision.deepest()
-    );
-    assert_eq!(names(&decision), ["east-a", "north-a"]);
-    // Started and streaming they weigh 5, less than the match saves: the holder is worth
-    // waiting for.
-    for request in &mut sent {
-        request.started();
-    }
-    assert_eq!(names(&f.decide(&next)), ["west-a"]);
-    // Its engine reports a request waiting: the new one would wait behind the whole queue,
-    // and the match is no longer priced against the load (6 against 0).
-    f.set_queue("west-a", Some(1.0));
-    assert_eq!(names(&f.decide(&next)), ["east-a", "north-a"]);
-}
-
-#[test]
 fn a_match_under_8_kib_sticks_only_when_it_covers_the_threshold() {
     let f = two_sites();
     let prompt = f.prompt(&[("system", &text("house", 10 * 256)), ("user", "hi")]);
