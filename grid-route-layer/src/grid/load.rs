@@ -1,5 +1,4 @@
-//! A cluster's live load: windowed worst queue depth, endpoint health, requests in flight
-//! and how many of them have not started.
+//! A cluster's live load: windowed worst queue depth, endpoint health, requests in flight.
 
 use super::GridSettings;
 
@@ -16,7 +15,7 @@ pub const MAX_QUEUE_SAMPLE: f64 = 1_000_000.0;
 /// The live load of one cluster, shared by every request that reads or changes it.
 ///
 /// Everything here is interior-mutable and cheap to read: queue samples sit behind one
-/// small mutex per endpoint, health and the in-flight counts are atomics. Time is passed in,
+/// small mutex per endpoint, health and in-flight counts are atomics. Time is passed in,
 /// never read, so the simulator and tests drive it with any clock.
 ///
 /// # Queue depth
@@ -33,15 +32,12 @@ pub const MAX_QUEUE_SAMPLE: f64 = 1_000_000.0;
 ///
 /// What selection and the affinity load gate compare is
 /// [`routing_load`](Self::routing_load): the queue depth alone, or with
-/// [`GridSettings::count_in_flight`] the larger of the queue depth and this replica's
-/// requests that have not started, plus its requests in flight, which grows the moment a
-/// request is sent rather than at the next poll.
+/// [`GridSettings::count_in_flight`] the queue depth plus this replica's requests in
+/// flight, which grows the moment a request is sent rather than at the next poll.
 pub struct ClusterLoad {
     window: Duration,
     count_in_flight: bool,
     in_flight: Arc<AtomicUsize>,
-    /// Of those, the requests whose answer has not started ([`InFlight::started`]).
-    unstarted: Arc<AtomicUsize>,
     /// In the cluster's endpoint order.
     endpoints: Box<[Arc<EndpointLoad>]>,
 }
@@ -59,7 +55,6 @@ impl ClusterLoad {
             window: settings.queue_window,
             count_in_flight: settings.count_in_flight,
             in_flight: Arc::new(AtomicUsize::new(0)),
-            unstarted: Arc::new(AtomicUsize::new(0)),
             endpoints: endpoints
                 .iter()
                 .map(|url| Arc::new(EndpointLoad::new(Arc::clone(url))))
@@ -74,7 +69,6 @@ impl ClusterLoad {
             window: settings.queue_window,
             count_in_flight: settings.count_in_flight,
             in_flight: Arc::clone(&self.in_flight),
-            unstarted: Arc::clone(&self.unstarted),
             endpoints: endpoints
                 .iter()
                 .map(|url| match self.endpoint(url) {
@@ -128,32 +122,21 @@ impl ClusterLoad {
     /// The load that selection and the affinity load gate compare at `now`:
     ///
     /// ```text
-    /// routing_load = queue_depth(now)                                    count_in_flight: false
-    /// routing_load = max(queue_depth(now), unstarted()) + in_flight()    count_in_flight: true
+    /// routing_load = queue_depth(now)                        count_in_flight: false
+    /// routing_load = queue_depth(now) + in_flight()          count_in_flight: true
     /// ```
     ///
-    /// Every term counts requests:
-    ///
-    /// - the engines' waiting requests, the worst of the window;
-    /// - this replica's requests that have not started: sent, and no byte of the answer's
-    ///   body back yet, so waiting or prefilling at the engine
-    ///   ([`InFlightBody`](crate::select::InFlightBody) marks the first one). They are the
-    ///   requests a new one would wait behind, counted the moment they are sent rather
-    ///   than at the next poll: that stops a burst piling onto one cluster between two
-    ///   polls. The larger of the two, not their sum: the gauge counts this replica's
-    ///   waiting requests again, and adding it counted each of them twice, while the gauge
-    ///   alone misses a burst, and this replica's count alone misses other replicas' work;
-    /// - this replica's requests whose answer has not ended (queued, prefilling or
-    ///   streaming): what tells an engine running two streams from an idle one, since
-    ///   engines count only waiting requests. A request that has not started counts here
-    ///   too, so a waiting one weighs twice what a streaming one does, which errs towards
-    ///   spreading.
-    ///
+    /// Both terms count requests: the engines' waiting requests (the worst of the window)
+    /// and this replica's requests whose answer has not ended (queued, prefilling or
+    /// streaming: [`InFlightBody`](crate::select::InFlightBody)). The second counts a
+    /// waiting request twice, which errs towards spreading; it is what stops a burst
+    /// piling onto one cluster between two polls, and what tells an engine running two
+    /// streams from an idle one, since engines count only waiting requests.
     /// `f64::INFINITY` when unmeasured, either way.
     pub fn routing_load(&self, now: Instant) -> f64 {
         let queue = self.queue_depth(now);
         if self.count_in_flight {
-            queue.max(self.unstarted() as f64) + self.in_flight() as f64
+            queue + self.in_flight() as f64
         } else {
             queue
         }
@@ -207,20 +190,11 @@ impl ClusterLoad {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Of the requests in flight, those whose answer has not started: no byte of its body
-    /// has come back ([`InFlight::started`]).
-    pub fn unstarted(&self) -> usize {
-        self.unstarted.load(Ordering::Relaxed)
-    }
-
-    /// Counts a request in flight, and not started, until the returned guard says it
-    /// started ([`InFlight::started`]) or is dropped.
+    /// Counts a request in flight until the returned guard is dropped.
     pub fn start_request(&self) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.unstarted.fetch_add(1, Ordering::Relaxed);
         InFlight {
             count: Arc::clone(&self.in_flight),
-            unstarted: Some(Arc::clone(&self.unstarted)),
         }
     }
 }
@@ -231,50 +205,28 @@ impl fmt::Debug for ClusterLoad {
             .field("window", &self.window)
             .field("count_in_flight", &self.count_in_flight)
             .field("in_flight", &self.in_flight())
-            .field("unstarted", &self.unstarted())
             .field("endpoints", &self.endpoints)
             .finish()
     }
 }
 
-/// A request counted in its cluster's [`ClusterLoad::in_flight`], and in
-/// [`ClusterLoad::unstarted`] until [`started`](Self::started); dropping it ends both
-/// counts. The counts survive reconfiguration, so a guard taken before a reload still
-/// lowers the right counters.
+/// A request counted in its cluster's [`ClusterLoad::in_flight`]; dropping it ends the
+/// count. The count survives reconfiguration, so a guard taken before a reload still
+/// lowers the right counter.
 #[must_use = "the request stops counting as in flight when the guard is dropped"]
 pub struct InFlight {
     count: Arc<AtomicUsize>,
-    /// `None` once started.
-    unstarted: Option<Arc<AtomicUsize>>,
-}
-
-impl InFlight {
-    /// The answer has started (its body's first byte came back): the request stops
-    /// counting in [`ClusterLoad::unstarted`] and stays in flight. Later calls do nothing.
-    pub fn started(&mut self) {
-        if let Some(unstarted) = self.unstarted.take() {
-            unstarted.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether [`started`](Self::started) was called.
-    pub fn has_started(&self) -> bool {
-        self.unstarted.is_none()
-    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.started();
         self.count.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 impl fmt::Debug for InFlight {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InFlight")
-            .field("started", &self.has_started())
-            .finish_non_exhaustive()
+        f.debug_struct("InFlight").finish_non_exhaustive()
     }
 }
 
@@ -513,47 +465,14 @@ mod tests {
         assert_eq!(queue_only.routing_load(t0), 2.0);
         assert!(!queue_only.counts_in_flight());
 
-        // Queue 2, two sent and not started: max(2, 2) + 2.
         let first = counting.start_request();
-        let mut second = counting.start_request();
+        let _second = counting.start_request();
         assert_eq!(counting.routing_load(t0), 4.0);
         drop(first);
-        assert_eq!(counting.routing_load(t0), 3.0);
-        // Started, it streams: in flight only, and the gauge's 2 is the larger term.
-        second.started();
         assert_eq!(counting.routing_load(t0), 3.0);
         assert!(counting.counts_in_flight());
         // Unmeasured stays unmeasured, whatever is in flight.
         assert_eq!(counting.routing_load(t0 + WINDOW), f64::INFINITY);
-    }
-
-    #[test]
-    fn requests_not_started_count_once_with_the_gauge_that_sees_them() {
-        let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
-        let t0 = Instant::now();
-        load.record_queue("http://e0", Some(0.0), t0);
-        // A burst of three between two polls: the gauge still says 0, the burst counts.
-        let mut sent: Vec<InFlight> = (0..3).map(|_| load.start_request()).collect();
-        assert_eq!(load.unstarted(), 3);
-        assert_eq!(load.routing_load(t0), 3.0 + 3.0);
-        // The next poll sees two of them waiting: they are not counted again.
-        load.record_queue("http://e0", Some(2.0), t0 + secs(1));
-        assert_eq!(load.routing_load(t0 + secs(1)), 3.0 + 3.0);
-        // Two start streaming; the third still waits. Other replicas' work shows as a
-        // gauge above this replica's own count.
-        sent[0].started();
-        sent[1].started();
-        sent[1].started();
-        assert_eq!(load.unstarted(), 1);
-        assert!(sent[0].has_started() && !sent[2].has_started());
-        assert_eq!(load.routing_load(t0 + secs(1)), 2.0 + 3.0);
-        load.record_queue("http://e0", Some(0.0), t0 + secs(11));
-        assert_eq!(load.routing_load(t0 + secs(11)), 1.0 + 3.0);
-        // Dropping a started guard and an unstarted one each ends what it counted.
-        drop(sent.remove(2));
-        drop(sent.remove(0));
-        assert_eq!((load.unstarted(), load.in_flight()), (0, 1));
-        assert_eq!(load.routing_load(t0 + secs(11)), 1.0);
     }
 
     #[test]

@@ -4,7 +4,6 @@ use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -20,12 +19,6 @@ pin_project! {
     /// before they prefill, so a request that counted only until its head stopped
     /// counting while its engine was still working on it, and a cluster busy with long
     /// streams looked idle.
-    ///
-    /// The body's first non-empty data frame marks the request started
-    /// ([`InFlight::started`]): it no longer counts in its cluster's
-    /// [`unstarted`](crate::grid::ClusterLoad::unstarted) requests, the ones a new request
-    /// would wait behind. For a stream that is its first token (an engine sends nothing
-    /// before it has prefilled); for a whole JSON answer, its end.
     pub struct InFlightBody<B> {
         #[pin]
         body: B,
@@ -44,11 +37,6 @@ impl<B> InFlightBody<B> {
     /// Whether the request still counts in flight (its body has not ended).
     pub fn counts_in_flight(&self) -> bool {
         self.in_flight.is_some()
-    }
-
-    /// Whether the request still counts as not started (no data of its body yet).
-    pub fn counts_unstarted(&self) -> bool {
-        self.in_flight.as_ref().is_some_and(|i| !i.has_started())
     }
 
     /// The inner body, by reference.
@@ -72,11 +60,6 @@ impl<B: Body> Body for InFlightBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let mut this = self.project();
         let frame = ready!(this.body.as_mut().poll_frame(cx));
-        if let (Some(Ok(frame)), Some(in_flight)) = (&frame, this.in_flight.as_mut())
-            && frame.data_ref().is_some_and(Buf::has_remaining)
-        {
-            in_flight.started();
-        }
         if !matches!(frame, Some(Ok(_))) || this.body.is_end_stream() {
             // The end, or an error the body will not recover from: the engine is done.
             this.in_flight.take();

@@ -376,64 +376,6 @@ fn a_stream_counts_in_flight_through_every_frame_until_its_end_or_error() {
 }
 
 #[test]
-fn a_stream_is_unstarted_until_its_first_data_and_in_flight_until_its_end() {
-    let f = three_clusters();
-    let cluster = f.cluster("east-a");
-    let frames = Frames {
-        frames: ["", "data: 1\n\n", "data: 2\n\n"].into(),
-        fails: false,
-    };
-    let mut body = InFlightBody::new(frames, cluster.load().start_request());
-    assert_eq!(
-        (cluster.load().unstarted(), cluster.load().in_flight()),
-        (1, 1)
-    );
-    // An empty frame is no byte of the answer: the engine has not started.
-    assert!(matches!(
-        poll_once(&mut body.frame()),
-        Poll::Ready(Some(Ok(_)))
-    ));
-    assert!(body.counts_unstarted());
-    assert_eq!(cluster.load().unstarted(), 1);
-    // The first token: started, still streaming.
-    assert!(matches!(
-        poll_once(&mut body.frame()),
-        Poll::Ready(Some(Ok(_)))
-    ));
-    assert!(!body.counts_unstarted() && body.counts_in_flight());
-    assert_eq!(
-        (cluster.load().unstarted(), cluster.load().in_flight()),
-        (0, 1)
-    );
-    assert!(matches!(
-        poll_once(&mut body.frame()),
-        Poll::Ready(Some(Ok(_)))
-    ));
-    assert!(matches!(poll_once(&mut body.frame()), Poll::Ready(None)));
-    assert_eq!(
-        (cluster.load().unstarted(), cluster.load().in_flight()),
-        (0, 0)
-    );
-}
-
-#[test]
-fn an_answer_dropped_before_its_first_data_stops_counting_as_unstarted() {
-    let f = three_clusters();
-    let cluster = f.cluster("east-a");
-    let frames = Frames {
-        frames: ["data: 1\n\n"].into(),
-        fails: false,
-    };
-    let body = InFlightBody::new(frames, cluster.load().start_request());
-    assert_eq!(cluster.load().unstarted(), 1);
-    drop(body);
-    assert_eq!(
-        (cluster.load().unstarted(), cluster.load().in_flight()),
-        (0, 0)
-    );
-}
-
-#[test]
 fn a_failed_connection_is_a_dispatch_error_naming_the_cluster() {
     let mut f = three_clusters();
     f.set_queue("west-a", 0.0);

@@ -25,9 +25,9 @@ struct Open {
     cluster: ClusterId,
     /// Whether its answer's head came back (p2c stops counting it then).
     headed: bool,
-    /// Counts in the cluster's in-flight load until the answer ends, and as not started
-    /// until its first token, as `Select`'s `InFlightBody` does.
-    in_flight: InFlight,
+    /// Counts in the cluster's in-flight load until the answer ends, as `Select`'s
+    /// `InFlightBody` does.
+    _in_flight: InFlight,
 }
 
 struct Replica {
@@ -127,21 +127,19 @@ impl Gateways {
                 engine,
                 cluster: cluster.id().clone(),
                 headed: false,
-                in_flight: cluster.load().start_request(),
+                _in_flight: cluster.load().start_request(),
             },
         );
         (engine, load)
     }
 
     /// Request `id`'s answer head came back: it stops counting for p2c (the example
-    /// gateway's `PendingRequests` counts to the head) and as not started, but still
-    /// counts in its cluster's in-flight load. Returns the replica and the cluster that served it, for
+    /// gateway's `PendingRequests` counts to the head) but still counts in its cluster's
+    /// in-flight load. Returns the replica and the cluster that served it, for
     /// confirmation.
     pub(super) fn head(&mut self, id: usize) -> Option<(usize, ClusterId)> {
         let open = self.open.get_mut(&id).filter(|open| !open.headed)?;
         open.headed = true;
-        // The head is the first token here: the request has started.
-        open.in_flight.started();
         self.replicas[open.replica].pending[open.engine] -= 1;
         Some((open.replica, open.cluster.clone()))
     }
