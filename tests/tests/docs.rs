@@ -181,22 +181,30 @@ fn documented_fields() -> Vec<String> {
         .collect()
 }
 
+/// Fails naming the first item one side has and the other lacks: `missing(item)` words an
+/// item of `truth` that `written` lacks, `extra(item)` one of `written` that `truth` lacks.
+fn assert_same_items(
+    truth: &BTreeSet<String>,
+    written: &BTreeSet<String>,
+    missing: impl Fn(&str) -> String,
+    extra: impl Fn(&str) -> String,
+) {
+    if let Some(item) = truth.difference(written).next() {
+        panic!("{}", missing(item));
+    }
+    if let Some(item) = written.difference(truth).next() {
+        panic!("{}", extra(item));
+    }
+}
+
 #[test]
 fn the_config_reference_lists_every_field_the_config_takes_and_no_other() {
-    let fields = config_fields();
-    let documented = documented_fields();
-    for field in &fields {
-        assert!(
-            documented.contains(field),
-            "docs/configuration.md does not list {field}"
-        );
-    }
-    for field in &documented {
-        assert!(
-            fields.contains(field),
-            "docs/configuration.md lists {field}, which the config does not take"
-        );
-    }
+    assert_same_items(
+        &config_fields().into_iter().collect(),
+        &documented_fields().into_iter().collect(),
+        |field| format!("docs/configuration.md does not list {field}"),
+        |field| format!("docs/configuration.md lists {field}, which the config does not take"),
+    );
 }
 
 /// A config holding `field` (a dotted path) set to a string: refused for its type maybe,
@@ -504,18 +512,12 @@ fn the_benchmarks_page_names_the_arenas_routers_and_the_benches_flags_as_the_scr
         })
         .map(str::to_string)
         .collect();
-    for name in &named {
-        assert!(
-            routers.contains(name),
-            "BENCHMARKS.md names router {name}, which scripts/arena does not take"
-        );
-    }
-    for router in &routers {
-        assert!(
-            named.contains(router),
-            "scripts/arena takes {router}, which BENCHMARKS.md does not describe"
-        );
-    }
+    assert_same_items(
+        &routers,
+        &named,
+        |router| format!("scripts/arena takes {router}, which BENCHMARKS.md does not describe"),
+        |name| format!("BENCHMARKS.md names router {name}, which scripts/arena does not take"),
+    );
     // Each bench's flags, as scripts/bench-results runs it and as the page shows it.
     let script = read("scripts/bench-results");
     for line in page.lines() {
