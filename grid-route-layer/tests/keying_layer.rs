@@ -95,6 +95,14 @@ async fn next_forwarded(
         .expect("forwarded")
 }
 
+/// What `answer` (a call through the layer, or the task running one) comes to, failing
+/// the test after [`DEADLINE`].
+async fn in_time<F: std::future::Future>(answer: F) -> F::Output {
+    tokio::time::timeout(DEADLINE, answer)
+        .await
+        .expect("answered in time")
+}
+
 /// [`forwarded`] through `layer`.
 async fn forwarded_through(
     layer: KeyingLayer,
@@ -106,11 +114,7 @@ async fn forwarded_through(
     respond.send_response(Response::new(Full::new(Bytes::from_static(b"ok"))));
     let (parts, body) = received.into_parts();
     let bytes = body.collect().await.expect("body").to_bytes().to_vec();
-    let response = tokio::time::timeout(DEADLINE, call)
-        .await
-        .expect("answered in time")
-        .expect("task")
-        .expect("response");
+    let response = in_time(call).await.expect("task").expect("response");
     assert_eq!(response.status(), 200);
     (parts.extensions, bytes)
 }
@@ -150,11 +154,7 @@ async fn keys_do_not_depend_on_how_the_body_was_chunked() {
             tokio::spawn(service.oneshot(chunked_post("/v1/chat/completions", &body, chunk)));
         let (received, respond) = next_forwarded(&mut handle).await;
         respond.send_response(Response::new(Full::new(Bytes::new())));
-        tokio::time::timeout(DEADLINE, call)
-            .await
-            .expect("answered in time")
-            .unwrap()
-            .unwrap();
+        in_time(call).await.unwrap().unwrap();
         let prompt = received.extensions().get::<Prompt>().unwrap();
         keys_by_chunking.push(prompt.keys().unwrap().as_slice().to_vec());
     }
@@ -276,7 +276,7 @@ async fn a_keyed_body_is_read_as_json_whatever_its_content_type() {
 /// and that nothing was forwarded.
 async fn answered(limit: usize, request: Request<Chunks>, status: u16, code: &str) {
     let (service, mut handle) = stack(limit);
-    let response = service.oneshot(request).await.unwrap();
+    let response = in_time(service.oneshot(request)).await.unwrap();
     assert_eq!(response.status(), status);
     let json: serde_json::Value =
         serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
@@ -417,11 +417,7 @@ async fn a_large_body_is_keyed_like_a_small_one() {
     let call = tokio::spawn(service.oneshot(chunked_post("/v1/completions", &body, 64 * 1024)));
     let (received, respond) = next_forwarded(&mut handle).await;
     respond.send_response(Response::new(Full::new(Bytes::new())));
-    tokio::time::timeout(DEADLINE, call)
-        .await
-        .expect("answered in time")
-        .unwrap()
-        .unwrap();
+    in_time(call).await.unwrap().unwrap();
     let prompt = received.extensions().get::<Prompt>().unwrap();
     assert_eq!(
         prompt.keys().unwrap().as_slice(),
@@ -433,8 +429,7 @@ async fn a_large_body_is_keyed_like_a_small_one() {
 async fn a_duplicated_routing_field_is_a_400_and_nothing_is_forwarded() {
     let body = br#"{"model":"a","messages":[],"model":"b"}"#;
     let (service, mut handle) = stack(1 << 20);
-    let response = service
-        .oneshot(chunked_post("/v1/chat/completions", body, 3))
+    let response = in_time(service.oneshot(chunked_post("/v1/chat/completions", body, 3)))
         .await
         .unwrap();
     assert_eq!(response.status(), 400);
