@@ -1144,3 +1144,58 @@ fn a_body_that_cannot_be_keyed_still_names_its_session() {
     let key = prompt.session().unwrap().as_u64();
     assert!(!printed.contains(&key.to_string()) && !printed.contains(&format!("{key:x}")));
 }
+
+// ---- conversation openings ------------------------------------------------------------
+
+#[test]
+fn a_prompt_with_no_earlier_answer_opens_a_conversation() {
+    let sys = long("sys");
+    let opens = |api: Api, body: Value| keyed(api, &body.to_string()).opens_conversation();
+    let chat = |messages: Value| json!({"model": "m", "messages": messages});
+    assert!(opens(
+        Api::ChatCompletions,
+        chat(json!([{"role": "system", "content": sys}, {"role": "user", "content": "hi"}]))
+    ));
+    for answered in [
+        json!({"role": "assistant", "content": "hello"}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": "42"}),
+        json!({"role": "function", "name": "f", "content": "42"}),
+    ] {
+        let body = chat(
+            json!([{"role": "user", "content": sys}, answered, {"role": "user", "content": "and?"}]),
+        );
+        assert!(!opens(Api::ChatCompletions, body.clone()), "{body}");
+    }
+    let messages = |messages: Value| json!({"model": "m", "max_tokens": 8, "system": sys, "messages": messages});
+    assert!(opens(
+        Api::Messages,
+        messages(json!([{"role": "user", "content": "hi"}]))
+    ));
+    assert!(!opens(
+        Api::Messages,
+        messages(json!([
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "and?"}
+        ]))
+    ));
+    let responses = |input: Value| json!({"model": "m", "instructions": sys, "input": input});
+    assert!(opens(Api::Responses, responses(json!("hi"))));
+    assert!(opens(
+        Api::Responses,
+        responses(json!([{"role": "user", "content": "hi"}]))
+    ));
+    for answered in [
+        json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]}),
+        json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}),
+        json!({"type": "function_call_output", "call_id": "c1", "output": "42"}),
+    ] {
+        let body = responses(json!([{"role": "user", "content": "hi"}, answered]));
+        assert!(!opens(Api::Responses, body.clone()), "{body}");
+    }
+    // A Completions prompt is one text: whether it continues a conversation cannot be told.
+    assert!(!opens(
+        Api::Completions,
+        json!({"model": "m", "prompt": sys})
+    ));
+}

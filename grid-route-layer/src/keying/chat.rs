@@ -9,6 +9,7 @@ use super::walk::{
     write_rendered,
 };
 
+const ROLE: usize = 0;
 const NAME: usize = 2;
 const TOOL_CALLS: usize = 3;
 const FUNCTION_CALL: usize = 4;
@@ -24,12 +25,16 @@ const MESSAGE_FIELDS: [&[u8]; 5] = [
 /// Writes each message: role, content, then `name`, tool calls and the legacy
 /// `function_call`. `tool_call_id`, `reasoning_content`/`reasoning` and unknown fields are
 /// ignored. Content met before the role is rendered aside and written after it.
+///
+/// Returns whether the messages open a conversation: none is the model's (role
+/// `assistant`, or a `tool` or `function` result answering one).
 pub(super) fn messages(
     seed: &KeySeed,
     s: &mut Scanner<'_>,
     out: &mut impl TextSink,
-) -> Result<(), NoKeys> {
+) -> Result<bool, NoKeys> {
     let buf = s.buf();
+    let mut opens = true;
     let mut items = s.begin_array()?;
     while s.next_item(&mut items)? {
         let found = walk::message(
@@ -48,8 +53,12 @@ pub(super) fn messages(
         if let Some(span) = found.span(FUNCTION_CALL) {
             function(seed, &mut Scanner::at(buf, span), out)?;
         }
+        opens &= !matches!(
+            found.small_string(buf, ROLE).as_deref(),
+            Some(b"assistant" | b"tool" | b"function")
+        );
     }
-    Ok(())
+    Ok(opens)
 }
 
 /// A string, or an array of parts; a string keys like one text part holding it.

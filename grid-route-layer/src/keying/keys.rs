@@ -85,6 +85,7 @@ impl FromStr for Api {
 pub struct PrefixKeys {
     keys: Arc<[u64]>,
     blocks: u64,
+    opens: bool,
 }
 
 impl PrefixKeys {
@@ -92,7 +93,39 @@ impl PrefixKeys {
         Self {
             keys: keys.into(),
             blocks,
+            opens: false,
         }
+    }
+
+    /// These keys, marked as opening a conversation or not (see
+    /// [`opens_conversation`](Self::opens_conversation)). Keys built by
+    /// [`from_block_digests`](Self::from_block_digests) are not, until marked.
+    #[must_use]
+    pub fn opening(mut self, opens: bool) -> Self {
+        self.opens = opens;
+        self
+    }
+
+    /// Whether the prompt opens a conversation: it holds no earlier answer of the model (no
+    /// `assistant` message, tool call, tool result or reasoning). Such a prompt can match
+    /// other conversations' shared head (a system prompt), never its own history. A
+    /// Completions prompt, one text, is never taken for one.
+    ///
+    /// ```
+    /// use grid_route_layer::keying::{Api, KeySeed, key_body};
+    ///
+    /// let seed = KeySeed::random();
+    /// let system = "You answer questions about the grid. ".repeat(20);
+    /// let opens = |messages: &str| {
+    ///     let body = format!(r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{messages}]}}"#);
+    ///     let prompt = key_body(&seed, Api::ChatCompletions, body.as_bytes()).unwrap();
+    ///     prompt.keys().unwrap().opens_conversation()
+    /// };
+    /// assert!(opens(r#"{"role":"user","content":"hi"}"#));
+    /// assert!(!opens(r#"{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"and?"}"#));
+    /// ```
+    pub fn opens_conversation(&self) -> bool {
+        self.opens
     }
 
     /// The keys of a prompt whose 256-byte blocks were hashed elsewhere — a trace's block
@@ -173,6 +206,7 @@ impl fmt::Debug for PrefixKeys {
             .field("len", &self.keys.len())
             .field("blocks", &self.blocks)
             .field("covered_bytes", &self.total_covered_bytes())
+            .field("opens", &self.opens)
             .finish()
     }
 }
@@ -392,7 +426,8 @@ struct TopLevel {
     session: Option<Span>,
     /// Each preamble field, rendered into its stream bytes when met (or why it has none).
     preamble: [Option<Result<Vec<u8>, NoKeys>>; PREAMBLE.len()],
-    turns: Option<Result<(), NoKeys>>,
+    /// The prompt's turns, read: whether they open a conversation, or why they give no keys.
+    turns: Option<Result<bool, NoKeys>>,
     stored_state: Option<&'static str>,
 }
 
@@ -650,10 +685,11 @@ fn walk_turns(
     api: Api,
     s: &mut Scanner<'_>,
     out: &mut BlockChain,
-) -> Result<(), NoKeys> {
+) -> Result<bool, NoKeys> {
     match api {
         Api::ChatCompletions => chat::messages(seed, s, out),
-        Api::Completions => completions::prompt(s, out),
+        // One text: whether it continues a conversation cannot be told.
+        Api::Completions => completions::prompt(s, out).map(|()| false),
         Api::Messages => messages::messages(seed, s, out),
         Api::Responses => responses::input(seed, s, out),
     }
@@ -669,7 +705,7 @@ fn finish_keys(
     if let Some(field) = top.stored_state {
         return Err(NoKeys::StoredState { field });
     }
-    top.turns.clone().unwrap_or(Err(NoKeys::NoPrompt))?;
+    let opens = top.turns.clone().unwrap_or(Err(NoKeys::NoPrompt))?;
     let mut preamble = BlockChain::preamble(seed);
     for rendered in top.preamble.iter().flatten() {
         preamble.text(rendered.as_ref().map_err(Clone::clone)?);
@@ -683,7 +719,7 @@ fn finish_keys(
             bytes: stream_bytes,
         });
     }
-    Ok(keys)
+    Ok(keys.opening(opens))
 }
 
 /// Renders preamble field `i`, read at the scanner, into its stream bytes.

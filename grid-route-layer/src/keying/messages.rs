@@ -10,22 +10,27 @@ use super::walk::{
 };
 
 /// Writes each message: its role, then its content (rendered aside when it comes first).
+///
+/// Returns whether the messages open a conversation: none has the role `assistant`.
 pub(super) fn messages(
     seed: &KeySeed,
     s: &mut Scanner<'_>,
     out: &mut impl TextSink,
-) -> Result<(), NoKeys> {
+) -> Result<bool, NoKeys> {
+    let buf = s.buf();
+    let mut opens = true;
     let mut items = s.begin_array()?;
     while s.next_item(&mut items)? {
-        walk::message(
+        let found = walk::message(
             s,
             [b"role", b"content"],
             out,
             |s, out| content(seed, s, out),
             |s, d| content(seed, s, d),
         )?;
+        opens &= found.small_string(buf, 0).as_deref() != Some(b"assistant");
     }
-    Ok(())
+    Ok(opens)
 }
 
 /// The top-level `system`, when it is an array: text blocks only.

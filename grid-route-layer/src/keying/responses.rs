@@ -10,26 +10,28 @@ use super::walk::{
 };
 
 /// Writes the input: a string keys as one user message holding it; an array is read item
-/// by item.
+/// by item. Returns whether the input opens a conversation: a string does, an array when
+/// none of its items is the model's (see [`item`]).
 pub(super) fn input(
     seed: &KeySeed,
     s: &mut Scanner<'_>,
     out: &mut impl TextSink,
-) -> Result<(), NoKeys> {
+) -> Result<bool, NoKeys> {
     match s.peek_kind()? {
         Kind::String => {
             marker(out, Marker::Message);
             out.text(b"user");
             marker(out, Marker::Text);
             s.string(out)?;
-            Ok(())
+            Ok(true)
         }
         Kind::Array => {
+            let mut opens = true;
             let mut items = s.begin_array()?;
             while s.next_item(&mut items)? {
-                item(seed, s, out)?;
+                opens &= !item(seed, s, out)?;
             }
-            Ok(())
+            Ok(opens)
         }
         _ => Err(NoKeys::unreadable("a string or an array as input")),
     }
@@ -59,7 +61,10 @@ const ITEM_FIELDS: [&[u8]; 6] = [
 /// - `reasoning`: ignored.
 /// - `item_reference`: names stored state, so the request gets no keys.
 /// - Any other type: no keys. Item ids and statuses are ignored.
-fn item(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<(), NoKeys> {
+///
+/// Returns whether the item is the model's: an `assistant` message, a function call or
+/// its output, or reasoning.
+fn item(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<bool, NoKeys> {
     let buf = s.buf();
     let mut early: Option<Rendered> = None;
     let mut streamed_message = false;
@@ -127,7 +132,10 @@ fn item(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<
         }
         other => return Err(unknown("input item", Some(other))),
     }
-    Ok(())
+    Ok(match kind {
+        b"message" => found.small_string(buf, ROLE).as_deref() == Some(b"assistant"),
+        _ => true,
+    })
 }
 
 /// A string, or an array of content parts; a string keys like one text part holding it.
