@@ -865,9 +865,10 @@ async fn chat_as(gateway: &Gateway, session: Option<&str>, body: Vec<u8>) -> Ans
 }
 
 #[tokio::test]
-async fn a_new_session_under_a_shared_system_prompt_is_not_crowded_onto_a_busier_cluster() {
-    // A CPU-like prefill price: the 9 KiB system prompt saves about 23 s there, eleven
-    // queued requests, so the load gate keeps it one queued request heavier.
+async fn a_new_conversation_under_a_short_shared_system_prompt_is_not_crowded_onto_a_busier_cluster()
+ {
+    // A CPU-like prefill price: the 6 KiB system prompt saves about 15 s there, seven
+    // queued requests, so the load gate alone would keep it one queued request heavier.
     let (east, west, gateway) = two_sites_with(
         "east",
         "west",
@@ -876,8 +877,8 @@ async fn a_new_session_under_a_shared_system_prompt_is_not_crowded_onto_a_busier
     )
     .await;
     let topic = rand_topic();
-    let system = text(&format!("house rules {topic}"), 9 * 1024);
-    let (a, b) = (format!("a-{topic}"), format!("b-{topic}"));
+    let system = text(&format!("house rules {topic}"), 6 * 1024);
+    let a = format!("a-{topic}");
     // Each question is longer than a keying block, so a's own prompt reaches past the
     // system prompt's keys.
     let a_asks = text("a asks", 1024);
@@ -888,22 +889,21 @@ async fn a_new_session_under_a_shared_system_prompt_is_not_crowded_onto_a_busier
         .unwrap()
         .to_owned();
     queue_at(&gateway, (&east, &west), &home, 1).await;
-    // A turn naming no session is the load gate's to weigh: it keeps the system prompt's
-    // cluster one queued request heavier.
+    // A first turn naming no session holds no earlier answer: it opens a conversation, and
+    // would only share a's system prompt, so it goes by load.
     let anonymous = turn_under(&system, &[], &text("someone asks", 1024));
-    assert_eq!(chat_as(&gateway, None, anonymous).await.engine_name(), home);
-    // b is a new conversation: it would share only a's system prompt, so it goes by load.
-    let b_first = turn_under(&system, &[], &text("b asks", 1024));
     assert_eq!(
-        chat_as(&gateway, Some(&b), b_first).await.engine_name(),
+        chat_as(&gateway, None, anonymous).await.engine_name(),
         other(&home)
     );
-    // a's own next turn keeps its cluster through the same queue.
-    let a_next = turn_under(&system, &[("user", &a_asks), ("assistant", &reply)], "and?");
+    // a's own next turn keeps its cluster through the same queue, with its session or
+    // without: it holds a's answer.
+    let a_next = || turn_under(&system, &[("user", &a_asks), ("assistant", &reply)], "and?");
     assert_eq!(
-        chat_as(&gateway, Some(&a), a_next).await.engine_name(),
+        chat_as(&gateway, Some(&a), a_next()).await.engine_name(),
         home
     );
+    assert_eq!(chat_as(&gateway, None, a_next()).await.engine_name(), home);
 }
 
 /// A topic no other conversation of the test used.

@@ -111,12 +111,18 @@ pub fn simulate(
         .prefix_affinity()
         .validate()
         .map_err(|e| SimulateError::Settings(e.to_string()))?;
-    let keys: Vec<_> = trace.iter().map(TraceRequest::keys).collect();
+    let conversations = trace::derive_sessions(trace);
+    // A request that continues no earlier one opens its conversation: a gateway reads that
+    // from the messages (no earlier answer in them).
+    let keys: Vec<_> = trace
+        .iter()
+        .zip(conversations.iter().enumerate())
+        .map(|(request, (id, &conversation))| {
+            request.keys().map(|keys| keys.opening(conversation == id))
+        })
+        .collect();
     let sessions: Vec<_> = if args.sessions {
-        trace::derive_sessions(trace)
-            .into_iter()
-            .map(trace::session_key)
-            .collect()
+        conversations.into_iter().map(trace::session_key).collect()
     } else {
         Vec::new()
     };

@@ -249,10 +249,15 @@ impl Affinity {
     ///
     /// - no keys and no session is [`Outcome::NotApplicable`], `draw < exploration` is
     ///   [`Outcome::Exploration`], else [`narrow`] on the index's depths at `now`;
-    /// - a sticky match for a request whose session no candidate has answered (a new
-    ///   conversation, which can only be matching a head others share) is
-    ///   [`Outcome::LoadOverride`] when its least loaded holder is busier than the least
-    ///   loaded other candidate: it is not crowded in beside the conversations there;
+    /// - a sticky match shorter than [`STICKY_MATCH_BYTES`] for a request that opens a
+    ///   conversation (its prompt holds no earlier answer,
+    ///   [`PrefixKeys::opens_conversation`], or its session no candidate has answered),
+    ///   which can only be matching a head others share, is [`Outcome::LoadOverride`] when
+    ///   its least loaded holder is busier than the least loaded other candidate: it is not
+    ///   crowded in beside the conversations there. A head that long sticks on its own
+    ///   length and is the load gate's to weigh: its prefill is worth saving wherever it
+    ///   lives, while a shorter one sticks only because the question after it is shorter
+    ///   still, and the conversation outgrows it within a turn or two;
     /// - a sticky prefix match wins. Otherwise, with
     ///   [`session_affinity`](AffinitySettings::session_affinity) on and the session last
     ///   answered at one of the candidates ([`PrefixIndex::session`]), the load gate weighs
@@ -321,8 +326,9 @@ impl Affinity {
         });
         if narrowing.outcome == Outcome::Sticky
             && narrowing.holder_busier
-            && let Some(session) = session
-            && self.is_new(&candidates, session, now)
+            && keys.covered_bytes(narrowing.deepest) < STICKY_MATCH_BYTES
+            && (keys.opens_conversation()
+                || session.is_some_and(|session| self.is_new(&candidates, session, now)))
         {
             // A new conversation is not crowded onto a busier holder (see the docs above).
             narrowing.outcome = Outcome::LoadOverride;

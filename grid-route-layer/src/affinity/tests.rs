@@ -1155,25 +1155,25 @@ fn a_session_whose_cluster_is_busier_than_its_prompt_is_worth_goes_elsewhere() {
     assert_eq!(names(&decision), ["east-a"]);
 }
 
-#[test]
-fn a_new_conversation_matching_a_shared_head_is_not_crowded_in_beside_others() {
+/// Two sites; east prefills 100 tokens a second (a queued request costs 2 s), and has
+/// answered conversation `conv-a`'s first turn under a system prompt of `system_blocks`
+/// blocks. Returns the fixture, the system prompt, and a's next turn.
+fn conversation_at_slow_east(system_blocks: usize) -> (Fixture, String, Prompt) {
     let f = two_sites();
     learning(&f);
     let east = f.id("east-a");
-    // East prefills 100 tokens a second: a 40-block system prompt saves 26 s there, 13
-    // queued requests, so the load gate alone keeps it through a queue one longer.
     for _ in 0..40 {
         f.affinity.learn(&east, answer(1_000, 0.0, 10.0));
     }
-    let house = text("house", 40 * 256);
-    let turn = |key: &str, question: &str| {
-        prompt_of(
-            &f.seed,
-            &session_body(&[("system", &house), ("user", question)], key, None),
-        )
-    };
-    // Conversation a was answered at east; b is new, under the same system prompt.
-    let a = turn("conv-a", "first question of a");
+    let house = text("house", system_blocks * 256);
+    let a = prompt_of(
+        &f.seed,
+        &session_body(
+            &[("system", &house), ("user", "first question of a")],
+            "conv-a",
+            None,
+        ),
+    );
     f.answered("east-a", &a);
     let a_next = prompt_of(
         &f.seed,
@@ -1188,24 +1188,76 @@ fn a_new_conversation_matching_a_shared_head_is_not_crowded_in_beside_others() {
             None,
         ),
     );
-    let b = turn("conv-b", "first question of b");
     f.set_queue("east-a", Some(0.0));
     f.set_queue("west-a", Some(0.0));
-    // With the loads equal there is no one to crowd: b sticks to the head.
-    assert_eq!(f.decide(&b).outcome(), Some(Outcome::Sticky));
-    // One request in flight at east.
-    let _in_flight = f.cluster("east-a").load().start_request();
-    // b would only share a's system prompt: it goes by load.
-    let decision = f.decide(&b);
-    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
-    assert_eq!(names(&decision), ["east-a", "west-a"]);
-    // The same head without a session is the load gate's to weigh: it sticks.
-    assert_eq!(
-        f.decide(&b.clone().with_session(None)).outcome(),
-        Some(Outcome::Sticky)
+    (f, house, a_next)
+}
+
+#[test]
+fn a_new_conversation_matching_a_short_shared_head_is_not_crowded_in_beside_others() {
+    // A 16-block system prompt saves 10 s at east, 5 queued requests: the load gate alone
+    // would keep it through a load one heavier.
+    let (f, house, a_next) = conversation_at_slow_east(16);
+    // b names a session no one has answered; the other names none, and holds no earlier
+    // answer. Both open a conversation under a's system prompt.
+    let b = prompt_of(
+        &f.seed,
+        &session_body(
+            &[("system", &house), ("user", "first question of b")],
+            "conv-b",
+            None,
+        ),
     );
-    // a's own next turn sticks through the same load.
+    let anonymous = f.prompt(&[("system", &house), ("user", "someone asks")]);
+    assert!(anonymous.session().is_none() && anonymous.keys().unwrap().opens_conversation());
+    // With the loads equal there is no one to crowd: they stick to the head.
+    for first in [&b, &anonymous] {
+        assert_eq!(f.decide(first).outcome(), Some(Outcome::Sticky));
+    }
+    // One request in flight at east: they would only share a's system prompt, so they go by
+    // load.
+    let _in_flight = f.cluster("east-a").load().start_request();
+    for first in [&b, &anonymous] {
+        let decision = f.decide(first);
+        assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+        assert_eq!(names(&decision), ["east-a", "west-a"]);
+    }
+    // a's own next turn holds a's answer: it sticks through the same load.
+    assert!(!a_next.keys().unwrap().opens_conversation());
     assert_eq!(f.decide(&a_next).outcome(), Some(Outcome::Sticky));
+    // So does a turn naming no session that holds an earlier answer.
+    let later = f.prompt(&[
+        ("system", &house),
+        ("user", "first question of a"),
+        ("assistant", "an answer"),
+        ("user", "and then?"),
+    ]);
+    assert_eq!(f.decide(&later).outcome(), Some(Outcome::Sticky));
+}
+
+#[test]
+fn a_new_conversation_matching_a_shared_head_of_8_kib_is_the_load_gates_to_weigh() {
+    // 40 blocks stick on their length alone and save 25.6 s at east, 12.8 queued requests.
+    let (f, house, _) = conversation_at_slow_east(40);
+    let b = prompt_of(
+        &f.seed,
+        &session_body(
+            &[("system", &house), ("user", "first question of b")],
+            "conv-b",
+            None,
+        ),
+    );
+    let anonymous = f.prompt(&[("system", &house), ("user", "someone asks")]);
+    let east = f.cluster("east-a");
+    let _in_flight = east.load().start_request();
+    for first in [&b, &anonymous] {
+        assert_eq!(f.decide(first).outcome(), Some(Outcome::Sticky));
+    }
+    // Past what the head is worth the gate gives it up.
+    f.set_queue("east-a", Some(13.0));
+    for first in [&b, &anonymous] {
+        assert_eq!(f.decide(first).outcome(), Some(Outcome::LoadOverride));
+    }
 }
 
 #[test]
