@@ -385,6 +385,94 @@ fn a_match_too_short_to_stick_still_wins_a_tie_on_load() {
     assert_eq!(names(&f.decide(&next)), ["north-a"]);
 }
 
+/// A CPU engine's fixed prices: 100 tokens a second, a queued request 1 s. A block (256
+/// bytes, 64 tokens) then saves 0.64 s: 0.64 of a request of load.
+fn cpu_prices(f: &Fixture) {
+    f.affinity.set_settings(settings(
+        &PrefixAffinityConfig::default()
+            .with_prefill_tokens_per_second(Price::Fixed(100.0))
+            .with_queued_request_seconds(Price::Fixed(1.0)),
+    ));
+}
+
+#[test]
+fn a_match_too_short_to_stick_is_worth_its_price_in_load() {
+    let f = three_sites();
+    cpu_prices(&f);
+    let house = text("house", 10 * 256);
+    let first = f.prompt(&[("system", &house), ("user", "first")]);
+    let next = f.prompt(&[
+        ("system", &house),
+        ("user", &text("a long question", 6 * 256)),
+    ]);
+    f.confirm("west-a", &first);
+    for name in ["east-a", "west-a", "north-a"] {
+        f.set_queue(name, Some(0.0));
+    }
+    // A 9- or 10-block match saves 5.8 or 6.4 s, that many requests of load. Four in
+    // flight and one waiting at its engine weigh 5: the holder is worth waiting for.
+    f.set_queue("west-a", Some(1.0));
+    let west = f.cluster("west-a");
+    let mut sent: Vec<_> = (0..4).map(|_| west.load().start_request()).collect();
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+    assert!(
+        (9..=10).contains(&decision.deepest()),
+        "{}",
+        decision.deepest()
+    );
+    assert_eq!(names(&decision), ["west-a"]);
+    // Three more in flight: 8 against 0 is more than the match saves; the idle ones take
+    // it.
+    sent.extend((0..3).map(|_| west.load().start_request()));
+    assert_eq!(names(&f.decide(&next)), ["east-a", "north-a"]);
+    // Answers ending take their weight off.
+    sent.truncate(4);
+    assert_eq!(names(&f.decide(&next)), ["west-a"]);
+}
+
+#[test]
+fn only_the_part_of_a_match_no_other_candidate_holds_is_worth_load() {
+    let f = three_sites();
+    cpu_prices(&f);
+    // A 10-block system prompt many conversations share, one of them 3 blocks further.
+    let house = text("house", 10 * 256);
+    let question = text("the first question", 3 * 256);
+    let first = f.prompt(&[("system", &house), ("user", &question)]);
+    let next = f.prompt(&[
+        ("system", &house),
+        ("user", &question),
+        ("assistant", "an answer"),
+        ("user", &text("a long follow-up", 7 * 256)),
+    ]);
+    f.confirm("west-a", &first);
+    f.confirm(
+        "east-a",
+        &f.prompt(&[("system", &house), ("user", "another")]),
+    );
+    for name in ["east-a", "west-a", "north-a"] {
+        f.set_queue(name, Some(0.0));
+    }
+    let depth = |name| {
+        f.index
+            .depths([f.id(name)].iter(), next.keys().unwrap().as_slice(), f.now)[0]
+    };
+    let (west, east) = (depth("west-a"), depth("east-a"));
+    assert!(west >= east + 3 && east >= 9, "west {west}, east {east}");
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::NoMatch));
+    // What west-a holds beyond the shared head saves (west − east) × 0.64 s, about two
+    // requests of load: one in flight there is worth waiting for.
+    let west_load = f.cluster("west-a");
+    let mut sent = vec![west_load.load().start_request()];
+    assert_eq!(names(&f.decide(&next)), ["west-a"]);
+    // Three are not. The whole match would be worth more than that, but east-a saves the
+    // head as well: of the two idle clusters it takes the request by depth.
+    sent.extend((0..2).map(|_| west_load.load().start_request()));
+    let worth = |d| 0.64 * f64::from(u32::try_from(d).unwrap());
+    assert!(worth(west) - worth(east) < 3.0 && worth(west) > 3.0);
+    assert_eq!(names(&f.decide(&next)), ["east-a"]);
+}
+
 #[test]
 fn a_match_under_8_kib_sticks_only_when_it_covers_the_threshold() {
     let f = two_sites();
