@@ -347,7 +347,7 @@ impl Affinity {
             }
         }
         if narrowing.outcome == Outcome::NoMatch {
-            candidates = self.roomiest(&settings, candidates, keys, &depths, now);
+            candidates = self.roomiest(candidates, &depths, now);
         } else {
             let mut depth = depths.iter();
             candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
@@ -459,57 +459,29 @@ impl SessionFound {
 }
 
 impl Affinity {
-    /// Where a request whose match does not stick may go: the candidates whose load, less
-    /// what holding more of its prompt than the others saves, is least (ties below).
+    /// Where a request whose match does not stick may go: the least loaded of
+    /// `candidates` (as [`least_loaded`](crate::select::least_loaded) ranks them), among
+    /// those the ones holding the most of its prompt (`depths[i]` is candidate `i`'s; a
+    /// depth under [`MIN_STICKY_DEPTH`] counts as none), and among those the ones whose
+    /// index holds the fewest entries.
     ///
-    /// ```text
-    /// rank = routing_load − (match_worth(deepest) − match_worth(next deepest))   the deepest holders
-    /// rank = routing_load                                                        the others
-    /// ```
-    ///
-    /// `match_worth` is the load gate's own price at the deepest holder's prices
-    /// ([`AffinitySettings::match_worth`]): the prefill a match saves, in requests of
-    /// load, of the bytes each depth covers; a depth under [`MIN_STICKY_DEPTH`] counts as
-    /// none. A match too short to stick is still prefill saved: a conversation whose new
-    /// turn adds more than `1 - threshold` of its prompt (a fifth at the default) goes back
-    /// to its engine unless another is less loaded by more than what that engine's match
-    /// saves, as the gate weighs a match that sticks. Only the part of the match no other
-    /// candidate holds counts: a head every engine holds (a shared system prompt) saves
-    /// the same wherever the request goes, and a head only some hold pulls the request
-    /// only where nothing deeper holds it. Ties on that rank go to the fewest requests in
-    /// flight, then to the deepest match, then to the fewest entries, which stand for the
+    /// A match too short to stick is still prefill saved where load ties: a conversation
+    /// whose new turn adds more than `1 - threshold` of its prompt (a fifth at the
+    /// default) goes back to its engine when that engine is no busier than the others, instead of to whichever engine has the
+    /// most room. Between its turns a conversation is in no cluster's load, so by load and
+    /// depth alone a new conversation lands as often on an engine whose cache is full of
+    /// others (which it then evicts) as on one with room. The fewest entries stand for the
     /// most room, as the smallest radix tree does in SGLang's and vLLM's cache-aware
-    /// routers: between its turns a conversation is in no cluster's load, so by load alone
-    /// a new conversation lands as often on an engine whose cache is full of others (which
-    /// it then evicts) as on one with room.
+    /// routers. Load still comes first: depth and room only break ties.
     fn roomiest(
         &self,
-        settings: &AffinitySettings,
         candidates: Vec<Arc<Cluster>>,
-        keys: &PrefixKeys,
         depths: &[usize],
         now: Instant,
     ) -> Vec<Arc<Cluster>> {
         type Rank = (f64, usize, std::cmp::Reverse<usize>, usize);
-        let floor = |d: usize| if d < MIN_STICKY_DEPTH { 0 } else { d };
-        let deepest = depths.iter().map(|&d| floor(d)).max().unwrap_or(0);
-        let second = depths
-            .iter()
-            .map(|&d| floor(d))
-            .filter(|&d| d < deepest)
-            .max()
-            .unwrap_or(0);
         let rank = |c: &Cluster, depth: usize| {
-            let (mut load, in_flight) = load_rank(c, now);
-            if depth > 0 && depth == deepest {
-                let prices = self.prices_under(settings, c.id());
-                let priced = settings.priced_at(
-                    prices.prefill_tokens_per_second,
-                    prices.queued_request_seconds,
-                );
-                load -= priced.match_worth(keys.covered_bytes(depth))
-                    - priced.match_worth(keys.covered_bytes(second));
-            }
+            let (load, in_flight) = load_rank(c, now);
             (
                 load,
                 in_flight,
@@ -527,7 +499,10 @@ impl Affinity {
             .into_iter()
             .zip(depths)
             // Under the floor a match is no preference: identical short prompts spread.
-            .map(|(c, &depth)| (rank(&c, floor(depth)), c))
+            .map(|(c, &depth)| {
+                let depth = if depth < MIN_STICKY_DEPTH { 0 } else { depth };
+                (rank(&c, depth), c)
+            })
             .collect();
         let Some(best) = ranked.iter().map(|(r, _)| *r).min_by(order) else {
             return Vec::new();

@@ -18,12 +18,11 @@
 //!    [`STICKY_MATCH_BYTES`] (32 blocks, 8 KiB) or at least `threshold` (default 0.8) of
 //!    the bytes the prompt's keys cover; never when `deepest <` [`MIN_STICKY_DEPTH`] (4),
 //!    so identical short prompts spread by load. Otherwise → [`Outcome::NoMatch`]: the
-//!    candidates whose load less what their match saves is least stay. A match of at
-//!    least [`MIN_STICKY_DEPTH`] keys too short to stick still saves prefill: the
-//!    deepest holders take the load gate's price (step 3) of what they hold beyond the
-//!    next deepest candidate off their load (a shared head saves the same anywhere). Ties
-//!    go to the fewest requests in flight, then the deepest match, then the fewest
-//!    entries in the index, the most room. Between its turns a conversation weighs on no cluster's load, so by load
+//!    least loaded candidates stay (as [`least_loaded`](crate::select::least_loaded)
+//!    ranks them), among those the ones holding the most of the prompt (a match of at
+//!    least [`MIN_STICKY_DEPTH`] keys too short to stick still saves prefill where load
+//!    ties), and among those the ones whose index holds the fewest entries, the most
+//!    room. Between its turns a conversation weighs on no cluster's load, so by load
 //!    alone a new one lands as often on an engine whose cache is full of others (which it
 //!    then evicts) as on one with room; SGLang's and vLLM's cache-aware routers send such
 //!    a request to the worker with the smallest tree for the same reason.
