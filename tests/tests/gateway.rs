@@ -417,30 +417,14 @@ async fn two_slow_sites_read_once(count_in_flight: bool) -> (MockEngine, MockEng
     (east, west, gateway)
 }
 
-/// Sends `bodies` to the chat endpoint all at once; returns how many each engine answered.
+/// Sends `bodies` to the chat endpoint, each as soon as the one before counts in flight at
+/// the gateway, so all are in flight together; returns how many each engine answered.
+/// Sent at the same instant, two decisions on the runtime's two threads could both read
+/// the loads before either request counted, a race these tests are not about.
 async fn burst<B: Into<Bytes> + Send + 'static>(
     gateway: &Gateway,
     bodies: Vec<B>,
 ) -> BTreeMap<String, usize> {
-    let url = format!("{}/v1/chat/completions", gateway.url());
-    let mut sent = tokio::task::JoinSet::new();
-    for body in bodies {
-        let url = url.clone();
-        sent.spawn(async move { send(Method::POST, &url, body).await });
-    }
-    let mut seen = BTreeMap::new();
-    while let Some(answer) = sent.join_next().await {
-        let answer = answer.unwrap();
-        assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
-        *seen.entry(answer.engine_name()).or_default() += 1;
-    }
-    seen
-}
-
-/// Sends `bodies` to the chat endpoint, each once the one before counts in flight at the
-/// gateway (two decisions made at the same instant would both see the load before either
-/// counts, a race this test is not about); returns how many each engine answered.
-async fn burst_one_by_one(gateway: &Gateway, bodies: Vec<String>) -> BTreeMap<String, usize> {
     let url = format!("{}/v1/chat/completions", gateway.url());
     let in_flight = || {
         let view = gateway.grid().view();
@@ -449,6 +433,10 @@ async fn burst_one_by_one(gateway: &Gateway, bodies: Vec<String>) -> BTreeMap<St
             .map(|c| c.load().in_flight())
             .sum::<usize>()
     };
+    eventually("nothing in flight before the burst", || async {
+        in_flight() == 0
+    })
+    .await;
     let mut sent = tokio::task::JoinSet::new();
     for (i, body) in bodies.into_iter().enumerate() {
         let url = url.clone();
@@ -480,7 +468,7 @@ async fn by_queue_alone_a_burst_between_two_polls_piles_onto_the_lightest_queue(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counting_in_flight_a_burst_between_two_polls_spreads_over_the_sites() {
     let (_east, _west, gateway) = two_slow_sites_read_once(true).await;
-    let seen = burst_one_by_one(&gateway, distinct_chats(4)).await;
+    let seen = burst(&gateway, distinct_chats(4)).await;
     // Loads east|west: 0|1, 1|1 (tie: fewer in flight), 1|2, 2|2 (tie again).
     assert_eq!(
         seen,
