@@ -1155,10 +1155,21 @@ fn a_session_whose_cluster_is_busier_than_its_prompt_is_worth_goes_elsewhere() {
     assert_eq!(names(&decision), ["east-a"]);
 }
 
+/// Conversation a answered at a slow east under a shared system prompt, and what comes
+/// next under the same prompt.
+struct SharedHead {
+    f: Fixture,
+    /// a's second turn: it holds a's answer. With a's session, and without one.
+    a_next: [Prompt; 2],
+    /// First turns: b names a session no one has answered; the other names none, and
+    /// holds no earlier answer.
+    first_turns: [Prompt; 2],
+}
+
 /// Two sites; east prefills 100 tokens a second (a queued request costs 2 s), and has
 /// answered conversation `conv-a`'s first turn under a system prompt of `system_blocks`
-/// blocks. Returns the fixture, the system prompt, and a's next turn.
-fn conversation_at_slow_east(system_blocks: usize) -> (Fixture, String, Prompt) {
+/// blocks. Both sites report empty queues.
+fn shared_head_at_slow_east(system_blocks: usize) -> SharedHead {
     let f = two_sites();
     learning(&f);
     let east = f.id("east-a");
@@ -1166,96 +1177,75 @@ fn conversation_at_slow_east(system_blocks: usize) -> (Fixture, String, Prompt) 
         f.affinity.learn(&east, answer(1_000, 0.0, 10.0));
     }
     let house = text("house", system_blocks * 256);
-    let a = prompt_of(
-        &f.seed,
-        &session_body(
-            &[("system", &house), ("user", "first question of a")],
-            "conv-a",
-            None,
+    let first_of_a = [("system", house.as_str()), ("user", "first question of a")];
+    let next_of_a = [
+        first_of_a[0],
+        first_of_a[1],
+        ("assistant", "an answer"),
+        ("user", "and then?"),
+    ];
+    let in_session =
+        |messages: &[(&str, &str)], key| prompt_of(&f.seed, &session_body(messages, key, None));
+    f.answered("east-a", &in_session(&first_of_a, "conv-a"));
+    let a_next = [in_session(&next_of_a, "conv-a"), f.prompt(&next_of_a)];
+    let first_turns = [
+        in_session(
+            &[("system", &house), ("user", "first question of b")],
+            "conv-b",
         ),
-    );
-    f.answered("east-a", &a);
-    let a_next = prompt_of(
-        &f.seed,
-        &session_body(
-            &[
-                ("system", &house),
-                ("user", "first question of a"),
-                ("assistant", "an answer"),
-                ("user", "and then?"),
-            ],
-            "conv-a",
-            None,
-        ),
-    );
+        f.prompt(&[("system", &house), ("user", "someone asks")]),
+    ];
     f.set_queue("east-a", Some(0.0));
     f.set_queue("west-a", Some(0.0));
-    (f, house, a_next)
+    SharedHead {
+        f,
+        a_next,
+        first_turns,
+    }
 }
 
 #[test]
 fn a_new_conversation_matching_a_short_shared_head_is_not_crowded_in_beside_others() {
     // A 16-block system prompt saves 10 s at east, 5 queued requests: the load gate alone
     // would keep it through a load one heavier.
-    let (f, house, a_next) = conversation_at_slow_east(16);
-    // b names a session no one has answered; the other names none, and holds no earlier
-    // answer. Both open a conversation under a's system prompt.
-    let b = prompt_of(
-        &f.seed,
-        &session_body(
-            &[("system", &house), ("user", "first question of b")],
-            "conv-b",
-            None,
-        ),
-    );
-    let anonymous = f.prompt(&[("system", &house), ("user", "someone asks")]);
+    let SharedHead {
+        f,
+        a_next,
+        first_turns,
+    } = shared_head_at_slow_east(16);
+    let anonymous = &first_turns[1];
     assert!(anonymous.session().is_none() && anonymous.keys().unwrap().opens_conversation());
     // With the loads equal there is no one to crowd: they stick to the head.
-    for first in [&b, &anonymous] {
+    for first in &first_turns {
         assert_eq!(f.decide(first).outcome(), Some(Outcome::Sticky));
     }
     // One request in flight at east: they would only share a's system prompt, so they go by
     // load.
     let _in_flight = f.cluster("east-a").load().start_request();
-    for first in [&b, &anonymous] {
+    for first in &first_turns {
         let decision = f.decide(first);
         assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
         assert_eq!(names(&decision), ["east-a", "west-a"]);
     }
-    // a's own next turn holds a's answer: it sticks through the same load.
-    assert!(!a_next.keys().unwrap().opens_conversation());
-    assert_eq!(f.decide(&a_next).outcome(), Some(Outcome::Sticky));
-    // So does a turn naming no session that holds an earlier answer.
-    let later = f.prompt(&[
-        ("system", &house),
-        ("user", "first question of a"),
-        ("assistant", "an answer"),
-        ("user", "and then?"),
-    ]);
-    assert_eq!(f.decide(&later).outcome(), Some(Outcome::Sticky));
+    // a's own next turn holds a's answer: with its session or without, it sticks through
+    // the same load.
+    for next in &a_next {
+        assert!(!next.keys().unwrap().opens_conversation());
+        assert_eq!(f.decide(next).outcome(), Some(Outcome::Sticky));
+    }
 }
 
 #[test]
 fn a_new_conversation_matching_a_shared_head_of_8_kib_is_the_load_gates_to_weigh() {
     // 40 blocks stick on their length alone and save 25.6 s at east, 12.8 queued requests.
-    let (f, house, _) = conversation_at_slow_east(40);
-    let b = prompt_of(
-        &f.seed,
-        &session_body(
-            &[("system", &house), ("user", "first question of b")],
-            "conv-b",
-            None,
-        ),
-    );
-    let anonymous = f.prompt(&[("system", &house), ("user", "someone asks")]);
-    let east = f.cluster("east-a");
-    let _in_flight = east.load().start_request();
-    for first in [&b, &anonymous] {
+    let SharedHead { f, first_turns, .. } = shared_head_at_slow_east(40);
+    let _in_flight = f.cluster("east-a").load().start_request();
+    for first in &first_turns {
         assert_eq!(f.decide(first).outcome(), Some(Outcome::Sticky));
     }
     // Past what the head is worth the gate gives it up.
     f.set_queue("east-a", Some(13.0));
-    for first in [&b, &anonymous] {
+    for first in &first_turns {
         assert_eq!(f.decide(first).outcome(), Some(Outcome::LoadOverride));
     }
 }
