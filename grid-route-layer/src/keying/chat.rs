@@ -9,7 +9,6 @@ use super::walk::{
     write_rendered,
 };
 
-const ROLE: usize = 0;
 const NAME: usize = 2;
 const TOOL_CALLS: usize = 3;
 const FUNCTION_CALL: usize = 4;
@@ -53,10 +52,7 @@ pub(super) fn messages(
         if let Some(span) = found.span(FUNCTION_CALL) {
             function(seed, &mut Scanner::at(buf, span), out)?;
         }
-        opens &= !matches!(
-            found.small_string(buf, ROLE).as_deref(),
-            Some(b"assistant" | b"tool" | b"function")
-        );
+        opens &= !walk::is_answer(buf, &found, walk::ROLE);
     }
     Ok(opens)
 }

@@ -28,7 +28,7 @@ pub(super) fn messages(
             |s, out| content(seed, s, out),
             |s, d| content(seed, s, d),
         )?;
-        opens &= found.small_string(buf, 0).as_deref() != Some(b"assistant");
+        opens &= !walk::is_answer(buf, &found, walk::ROLE);
     }
     Ok(opens)
 }

@@ -133,7 +133,7 @@ fn item(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<
         other => return Err(unknown("input item", Some(other))),
     }
     Ok(match kind {
-        b"message" => found.small_string(buf, ROLE).as_deref() == Some(b"assistant"),
+        b"message" => walk::is_answer(buf, &found, ROLE),
         _ => true,
     })
 }

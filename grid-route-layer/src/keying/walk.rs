@@ -148,6 +148,9 @@ pub(crate) fn write_rendered(rendered: Rendered, out: &mut impl TextSink) -> Res
     Ok(())
 }
 
+/// Where a message's `role` is among the fields [`message`] reads: first.
+pub(crate) const ROLE: usize = 0;
+
 /// Reads one message object whose first two `names` are its role and its content, and
 /// writes the message's start: the role, then the content — streamed by `stream` when the
 /// role came first, else rendered aside by `render` and written once the role is known.
@@ -159,7 +162,6 @@ pub(crate) fn message<'a, const N: usize, S: TextSink>(
     mut stream: impl FnMut(&mut Scanner<'a>, &mut S) -> Result<(), NoKeys>,
     mut render: impl FnMut(&mut Scanner<'a>, &mut Deferred) -> Result<(), NoKeys>,
 ) -> Result<Found<N>, NoKeys> {
-    const ROLE: usize = 0;
     const CONTENT: usize = 1;
     let buf = s.buf();
     let mut early: Option<Rendered> = None;
@@ -182,6 +184,16 @@ pub(crate) fn message<'a, const N: usize, S: TextSink>(
         }
     }
     Ok(found)
+}
+
+/// Whether field `role` of a message `found` in `buf` makes it the model's side of a
+/// conversation: its answer (`assistant`), or a tool's result answering its call (Chat's
+/// `tool` and `function`). A prompt holding one continues a conversation.
+pub(crate) fn is_answer<const N: usize>(buf: &[u8], found: &Found<N>, role: usize) -> bool {
+    matches!(
+        found.small_string(buf, role).as_deref(),
+        Some(b"assistant" | b"tool" | b"function")
+    )
 }
 
 /// Message content: a string, which keys like one text part holding it, or an array whose
