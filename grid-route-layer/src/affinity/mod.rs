@@ -36,6 +36,19 @@
 //!    cluster from its answers ([`Affinity::learn`], [`ClusterPrices`]); a match is priced
 //!    at the slowest prefill and the dearest queued request of its deepest holders. An
 //!    unmeasured holder gives way to a measured other; two unmeasured keep the match.
+//!
+//!    A request whose prompt holds no earlier answer
+//!    ([`PrefixKeys::opens_conversation`](crate::keying::PrefixKeys::opens_conversation)),
+//!    or that names a session no candidate has answered, opens a conversation: whatever
+//!    it matches is a head other conversations share (a system prompt), not its own
+//!    history. When that match is shorter than [`STICKY_MATCH_BYTES`] (it sticks by
+//!    covering `threshold` of a short prompt) and its least loaded holder is busier than
+//!    the least loaded other candidate, it is [`Outcome::LoadOverride`] even where the
+//!    gate would let it stick. It would save that head's prefill once and then share the
+//!    holder with the conversations already there for as long as it lasts; on an engine
+//!    with a few slots (llama.cpp's `--parallel 2`) one of them loses its prompt at every
+//!    turn. A longer head is the gate's to weigh: its prefill is worth saving wherever it
+//!    lives.
 //! 4. Else → [`Outcome::Sticky`]: only the deepest holders stay; the balancer picks
 //!    among them by queue.
 //! 5. **Sessions.** A request that did not stick at step 2 or 3 but names a session
@@ -47,19 +60,6 @@
 //!    [`Outcome::LoadOverride`]. A session without prompt keys (token ids, an unknown part
 //!    type) takes this step alone. Off with
 //!    [`session_affinity`](AffinitySettings::session_affinity) `false`.
-//!
-//!    A request whose prompt holds no earlier answer
-//!    ([`PrefixKeys::opens_conversation`](crate::keying::PrefixKeys::opens_conversation)),
-//!    or that names a session no candidate has answered, opens a conversation: whatever
-//!    it matches is a head other conversations share (a system prompt), not its own
-//!    history. When that match is shorter than [`STICKY_MATCH_BYTES`] (it sticks by
-//!    covering `threshold` of a short prompt) and its least loaded holder is busier than
-//!    the least loaded other candidate, it is [`Outcome::LoadOverride`] even where step 3
-//!    would let it stick. It would save that head's prefill once and then share the
-//!    holder with the conversations already there for as long as it lasts; on an engine
-//!    with a few slots (llama.cpp's `--parallel 2`) one of them loses its prompt at every
-//!    turn. A longer head is step 3's to weigh: its prefill is worth saving wherever it
-//!    lives.
 //!
 //! A drained or unhealthy cluster is never a candidate, so it is never sticky.
 //!
