@@ -477,15 +477,15 @@ async fn counting_in_flight_a_burst_between_two_polls_spreads_over_the_sites() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn counting_in_flight_a_stream_counts_until_its_last_token_not_its_head() {
+async fn counting_in_flight_a_stream_counts_until_its_last_token_not_its_head_at_half_from_its_first()
+ {
     let (_east, _west, gateway) = two_slow_sites_read_once(true).await;
-    let in_flight = |name: &str| {
+    let load = |name: &str| {
         let view = gateway.grid().view();
-        view.cluster(&cluster_id(&gateway, name))
-            .unwrap()
-            .load()
-            .in_flight()
+        let load = view.cluster(&cluster_id(&gateway, name)).unwrap().load();
+        (load.in_flight(), load.streaming())
     };
+    let in_flight = |name: &str| load(name).0;
     // Queues read east 0, west 1: a first request goes east. Its head comes at once and
     // its tokens 300 ms apart, as llama.cpp and vLLM stream.
     let body = json!({
@@ -510,6 +510,20 @@ async fn counting_in_flight_a_stream_counts_until_its_last_token_not_its_head() 
     )
     .await;
     assert_eq!(second.engine_name(), "west-a");
+    // Once its first token is out it counts as a stream, at STREAM_WEIGHT (half) of a
+    // request: east weighs 0.5 against west's queued 1, and takes the next one.
+    eventually("the story's first token", || async {
+        load("east-a") == (1, 1)
+    })
+    .await;
+    assert_eq!(in_flight("west-a"), 0);
+    let third = post(
+        &gateway,
+        "/v1/chat/completions",
+        chat("a third thing while the story streams"),
+    )
+    .await;
+    assert_eq!(third.engine_name(), "east-a");
     // Read to its end, the stream stops counting, and east is the lighter again.
     let mut stream = response.into_body();
     let mut text = Vec::new();
@@ -523,9 +537,10 @@ async fn counting_in_flight_a_stream_counts_until_its_last_token_not_its_head() 
         in_flight("east-a") == 0
     })
     .await;
+    assert_eq!(load("east-a"), (0, 0));
     assert_eq!(in_flight("west-a"), 0);
-    let third = post(&gateway, "/v1/chat/completions", chat("a third thing")).await;
-    assert_eq!(third.engine_name(), "east-a");
+    let fourth = post(&gateway, "/v1/chat/completions", chat("a fourth thing")).await;
+    assert_eq!(fourth.engine_name(), "east-a");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

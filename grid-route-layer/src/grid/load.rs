@@ -8,6 +8,21 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+/// What a request streaming its answer (past its first token, until the answer ends)
+/// counts for in a cluster's [`routing_load`](ClusterLoad::routing_load), against one
+/// still waiting for its first token.
+///
+/// Half, because a stream has done half of what a waiting request has still to do: its
+/// prefill is over, and what it holds now is its decode. On an engine that batches (vLLM,
+/// SGLang) a new request's prefill runs beside the streams, and counted whole, a cluster
+/// with long answers looked as busy as one with a queue of prompts to prefill. On an
+/// engine with a few slots (llama.cpp's `--parallel`) each stream holds a slot until it
+/// ends, so it still has to count: a cluster full of streams is not idle. In `simulate` on
+/// the bundled trace (docs/routing.md, "Streams in the load"), counting streams at half
+/// rather than whole brought batching engines' TTFT p50 from 1.05–1.07× round-robin's to
+/// under it, and left slot engines' within 1.5%.
+pub const STREAM_WEIGHT: f64 = 0.5;
+
 /// The largest queue sample recorded: a million waiting requests, far past any engine's
 /// real queue and still exact in an `f64` sum. A gauge above it is recorded as this.
 pub const MAX_QUEUE_SAMPLE: f64 = 1_000_000.0;
@@ -33,11 +48,14 @@ pub const MAX_QUEUE_SAMPLE: f64 = 1_000_000.0;
 /// What selection and the affinity load gate compare is
 /// [`routing_load`](Self::routing_load): the queue depth alone, or with
 /// [`GridSettings::count_in_flight`] the queue depth plus this replica's requests in
-/// flight, which grows the moment a request is sent rather than at the next poll.
+/// flight, which grows the moment a request is sent rather than at the next poll. A
+/// request whose answer is streaming (past its first token) counts [`STREAM_WEIGHT`].
 pub struct ClusterLoad {
     window: Duration,
     count_in_flight: bool,
     in_flight: Arc<AtomicUsize>,
+    /// Of `in_flight`, the requests whose first token came.
+    streaming: Arc<AtomicUsize>,
     /// In the cluster's endpoint order.
     endpoints: Box<[Arc<EndpointLoad>]>,
 }
@@ -55,6 +73,7 @@ impl ClusterLoad {
             window: settings.queue_window,
             count_in_flight: settings.count_in_flight,
             in_flight: Arc::new(AtomicUsize::new(0)),
+            streaming: Arc::new(AtomicUsize::new(0)),
             endpoints: endpoints
                 .iter()
                 .map(|url| Arc::new(EndpointLoad::new(Arc::clone(url))))
@@ -62,13 +81,14 @@ impl ClusterLoad {
         }
     }
 
-    /// The load of a reconfigured cluster: the in-flight count and the state of endpoints
+    /// The load of a reconfigured cluster: the in-flight counts and the state of endpoints
     /// that stay (matched by URL) carry over; new endpoints start healthy and unmeasured.
     pub(super) fn carried_over(&self, endpoints: &[Arc<str>], settings: &GridSettings) -> Self {
         Self {
             window: settings.queue_window,
             count_in_flight: settings.count_in_flight,
             in_flight: Arc::clone(&self.in_flight),
+            streaming: Arc::clone(&self.streaming),
             endpoints: endpoints
                 .iter()
                 .map(|url| match self.endpoint(url) {
@@ -122,21 +142,46 @@ impl ClusterLoad {
     /// The load that selection and the affinity load gate compare at `now`:
     ///
     /// ```text
-    /// routing_load = queue_depth(now)                        count_in_flight: false
-    /// routing_load = queue_depth(now) + in_flight()          count_in_flight: true
+    /// routing_load = queue_depth(now)                                  count_in_flight: false
+    /// routing_load = queue_depth(now) + waiting + STREAM_WEIGHT × streams   count_in_flight: true
     /// ```
     ///
-    /// Both terms count requests: the engines' waiting requests (the worst of the window)
-    /// and this replica's requests whose answer has not ended (queued, prefilling or
-    /// streaming: [`InFlightBody`](crate::select::InFlightBody)). The second counts a
-    /// waiting request twice, which errs towards spreading; it is what stops a burst
-    /// piling onto one cluster between two polls, and what tells an engine running two
-    /// streams from an idle one, since engines count only waiting requests.
-    /// `f64::INFINITY` when unmeasured, either way.
+    /// Every term counts requests: the engines' waiting requests (the worst of the window),
+    /// and this replica's requests whose answer has not ended, split at their first token
+    /// (`waiting` before it, `streams` after it until the answer ends:
+    /// [`InFlightBody`](crate::select::InFlightBody)). A request in flight counts a waiting
+    /// request twice, which errs towards spreading; it is what stops a burst piling onto
+    /// one cluster between two polls, and what tells an engine running two streams from an
+    /// idle one, since engines count only waiting requests. A stream counts
+    /// [`STREAM_WEIGHT`] (see there why). `f64::INFINITY` when unmeasured, either way.
+    ///
+    /// ```
+    /// use std::time::Instant;
+    ///
+    /// use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+    ///
+    /// let spec = GridSpec::new([SiteSpec::new("east").with_clusters([
+    ///     ClusterSpec::new("east-a").with_models(["m"]).with_endpoints(["http://a:8000"]),
+    /// ])]);
+    /// let grid = Grid::new(&spec, GridSettings::default()).unwrap();
+    /// let view = grid.view();
+    /// let load = view.clusters()[0].load();
+    /// let now = Instant::now();
+    /// load.record_queue("http://a:8000", Some(1.0), now);
+    /// let (waiting, mut streaming) = (load.start_request(), load.start_request());
+    /// streaming.first_token();
+    /// // One request queued at the engine, one waiting for its first token, one streaming.
+    /// assert_eq!(load.routing_load(now), 2.5);
+    /// drop(streaming);
+    /// assert_eq!(load.routing_load(now), 2.0);
+    /// # drop(waiting);
+    /// ```
     pub fn routing_load(&self, now: Instant) -> f64 {
         let queue = self.queue_depth(now);
         if self.count_in_flight {
-            queue + self.in_flight() as f64
+            let streams = self.streaming().min(self.in_flight());
+            let waiting = self.in_flight() - streams;
+            queue + waiting as f64 + STREAM_WEIGHT * streams as f64
         } else {
             queue
         }
@@ -190,11 +235,19 @@ impl ClusterLoad {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Counts a request in flight until the returned guard is dropped.
+    /// Of [`in_flight`](Self::in_flight), the requests whose answer's first token came.
+    pub fn streaming(&self) -> usize {
+        self.streaming.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request in flight until the returned guard is dropped, as waiting until
+    /// [`InFlight::first_token`].
     pub fn start_request(&self) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight {
             count: Arc::clone(&self.in_flight),
+            streaming: Arc::clone(&self.streaming),
+            streams: false,
         }
     }
 }
@@ -205,6 +258,7 @@ impl fmt::Debug for ClusterLoad {
             .field("window", &self.window)
             .field("count_in_flight", &self.count_in_flight)
             .field("in_flight", &self.in_flight())
+            .field("streaming", &self.streaming())
             .field("endpoints", &self.endpoints)
             .finish()
     }
@@ -216,10 +270,31 @@ impl fmt::Debug for ClusterLoad {
 #[must_use = "the request stops counting as in flight when the guard is dropped"]
 pub struct InFlight {
     count: Arc<AtomicUsize>,
+    streaming: Arc<AtomicUsize>,
+    streams: bool,
+}
+
+impl InFlight {
+    /// The answer's first token came: from now until the guard is dropped the request
+    /// counts as a stream ([`ClusterLoad::streaming`]). Once; later calls change nothing.
+    pub fn first_token(&mut self) {
+        if !self.streams {
+            self.streams = true;
+            self.streaming.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether [`first_token`](Self::first_token) was called.
+    pub fn is_streaming(&self) -> bool {
+        self.streams
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        if self.streams {
+            self.streaming.fetch_sub(1, Ordering::Relaxed);
+        }
         self.count.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -238,7 +238,7 @@ fn reconfiguration_keeps_queue_samples_and_in_flight_counts() {
     let spec = grid_spec(&[("east", &["east-a"])]);
     let grid = Grid::new(&spec, GridSettings::default()).unwrap();
     let now = Instant::now();
-    let guard = grid.view().clusters()[0].load().start_request();
+    let mut guard = grid.view().clusters()[0].load().start_request();
     grid.view().clusters()[0]
         .load()
         .record_queue("http://east-a", Some(2.0), now);
@@ -251,8 +251,51 @@ fn reconfiguration_keeps_queue_samples_and_in_flight_counts() {
     let load = load_now.clusters()[0].load();
     assert_eq!(load.in_flight(), 1);
     assert_eq!(load.queue_depth(now + Duration::from_secs(20)), 2.0);
+    // A stream's count carries over too.
+    guard.first_token();
+    assert_eq!(load.streaming(), 1);
     drop(guard);
-    assert_eq!(load.in_flight(), 0);
+    assert_eq!((load.in_flight(), load.streaming()), (0, 0));
+}
+
+#[test]
+fn a_request_counts_whole_until_its_first_token_then_at_the_stream_weight_until_it_ends() {
+    let spec = grid_spec(&[("east", &["east-a"])]);
+    for count_in_flight in [true, false] {
+        let settings = GridSettings {
+            count_in_flight,
+            ..GridSettings::default()
+        };
+        let grid = Grid::new(&spec, settings).unwrap();
+        let view = grid.view();
+        let load = view.clusters()[0].load();
+        let now = Instant::now();
+        load.record_queue("http://east-a", Some(1.0), now);
+        let mut first = load.start_request();
+        let second = load.start_request();
+        let counted = |waiting: f64, streams: f64| {
+            if count_in_flight {
+                1.0 + waiting + STREAM_WEIGHT * streams
+            } else {
+                1.0
+            }
+        };
+        assert_eq!(load.routing_load(now), counted(2.0, 0.0));
+        first.first_token();
+        assert!(first.is_streaming());
+        assert_eq!((load.in_flight(), load.streaming()), (2, 1));
+        assert_eq!(load.routing_load(now), counted(1.0, 1.0));
+        // Once: a second first token changes nothing.
+        first.first_token();
+        assert_eq!(load.streaming(), 1);
+        drop(first);
+        assert_eq!((load.in_flight(), load.streaming()), (1, 0));
+        assert_eq!(load.routing_load(now), counted(1.0, 0.0));
+        // A request that ends before any token never counted as a stream.
+        drop(second);
+        assert_eq!((load.in_flight(), load.streaming()), (0, 0));
+        assert_eq!(load.routing_load(now), 1.0);
+    }
 }
 
 #[test]

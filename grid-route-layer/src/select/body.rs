@@ -13,7 +13,9 @@ pin_project! {
     /// The chosen cluster's answer body, frame for frame and unchanged, which keeps the
     /// request counted in its cluster's
     /// [`in_flight`](crate::grid::ClusterLoad::in_flight) until the body ends: its last
-    /// frame, an error, or the body being dropped (a client that left).
+    /// frame, an error, or the body being dropped (a client that left). From its first
+    /// data frame (an event stream's first token) it counts as a stream
+    /// ([`InFlight::first_token`]).
     ///
     /// Why the end and not the head: vLLM, SGLang and llama.cpp send a stream's head
     /// before they prefill, so a request that counted only until its head stopped
@@ -60,6 +62,11 @@ impl<B: Body> Body for InFlightBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let mut this = self.project();
         let frame = ready!(this.body.as_mut().poll_frame(cx));
+        if let (Some(Ok(data)), Some(in_flight)) = (&frame, this.in_flight.as_mut())
+            && data.is_data()
+        {
+            in_flight.first_token();
+        }
         if !matches!(frame, Some(Ok(_))) || this.body.is_end_stream() {
             // The end, or an error the body will not recover from: the engine is done.
             this.in_flight.take();

@@ -348,7 +348,8 @@ impl http_body::Body for Frames {
 }
 
 #[test]
-fn a_stream_counts_in_flight_through_every_frame_until_its_end_or_error() {
+fn a_stream_counts_in_flight_through_every_frame_until_its_end_or_error_and_as_a_stream_from_its_first()
+ {
     for fails in [false, true] {
         let f = three_clusters();
         let cluster = f.cluster("east-a");
@@ -357,18 +358,21 @@ fn a_stream_counts_in_flight_through_every_frame_until_its_end_or_error() {
             fails,
         };
         let mut body = InFlightBody::new(frames, cluster.load().start_request());
+        assert_eq!(cluster.load().streaming(), 0, "before its first token");
         for _ in 0..2 {
             assert!(matches!(
                 poll_once(&mut body.frame()),
                 Poll::Ready(Some(Ok(_)))
             ));
             assert_eq!(cluster.load().in_flight(), 1, "mid-stream (fails: {fails})");
+            // From its first data on, it counts as a stream.
+            assert_eq!(cluster.load().streaming(), 1, "mid-stream (fails: {fails})");
         }
         let last = poll_once(&mut body.frame());
         assert_eq!(matches!(last, Poll::Ready(Some(Err(_)))), fails);
         assert_eq!(
-            cluster.load().in_flight(),
-            0,
+            (cluster.load().in_flight(), cluster.load().streaming()),
+            (0, 0),
             "after the end (fails: {fails})"
         );
         assert!(!body.counts_in_flight());

@@ -25,9 +25,9 @@ struct Open {
     cluster: ClusterId,
     /// Whether its answer's head came back (p2c stops counting it then).
     headed: bool,
-    /// Counts in the cluster's in-flight load until the answer ends, as `Select`'s
-    /// `InFlightBody` does.
-    _in_flight: InFlight,
+    /// Counts in the cluster's in-flight load until the answer ends, as a stream from its
+    /// first token, as `Select`'s `InFlightBody` does.
+    in_flight: InFlight,
 }
 
 struct Replica {
@@ -127,7 +127,7 @@ impl Gateways {
                 engine,
                 cluster: cluster.id().clone(),
                 headed: false,
-                _in_flight: cluster.load().start_request(),
+                in_flight: cluster.load().start_request(),
             },
         );
         (engine, load)
@@ -135,11 +135,13 @@ impl Gateways {
 
     /// Request `id`'s answer head came back: it stops counting for p2c (the example
     /// gateway's `PendingRequests` counts to the head) but still counts in its cluster's
-    /// in-flight load. Returns the replica and the cluster that served it, for
+    /// in-flight load, as a stream. Returns the replica and the cluster that served it, for
     /// confirmation.
     pub(super) fn head(&mut self, id: usize) -> Option<(usize, ClusterId)> {
         let open = self.open.get_mut(&id).filter(|open| !open.headed)?;
         open.headed = true;
+        // The engine model sends an answer's head with its first token.
+        open.in_flight.first_token();
         self.replicas[open.replica].pending[open.engine] -= 1;
         Some((open.replica, open.cluster.clone()))
     }
