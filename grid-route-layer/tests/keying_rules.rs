@@ -1148,9 +1148,19 @@ fn a_body_that_cannot_be_keyed_still_names_its_session() {
 // ---- conversation openings ------------------------------------------------------------
 
 #[test]
-fn a_prompt_with_no_earlier_answer_opens_a_conversation() {
+fn a_prompt_with_no_earlier_answer_opens_a_conversation_and_one_with_an_answer_continues_it() {
     let sys = long("sys");
-    let opens = |api: Api, body: Value| keyed(api, &body.to_string()).opens_conversation();
+    // Whether it opens one; for the prompts of a conversation API, continuing is the
+    // opposite.
+    let opens = |api: Api, body: Value| {
+        let keys = keyed(api, &body.to_string());
+        assert_ne!(
+            keys.opens_conversation(),
+            keys.continues_conversation(),
+            "{body}"
+        );
+        keys.opens_conversation()
+    };
     let chat = |messages: Value| json!({"model": "m", "messages": messages});
     assert!(opens(
         Api::ChatCompletions,
@@ -1193,9 +1203,11 @@ fn a_prompt_with_no_earlier_answer_opens_a_conversation() {
         let body = responses(json!([{"role": "user", "content": "hi"}, answered]));
         assert!(!opens(Api::Responses, body.clone()), "{body}");
     }
-    // A Completions prompt is one text: whether it continues a conversation cannot be told.
-    assert!(!opens(
+    // A Completions prompt is one text: whether it opens or continues a conversation
+    // cannot be told, so it does neither.
+    let completion = keyed(
         Api::Completions,
-        json!({"model": "m", "prompt": sys})
-    ));
+        &json!({"model": "m", "prompt": sys}).to_string(),
+    );
+    assert!(!completion.opens_conversation() && !completion.continues_conversation());
 }

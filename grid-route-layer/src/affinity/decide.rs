@@ -248,7 +248,9 @@ impl Affinity {
     /// every candidate stays and the outcome is `None`. Otherwise:
     ///
     /// - no keys and no session is [`Outcome::NotApplicable`], `draw < exploration` is
-    ///   [`Outcome::Exploration`], else [`narrow`] on the index's depths at `now`;
+    ///   [`Outcome::Exploration`] unless the prompt continues a conversation
+    ///   ([`PrefixKeys::continues_conversation`]), else [`narrow`] on the index's depths
+    ///   at `now`;
     /// - a sticky match shorter than [`STICKY_MATCH_BYTES`] for a request that opens a
     ///   conversation (its prompt holds no earlier answer,
     ///   [`PrefixKeys::opens_conversation`], or its session no candidate has answered),
@@ -288,7 +290,10 @@ impl Affinity {
         if keys.is_none() && session.is_none() {
             return undecided(Some(Outcome::NotApplicable), candidates);
         }
-        if draw < settings.exploration() {
+        // A conversation's later turn matches its own history beyond any shared head: no
+        // other conversation will ask a second site for it, and exploring it would only
+        // pay its whole prefill again.
+        if draw < settings.exploration() && !keys.is_some_and(PrefixKeys::continues_conversation) {
             return undecided(Some(Outcome::Exploration), candidates);
         }
         let Some(keys) = keys else {

@@ -191,7 +191,9 @@ pub use prices::{
     PREFILL_SMOOTHING, PrefillEstimate, PricePriors,
 };
 pub use service::{AffinityService, predicted_match};
-pub use settings::{AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
+pub use settings::{
+    AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, MOVED_PREFILL_PAYERS, STICKY_MATCH_BYTES,
+};
 
 #[cfg(test)]
 // Tests compare values that are stored and read back, not computed: exactly equal.

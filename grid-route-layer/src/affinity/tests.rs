@@ -11,7 +11,7 @@ use super::*;
 use crate::config::{PrefixAffinityConfig, Price};
 use crate::grid::{Cluster, ClusterId, Grid, GridSettings};
 use crate::index::{IndexSettings, PrefixIndex};
-use crate::keying::{KeySeed, NoKeys, PrefixKeys};
+use crate::keying::{Api, KeySeed, NoKeys, PrefixKeys, key_body};
 use crate::metrics::PREFIX_AFFINITY_TOTAL;
 use crate::route::{Candidates, Pinned, Prompt};
 use crate::test_support::{MODEL, TestRecorder, chat, grid_spec, poll_once, prompt_of, text};
@@ -122,14 +122,57 @@ fn turn_and_follow_up(f: &Fixture, system_bytes: usize) -> (Prompt, Prompt) {
     (first, next)
 }
 
+/// The contract's figures given as numbers: 10,000 tokens a second, 2 s a queued request.
+fn contract_prices() -> AffinitySettings {
+    settings(
+        &PrefixAffinityConfig::default()
+            .with_prefill_tokens_per_second(Price::Fixed(10_000.0))
+            .with_queued_request_seconds(Price::Fixed(2.0)),
+    )
+}
+
 #[test]
 fn the_design_prices_40_blocks_at_a_tenth_and_400_at_more_than_one_queued_request() {
-    let s = AffinitySettings::default();
+    let s = contract_prices();
     let worth_40 = s.match_worth(40 * 256);
     assert!((worth_40 - 0.128).abs() < 1e-9, "{worth_40}");
     assert!((s.saved_seconds(40 * 256) - 0.256).abs() < 1e-9);
     let worth_400 = s.match_worth(400 * 256);
     assert!((worth_400 - 1.28).abs() < 1e-9, "{worth_400}");
+}
+
+#[test]
+fn a_learned_queued_price_counts_the_saved_prefill_for_the_request_and_for_those_after_it() {
+    // The defaults learn both prices; at their priors (the contract's figures) a match is
+    // worth twice what the numbers make it.
+    let learned = AffinitySettings::default();
+    assert!(learned.learns_queued());
+    for blocks in [40_u64, 400] {
+        let fixed = contract_prices().match_worth(blocks * 256);
+        let worth = learned.match_worth(blocks * 256);
+        assert!(
+            (worth - MOVED_PREFILL_PAYERS * fixed).abs() < 1e-9,
+            "{worth}"
+        );
+    }
+    // A learned prefill speed with a fixed queued price keeps the contract's rule.
+    let prefill_only =
+        settings(&PrefixAffinityConfig::default().with_queued_request_seconds(Price::Fixed(2.0)));
+    assert!(prefill_only.learns_prefill());
+    assert!((prefill_only.match_worth(400 * 256) - 1.28).abs() < 1e-9);
+    // Through the gate: at the priors, a 400-block match stays put two queued requests
+    // heavier, which the numbers would not allow; three is more than it saves.
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 400 * 256);
+    f.confirm("east-a", &first);
+    f.set_queue("east-a", Some(2.0));
+    f.set_queue("west-a", Some(0.0));
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::Sticky));
+    f.set_queue("east-a", Some(3.0));
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::LoadOverride));
+    f.affinity.set_settings(contract_prices());
+    f.set_queue("east-a", Some(2.0));
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::LoadOverride));
 }
 
 #[test]
@@ -161,9 +204,10 @@ fn a_400_block_match_keeps_its_site_one_queued_request_heavier() {
     f.confirm("east-a", &first);
     f.set_queue("east-a", Some(1.0));
     f.set_queue("west-a", Some(0.0));
+    f.affinity.set_settings(contract_prices());
     let decision = f.decide(&next);
     assert!((390.0..=401.0).contains(&blocks(decision.covered_bytes())));
-    assert!(AffinitySettings::default().match_worth(decision.covered_bytes()) > 1.0);
+    assert!(contract_prices().match_worth(decision.covered_bytes()) > 1.0);
     assert_eq!(decision.outcome(), Some(Outcome::Sticky));
     assert_eq!(names(&decision), ["east-a"]);
     // Two queued requests heavier is more than it saves.
@@ -529,6 +573,46 @@ fn exploration_keeps_every_candidate() {
     );
     assert_eq!(decision.outcome(), Some(Outcome::Exploration));
     assert_eq!(names(&decision), ["east-a", "west-a"]);
+}
+
+#[test]
+fn a_later_turn_of_a_conversation_is_never_explored() {
+    let f = two_sites();
+    let system = text("house", 40 * 256);
+    let first = f.prompt(&[("system", &system), ("user", "first question")]);
+    let second = f.prompt(&[
+        ("system", &system),
+        ("user", "first question"),
+        ("assistant", "an answer"),
+        ("user", "and then?"),
+    ]);
+    f.confirm("east-a", &first);
+    let view = f.grid.view();
+    let decide = |prompt: &Prompt| {
+        f.affinity.decide(
+            view.candidates(Some(MODEL)),
+            prompt.keys().ok(),
+            None,
+            f.now,
+            0.0,
+        )
+    };
+    // A draw inside the share explores a prompt that opens a conversation, and a
+    // Completions prompt, which cannot tell.
+    assert_eq!(decide(&first).outcome(), Some(Outcome::Exploration));
+    let completion = key_body(
+        &f.seed,
+        Api::Completions,
+        serde_json::json!({"model": MODEL, "prompt": system})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(decide(&completion).outcome(), Some(Outcome::Exploration));
+    // The same draw leaves the next turn to the rule: its history is at east-a alone.
+    let decision = decide(&second);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a"]);
 }
 
 #[test]
@@ -1314,7 +1398,7 @@ fn a_session_without_prompt_keys_sticks_to_where_it_was_answered() {
     f.set_queue("west-a", Some(0.0));
     // A later turn whose prompt cannot be keyed (token ids) but names the session.
     let body = br#"{"model":"m","prompt_cache_key":"conv-1","prompt":[1,2,3]}"#;
-    let tokens = crate::keying::key_body(&f.seed, crate::keying::Api::Completions, body).unwrap();
+    let tokens = key_body(&f.seed, Api::Completions, body).unwrap();
     assert!(tokens.keys().is_err());
     // Completions and Chat name the same session alike.
     assert_eq!(tokens.session(), first.session());

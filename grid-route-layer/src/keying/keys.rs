@@ -85,7 +85,8 @@ impl FromStr for Api {
 pub struct PrefixKeys {
     keys: Arc<[u64]>,
     blocks: u64,
-    opens: bool,
+    /// Whether the turns open a conversation; `None` when that cannot be told.
+    opens: Option<bool>,
 }
 
 impl PrefixKeys {
@@ -93,16 +94,17 @@ impl PrefixKeys {
         Self {
             keys: keys.into(),
             blocks,
-            opens: false,
+            opens: None,
         }
     }
 
-    /// These keys, marked as opening a conversation or not (see
-    /// [`opens_conversation`](Self::opens_conversation)). Keys built by
-    /// [`from_block_digests`](Self::from_block_digests) are not, until marked.
+    /// These keys, marked as opening a conversation or continuing one (see
+    /// [`opens_conversation`](Self::opens_conversation) and
+    /// [`continues_conversation`](Self::continues_conversation)). Keys built by
+    /// [`from_block_digests`](Self::from_block_digests) are neither, until marked.
     #[must_use]
     pub fn opening(mut self, opens: bool) -> Self {
-        self.opens = opens;
+        self.opens = Some(opens);
         self
     }
 
@@ -125,7 +127,28 @@ impl PrefixKeys {
     /// assert!(!opens(r#"{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"and?"}"#));
     /// ```
     pub fn opens_conversation(&self) -> bool {
-        self.opens
+        self.opens == Some(true)
+    }
+
+    /// Whether the prompt continues a conversation: it holds an earlier answer of the
+    /// model. Its match beyond a shared head is its own history, which no other
+    /// conversation will ask for. A Completions prompt, one text, is never taken for one
+    /// either: neither is ever true of it.
+    ///
+    /// ```
+    /// use grid_route_layer::keying::{Api, KeySeed, key_body};
+    ///
+    /// let seed = KeySeed::random();
+    /// let text = "You answer questions about the grid. ".repeat(20);
+    /// let keys = |api, body: String| key_body(&seed, api, body.as_bytes()).unwrap().keys().unwrap().clone();
+    /// let chat = |messages: &str| keys(Api::ChatCompletions, format!(r#"{{"model":"m","messages":[{{"role":"system","content":"{text}"}},{messages}]}}"#));
+    /// assert!(chat(r#"{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"and?"}"#).continues_conversation());
+    /// assert!(!chat(r#"{"role":"user","content":"hi"}"#).continues_conversation());
+    /// let completion = keys(Api::Completions, format!(r#"{{"model":"m","prompt":"{text}"}}"#));
+    /// assert!(!completion.continues_conversation() && !completion.opens_conversation());
+    /// ```
+    pub fn continues_conversation(&self) -> bool {
+        self.opens == Some(false)
     }
 
     /// The keys of a prompt whose 256-byte blocks were hashed elsewhere — a trace's block
@@ -426,8 +449,9 @@ struct TopLevel {
     session: Option<Span>,
     /// Each preamble field, rendered into its stream bytes when met (or why it has none).
     preamble: [Option<Result<Vec<u8>, NoKeys>>; PREAMBLE.len()],
-    /// The prompt's turns, read: whether they open a conversation, or why they give no keys.
-    turns: Option<Result<bool, NoKeys>>,
+    /// The prompt's turns, read: whether they open a conversation (`None`: cannot be told),
+    /// or why they give no keys.
+    turns: Option<Result<Option<bool>, NoKeys>>,
     stored_state: Option<&'static str>,
 }
 
@@ -685,13 +709,13 @@ fn walk_turns(
     api: Api,
     s: &mut Scanner<'_>,
     out: &mut BlockChain,
-) -> Result<bool, NoKeys> {
+) -> Result<Option<bool>, NoKeys> {
     match api {
-        Api::ChatCompletions => chat::messages(seed, s, out),
+        Api::ChatCompletions => chat::messages(seed, s, out).map(Some),
         // One text: whether it continues a conversation cannot be told.
-        Api::Completions => completions::prompt(s, out).map(|()| false),
-        Api::Messages => messages::messages(seed, s, out),
-        Api::Responses => responses::input(seed, s, out),
+        Api::Completions => completions::prompt(s, out).map(|()| None),
+        Api::Messages => messages::messages(seed, s, out).map(Some),
+        Api::Responses => responses::input(seed, s, out).map(Some),
     }
 }
 
@@ -719,7 +743,10 @@ fn finish_keys(
             bytes: stream_bytes,
         });
     }
-    Ok(keys.opening(opens))
+    Ok(match opens {
+        Some(opens) => keys.opening(opens),
+        None => keys,
+    })
 }
 
 /// Renders preamble field `i`, read at the scanner, into its stream bytes.
