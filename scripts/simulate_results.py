@@ -3,7 +3,7 @@
 Run it through `scripts/simulate-results`, which builds the simulator first. Each
 table is one or more `grid-route-simulate --json` runs on the bundled trace (seed 1); the command of
 every run is printed above its table. A fourth argument names the sections to print,
-comma-separated (`defaults,rules,replicas,window,sessions`); all of them by default.
+comma-separated (`defaults,rules,streams,replicas,window,sessions`); all of them by default.
 """
 
 from __future__ import annotations
@@ -81,15 +81,16 @@ def rules() -> None:
     print("## grid-route before the defaults learned, and the explicit rules' cost\n")
     print("Hit share / TTFT p50 / p99 of grid-route alone. *Before*: vLLM's gauge as the only")
     print("signal is what the old defaults read on these engines; the rows set the old")
-    print("queue window, queues alone and the fixed prices. *Threshold*: the 80% rule at 0.5")
-    print("and 0.3, everything else at the defaults.\n")
-    print("| engines | sites | defaults | before (10 s window, queues alone, 10000 tok/s, 2 s) "
+    print("queue window, queues alone, the fixed prices and exploration of later turns.")
+    print("*Threshold*: the 80% rule at 0.5 and 0.3, everything else at the defaults.\n")
+    print("| engines | sites | defaults | before (10 s window, queues alone, 10000 tok/s, 2 s, "
+          "later turns explored) "
           "| threshold 0.5 | threshold 0.3 | engine_feedback off |")
     print("|---|---:|---|---|---|---|---|")
     variants = [
         [],
         ["--count-in-flight", "false", "--queue-window-secs", "10", "--prefill-price", "10000",
-         "--queued-request-seconds", "2"],
+         "--queued-request-seconds", "2", "--explore-continuations"],
         ["--threshold", "0.5"],
         ["--threshold", "0.3"],
         ["--engine-feedback", "false"],
@@ -103,6 +104,40 @@ def rules() -> None:
             print(f"| {kind} | {sites} | " + " | ".join(cells) + " |")
     print()
 
+
+
+def streams() -> None:
+    print("## Streams, the gate's two sides and exploration\n")
+    print("Hit share / TTFT p50 / p99 of grid-route alone, each default against what it")
+    print("replaced, everything else at the defaults: a request in flight counting whole until")
+    print("its answer ends (`--streams-count-whole`), the load gate counting a moved match's")
+    print("prefill once at learned prices (`--moved-prefill-payers 1`), exploration drawing for")
+    print("a conversation's later turns too (`--explore-continuations`), and all three. The")
+    print("last column is the bar: cache-aware's hit share, and the best TTFT p50 and p99 of")
+    print("round-robin, least-queue, cache-aware and chwbl.\n")
+    print("| engines | sites | defaults | streams whole | prefill once | later turns explored "
+          "| all three | bar |")
+    print("|---|---|---|---|---|---|---|---|")
+    variants = [
+        [],
+        ["--streams-count-whole"],
+        ["--moved-prefill-payers", "1"],
+        ["--explore-continuations"],
+        ["--streams-count-whole", "--moved-prefill-payers", "1", "--explore-continuations"],
+    ]
+    cell = lambda r: f"{100 * r['hit_share']:.1f}% / {r['ttft_p50_s']:.3f} / {r['ttft_p99_s']:.3f} s"
+    for kind, flags in KINDS.items():
+        for sites, shape in ((4, []), (8, []), (16, []), (8, ["--replicas", "4", "--shared-index"])):
+            base = ["--sites", str(sites), *shape, *flags]
+            others = simulate(*base, "--policies", ",".join(POLICIES_COMPARED))["results"]
+            by = {r["policy"]: r for r in others}
+            bar = (f"{100 * by['cache-aware']['hit_share']:.1f}% / "
+                   f"{min(r['ttft_p50_s'] for r in others):.3f} / "
+                   f"{min(r['ttft_p99_s'] for r in others):.3f} s")
+            cells = [cell(simulate(*base, "--policies", "grid-route", *v)["results"][0]) for v in variants]
+            label = f"{sites}" + (" (4 replicas, shared index)" if shape else "")
+            print(f"| {kind} | {label} | " + " | ".join(cells) + f" | {bar} |")
+    print()
 
 
 def replicas() -> None:
@@ -164,8 +199,8 @@ def sessions() -> None:
 
 
 def main() -> None:
-    sections = {"defaults": defaults, "rules": rules, "replicas": replicas, "window": window,
-                "sessions": sessions}
+    sections = {"defaults": defaults, "rules": rules, "streams": streams, "replicas": replicas,
+                "window": window, "sessions": sessions}
     for name, section in sections.items():
         if SECTIONS is None or name in SECTIONS:
             section()

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 use clap::builder::RangedU64ValueParser;
+use grid_route_layer::affinity::{AffinitySettings, MOVED_PREFILL_PAYERS};
 use grid_route_layer::config::{PrefixAffinityConfig, Price};
 use grid_route_layer::grid::GridSettings;
 
@@ -227,6 +228,8 @@ impl From<EngineModel> for EngineArgs {
 /// gateway's (`queue`) and the library's (`prefix_affinity`).
 #[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
 #[command(next_help_heading = "Gateway (grid-route and least-queue; the gateway's defaults)")]
+// Each bool is one independent flag of the command line, not a state machine.
+#[allow(clippy::struct_excessive_bools)]
 pub struct GatewayArgs {
     /// Queue poll interval, milliseconds
     #[arg(
@@ -304,6 +307,33 @@ pub struct GatewayArgs {
         default_value_t = PrefixAffinityConfig::default().engine_feedback,
     )]
     pub engine_feedback: bool,
+    /// A request in flight counts whole until its answer ends, as before streams counted
+    /// at STREAM_WEIGHT (what the default is measured against)
+    #[arg(long)]
+    pub streams_count_whole: bool,
+    /// How many times the load gate counts a match's saved prefill at a learned
+    /// queued-request price (what MOVED_PREFILL_PAYERS, the default, is measured against)
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = MOVED_PREFILL_PAYERS,
+        value_parser = payers,
+    )]
+    pub moved_prefill_payers: f64,
+    /// Exploration draws for a conversation's later turns too, as before it skipped them
+    /// (what the default is measured against)
+    #[arg(long)]
+    pub explore_continuations: bool,
+}
+
+/// `--moved-prefill-payers`: a finite number, at least 1.
+fn payers(value: &str) -> Result<f64, String> {
+    let x = number(value)?;
+    if x.is_finite() && x >= 1.0 {
+        Ok(x)
+    } else {
+        Err(format!("must be a number of at least 1, got {value}"))
+    }
 }
 
 impl Default for GatewayArgs {
@@ -318,6 +348,9 @@ impl Default for GatewayArgs {
             prefill_price: affinity.prefill_tokens_per_second,
             queued_request_seconds: affinity.queued_request_seconds,
             engine_feedback: affinity.engine_feedback,
+            streams_count_whole: false,
+            moved_prefill_payers: MOVED_PREFILL_PAYERS,
+            explore_continuations: false,
         }
     }
 }
@@ -335,6 +368,14 @@ impl GatewayArgs {
         config.queued_request_seconds = self.queued_request_seconds;
         config.engine_feedback = self.engine_feedback;
         config
+    }
+
+    /// The affinity settings these flags set beyond the config file's: the gate's count of
+    /// a moved prefill, and whether a conversation's later turns are explored.
+    pub fn affinity(&self, settings: AffinitySettings) -> AffinitySettings {
+        settings
+            .with_moved_prefill_payers(self.moved_prefill_payers)
+            .with_exploring_continuations(self.explore_continuations)
     }
 
     /// How often the queues are polled.

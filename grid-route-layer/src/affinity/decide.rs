@@ -293,7 +293,10 @@ impl Affinity {
         // A conversation's later turn matches its own history beyond any shared head: no
         // other conversation will ask a second site for it, and exploring it would only
         // pay its whole prefill again.
-        if draw < settings.exploration() && !keys.is_some_and(PrefixKeys::continues_conversation) {
+        if draw < settings.exploration()
+            && (settings.explores_continuations()
+                || !keys.is_some_and(PrefixKeys::continues_conversation))
+        {
             return undecided(Some(Outcome::Exploration), candidates);
         }
         let Some(keys) = keys else {

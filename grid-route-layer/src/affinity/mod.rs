@@ -13,7 +13,9 @@
 //!
 //! 1. No keys and no session → [`Outcome::NotApplicable`]. A random share `exploration`
 //!    (default 0.02) → [`Outcome::Exploration`], so that a second site learns a shared
-//!    prompt.
+//!    prompt; never a prompt that continues a conversation
+//!    ([`PrefixKeys::continues_conversation`](crate::keying::PrefixKeys::continues_conversation)),
+//!    whose match beyond a shared head is its own history.
 //! 2. `deepest` is the largest depth. It sticks when it covers at least
 //!    [`STICKY_MATCH_BYTES`] (32 blocks, 8 KiB) or at least `threshold` (default 0.8) of
 //!    the bytes the prompt's keys cover; never when `deepest <` [`MIN_STICKY_DEPTH`] (4),
@@ -34,8 +36,10 @@
 //!    the priors, and what numbers in the config fix) 40 blocks ≈ 2,560 tokens ≈ 0.26 s ≈
 //!    0.13 of a queued request; 400 blocks ≈ 1.3. By default both prices are learned per
 //!    cluster from its answers ([`Affinity::learn`], [`ClusterPrices`]); a match is priced
-//!    at the slowest prefill and the dearest queued request of its deepest holders. An
-//!    unmeasured holder gives way to a measured other; two unmeasured keep the match.
+//!    at the slowest prefill and the dearest queued request of its deepest holders, and at
+//!    a learned queued-request price its saved prefill counts [`MOVED_PREFILL_PAYERS`]
+//!    times. An unmeasured holder gives way to a measured other; two unmeasured keep the
+//!    match.
 //!
 //!    A request whose prompt holds no earlier answer
 //!    ([`PrefixKeys::opens_conversation`](crate::keying::PrefixKeys::opens_conversation)),

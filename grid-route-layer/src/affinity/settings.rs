@@ -18,9 +18,9 @@ pub const MIN_STICKY_DEPTH: usize = 4;
 /// first token ([`ClusterPrices`](super::ClusterPrices)): the request's own side of the
 /// trade. Weighed against that alone, a match moved whenever its holder was a little
 /// busier, and its prefill was paid again at a cluster that had work of its own. In
-/// `simulate` on the bundled trace (docs/routing.md, "The load gate's two sides"),
-/// counting both sides kept 0.3–1.0 points more of prompt tokens cached on batching
-/// engines, with TTFT p50 and p99 within 2%. With a number given for the price the
+/// `simulate` on the bundled trace (docs/routing.md, "Streams, the gate's two sides and
+/// exploration"), counting both sides kept 0.1–0.6 points more of the prompt tokens cached
+/// on batching engines, with TTFT p50 within 1% and p99 within 3%. With a number given for the price the
 /// contract's rule holds as written: once.
 pub const MOVED_PREFILL_PAYERS: f64 = 2.0;
 
@@ -45,6 +45,10 @@ pub struct AffinitySettings {
     learn_prefill: bool,
     learn_queued: bool,
     session_affinity: bool,
+    /// Not in the config file: the simulator sets them to measure what each default is
+    /// worth (docs/routing.md, "Streams, the gate's two sides and exploration").
+    moved_prefill_payers: f64,
+    explore_continuing: bool,
 }
 
 impl AffinitySettings {
@@ -83,7 +87,37 @@ impl AffinitySettings {
             learn_prefill,
             learn_queued,
             session_affinity,
+            moved_prefill_payers: MOVED_PREFILL_PAYERS,
+            explore_continuing: false,
         }
+    }
+
+    /// These settings with the load gate counting a match's saved prefill `payers` times
+    /// at a learned queued-request price (at least once) instead of
+    /// [`MOVED_PREFILL_PAYERS`]. Not a config setting: what the simulator measures the
+    /// default against.
+    #[must_use]
+    pub fn with_moved_prefill_payers(mut self, payers: f64) -> Self {
+        if payers.is_finite() {
+            self.moved_prefill_payers = payers.max(1.0);
+        }
+        self
+    }
+
+    /// These settings with exploration drawing for every prompt, a conversation's later
+    /// turns too (`true`), or, the default, not for a prompt that continues one (see
+    /// [`Affinity::decide`](super::Affinity::decide)). Not a config setting: what the
+    /// simulator measures the default against.
+    #[must_use]
+    pub fn with_exploring_continuations(mut self, explore: bool) -> Self {
+        self.explore_continuing = explore;
+        self
+    }
+
+    /// Whether a prompt that continues a conversation can be explored (see
+    /// [`with_exploring_continuations`](Self::with_exploring_continuations)).
+    pub fn explores_continuations(&self) -> bool {
+        self.explore_continuing
     }
 
     /// Whether affinity narrows at all (`prefix_affinity.enabled`); when not, requests
@@ -198,7 +232,7 @@ impl AffinitySettings {
     /// ```
     pub fn match_worth(&self, covered_bytes: u64) -> f64 {
         let payers = if self.learn_queued {
-            MOVED_PREFILL_PAYERS
+            self.moved_prefill_payers
         } else {
             1.0
         };
@@ -218,6 +252,8 @@ impl Default for AffinitySettings {
             learn_prefill: true,
             learn_queued: true,
             session_affinity: true,
+            moved_prefill_payers: MOVED_PREFILL_PAYERS,
+            explore_continuing: false,
         }
     }
 }

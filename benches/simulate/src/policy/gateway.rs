@@ -42,6 +42,8 @@ struct Replica {
 pub(super) struct Gateways {
     replicas: Vec<Replica>,
     engines_per_site: usize,
+    /// `--streams-count-whole`: an answer's first token is not told to its cluster's load.
+    streams_count_whole: bool,
     site_of: HashMap<ClusterId, usize>,
     open: HashMap<usize, Open>,
     rng: fastrand::Rng,
@@ -73,6 +75,7 @@ impl Gateways {
         Self {
             replicas,
             engines_per_site: setup.engines_per_site,
+            streams_count_whole: setup.streams_count_whole,
             site_of,
             open: HashMap::new(),
             rng: fastrand::Rng::with_seed(setup.seed ^ 0x6761_7465_7761_7973),
@@ -141,7 +144,9 @@ impl Gateways {
         let open = self.open.get_mut(&id).filter(|open| !open.headed)?;
         open.headed = true;
         // The engine model sends an answer's head with its first token.
-        open.in_flight.first_token();
+        if !self.streams_count_whole {
+            open.in_flight.first_token();
+        }
         self.replicas[open.replica].pending[open.engine] -= 1;
         Some((open.replica, open.cluster.clone()))
     }

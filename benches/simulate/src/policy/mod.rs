@@ -96,6 +96,9 @@ pub struct Setup {
     /// Whether a cluster's load counts this replica's requests in flight
     /// (`queue.count_in_flight`).
     pub count_in_flight: bool,
+    /// Whether a request in flight counts whole until its answer ends, its first token
+    /// not told to its cluster's load (`--streams-count-whole`).
+    pub streams_count_whole: bool,
     /// The seed of every random draw.
     pub seed: u64,
     /// Virtual time zero.
