@@ -248,7 +248,7 @@ pub struct GatewayArgs {
     )]
     pub queue_window_secs: u64,
     /// queue.count_in_flight: a cluster's load is its queue plus this replica's requests
-    /// whose answer has not ended
+    /// whose answer has not ended, a stream (past its first token) at half
     #[arg(
         long,
         value_name = "BOOL",

@@ -20,8 +20,8 @@ pub const MIN_STICKY_DEPTH: usize = 4;
 /// busier, and its prefill was paid again at a cluster that had work of its own. In
 /// `simulate` on the bundled trace (docs/routing.md, "Streams, the gate's two sides and
 /// exploration"), counting both sides kept 0.1–0.6 points more of the prompt tokens cached
-/// on batching engines, with TTFT p50 within 1% and p99 within 3%. With a number given for the price the
-/// contract's rule holds as written: once.
+/// on batching engines, with TTFT p50 within 2% and p99 within 3%. With a number given
+/// for the price the contract's rule holds as written: once.
 pub const MOVED_PREFILL_PAYERS: f64 = 2.0;
 
 /// Bytes of canonical prompt per engine token, for pricing a match in prefill time.

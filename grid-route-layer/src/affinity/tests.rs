@@ -95,13 +95,18 @@ impl Fixture {
     }
 
     fn decide(&self, prompt: &Prompt) -> Decision {
+        self.decide_drawing(prompt, NO_EXPLORATION)
+    }
+
+    /// [`decide`](Self::decide) with `draw` for the exploration share.
+    fn decide_drawing(&self, prompt: &Prompt, draw: f64) -> Decision {
         let view = self.grid.view();
         self.affinity.decide(
             view.candidates(prompt.model()),
             prompt.keys().ok(),
             prompt.session(),
             self.now,
-            NO_EXPLORATION,
+            draw,
         )
     }
 }
@@ -563,14 +568,7 @@ fn exploration_keeps_every_candidate() {
     let f = two_sites();
     let (first, next) = turn_and_follow_up(&f, 40 * 256);
     f.confirm("east-a", &first);
-    let view = f.grid.view();
-    let decision = f.affinity.decide(
-        view.candidates(Some(MODEL)),
-        next.keys().ok(),
-        None,
-        f.now,
-        0.0199,
-    );
+    let decision = f.decide_drawing(&next, 0.0199);
     assert_eq!(decision.outcome(), Some(Outcome::Exploration));
     assert_eq!(names(&decision), ["east-a", "west-a"]);
 }
@@ -587,16 +585,7 @@ fn a_later_turn_of_a_conversation_is_never_explored() {
         ("user", "and then?"),
     ]);
     f.confirm("east-a", &first);
-    let view = f.grid.view();
-    let decide = |prompt: &Prompt| {
-        f.affinity.decide(
-            view.candidates(Some(MODEL)),
-            prompt.keys().ok(),
-            None,
-            f.now,
-            0.0,
-        )
-    };
+    let decide = |prompt: &Prompt| f.decide_drawing(prompt, 0.0);
     // A draw inside the share explores a prompt that opens a conversation, and a
     // Completions prompt, which cannot tell.
     assert_eq!(decide(&first).outcome(), Some(Outcome::Exploration));

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 /// ends, so it still has to count: a cluster full of streams is not idle. In `simulate` on
 /// the bundled trace (docs/routing.md, "Streams, the gate's two sides and exploration"),
 /// counting streams at half rather than whole brought batching engines' TTFT p50 down by
-/// 9–10%, from over round-robin's to under it at every size, and moved slot engines' by
-/// under 2%.
+/// 9–10% with one replica, from over round-robin's to under it at every size, and moved
+/// slot engines' by under 2%.
 pub const STREAM_WEIGHT: f64 = 0.5;
 
 /// The largest queue sample recorded: a million waiting requests, far past any engine's
@@ -180,8 +180,9 @@ impl ClusterLoad {
     pub fn routing_load(&self, now: Instant) -> f64 {
         let queue = self.queue_depth(now);
         if self.count_in_flight {
-            let streams = self.streaming().min(self.in_flight());
-            let waiting = self.in_flight() - streams;
+            let in_flight = self.in_flight();
+            let streams = self.streaming().min(in_flight);
+            let waiting = in_flight - streams;
             queue + waiting as f64 + STREAM_WEIGHT * streams as f64
         } else {
             queue
@@ -283,11 +284,6 @@ impl InFlight {
             self.streams = true;
             self.streaming.fetch_add(1, Ordering::Relaxed);
         }
-    }
-
-    /// Whether [`first_token`](Self::first_token) was called.
-    pub fn is_streaming(&self) -> bool {
-        self.streams
     }
 }
 

@@ -282,7 +282,6 @@ fn a_request_counts_whole_until_its_first_token_then_at_the_stream_weight_until_
         };
         assert_eq!(load.routing_load(now), counted(2.0, 0.0));
         first.first_token();
-        assert!(first.is_streaming());
         assert_eq!((load.in_flight(), load.streaming()), (2, 1));
         assert_eq!(load.routing_load(now), counted(1.0, 1.0));
         // Once: a second first token changes nothing.

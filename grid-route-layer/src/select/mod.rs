@@ -3,7 +3,8 @@
 //! Affinity decides *which clusters* may take a request ([`Candidates`]); something still
 //! has to pick one and send the request there. [`Select`] picks the candidate with the
 //! lowest routing load (the windowed worst queue depth, plus this replica's requests in
-//! flight when the grid's `count_in_flight` is on), then the fewest requests in flight from
+//! flight when the grid's `count_in_flight` is on, a stream at
+//! [`STREAM_WEIGHT`](crate::grid::STREAM_WEIGHT)), then the fewest requests in flight from
 //! this replica, then the next in turn ([`least_loaded`]), and dispatches to that cluster's
 //! service, which the gateway supplies through a factory — typically a `tower::balance`
 //! p2c over the cluster's endpoints, since p2c balances *inside* a cluster. It sets
@@ -17,8 +18,9 @@
 //! - No candidate left: a [`NoCandidate`] error, which a gateway answers with a 404 when no
 //!   cluster of the grid serves the request's model, else with a 503.
 //! - `poll_ready` is always ready; the response future waits for the chosen cluster's
-//!   service. The request counts in flight until its answer's body ends
-//!   ([`InFlightBody`]): engines send a stream's head before they prefill it.
+//!   service. The request counts in flight until its answer's body ends, as a stream
+//!   from its first data ([`InFlightBody`]): engines send a stream's head before they
+//!   prefill it.
 //!
 //! # Example: p2c over each cluster's endpoints
 //!
