@@ -45,6 +45,7 @@
 use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -309,6 +310,7 @@ impl PredictedMatch {
 pub struct Served {
     cluster: ClusterId,
     load: f64,
+    sent: Option<Instant>,
 }
 
 impl Served {
@@ -317,7 +319,24 @@ impl Served {
         Self {
             cluster,
             load: f64::INFINITY,
+            sent: None,
         }
+    }
+
+    /// When the balancer sent the request to `cluster`: the attempt that answered, where
+    /// a retry layer below [`FeedbackLayer`](crate::feedback::FeedbackLayer) sent it more
+    /// than once. What the answer's time to first token is learned from, so that a failed
+    /// attempt before it (a connect timeout, say) is not taken for the cluster's queue.
+    /// `Select` sets it.
+    #[must_use]
+    pub fn sent_at(mut self, sent: Instant) -> Self {
+        self.sent = Some(sent);
+        self
+    }
+
+    /// When the request was sent to the serving cluster; `None` when not known.
+    pub fn sent(&self) -> Option<Instant> {
+        self.sent
     }
 
     /// The cluster's [`routing_load`](crate::grid::ClusterLoad::routing_load) when the

@@ -30,7 +30,11 @@ impl FeedbackLayer {
     /// With [`learns_prices`](crate::affinity::AffinitySettings::learns_prices) on (the
     /// default), each answer also teaches `affinity` its cluster's prices
     /// ([`Affinity::learn`]), exported as `grid_route_prefill_tokens_per_second` and
-    /// `grid_route_queued_request_seconds`.
+    /// `grid_route_queued_request_seconds`. The answer's time to first token is counted
+    /// from when the balancer sent the attempt that answered
+    /// ([`Served::sent`](crate::route::Served::sent), which `Select` stamps), so a failed
+    /// connect retried below this layer is not taken for the cluster's queue; from this
+    /// layer's call when the answer does not say.
     ///
     /// The layer must sit inside [`ConfirmLayer`](crate::confirm::ConfirmLayer), as it
     /// does in the documented stack: confirmation then refreshes the prompt at the response

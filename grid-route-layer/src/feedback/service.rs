@@ -125,7 +125,8 @@ pin_project! {
         #[pin]
         inner: F,
         prediction: Option<Prediction>,
-        // The affinity that learns prefill speeds, and when the request was dispatched.
+        // The affinity that learns prefill speeds, and when this layer was called (the
+        // time to first token starts there when the answer does not say when it was sent).
         learn: Option<(Affinity, Instant)>,
     }
 }
@@ -153,27 +154,31 @@ where
             .extensions()
             .get::<Served>()
             .filter(|_| response.status().is_success())
-            .map(|served| (served.cluster().clone(), served.load()));
+            .map(|served| (served.cluster().clone(), served.load(), served.sent()));
         let event_stream = response
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         Poll::Ready(Ok(response.map(|body| match cluster {
-            Some((cluster, load)) => FeedbackBody::read(
+            Some((cluster, load, sent)) => FeedbackBody::read(
                 body,
                 UsageReader::new(event_stream),
                 cluster,
                 this.prediction.take(),
-                this.learn
-                    .take()
-                    .map(|(affinity, dispatched)| PrefillTiming {
+                this.learn.take().map(|(affinity, called)| {
+                    // From the attempt that answered when the balancer says when it sent
+                    // it: a failed attempt before it (a retry layer below this one) is no
+                    // part of the cluster's time to first token.
+                    let dispatched = sent.unwrap_or(called);
+                    PrefillTiming {
                         affinity,
                         dispatched,
                         load,
                         event_stream,
                         started: (!event_stream).then(|| dispatched.elapsed()),
-                    }),
+                    }
+                }),
             ),
             None => FeedbackBody::unread(body),
         })))

@@ -262,6 +262,69 @@ fn the_layer_forwards_every_byte_and_counts_the_usage_per_cluster() {
     assert_eq!(recorder.total(PROMPT_TOKENS_TOTAL), 50);
 }
 
+/// The prefill speed east-a learns from one JSON answer (4,000 tokens, none cached) that
+/// the service below the layer gives only after `failed_attempt`, stamped `sent` at the
+/// answering attempt or not at all. The queued-request price is fixed, so the answer's
+/// whole start counts as prefill.
+fn prefill_learned_after(failed_attempt: std::time::Duration, stamped: bool) -> f64 {
+    use crate::affinity::Affinity;
+    use crate::config::{PrefixAffinityConfig, Price};
+    use crate::index::{IndexSettings, PrefixIndex};
+
+    let east = ClusterId::new(SiteName::new("east").unwrap(), "east-a");
+    let index = std::sync::Arc::new(PrefixIndex::new(IndexSettings::default(), [east.clone()]));
+    let settings = PrefixAffinityConfig::default()
+        .with_queued_request_seconds(Price::Fixed(2.0))
+        .validate()
+        .unwrap()
+        .affinity;
+    let affinity = Affinity::new(index, settings);
+    let prior = affinity.prices(&east).prefill_tokens_per_second;
+    assert!((prior - 10_000.0).abs() < 1e-6, "the prior: {prior}");
+    let answer = json!({"usage": {"prompt_tokens": 4000,
+        "prompt_tokens_details": {"cached_tokens": 0}}})
+    .to_string();
+    let served = east.clone();
+    let mut service =
+        FeedbackLayer::new()
+            .with_affinity(affinity.clone())
+            .layer(tower::service_fn(move |_: Request<()>| {
+                // An attempt that failed (a connect timeout, say), then the one that answers
+                // at once.
+                std::thread::sleep(failed_attempt);
+                let mut sent = Served::new(served.clone()).with_load(0.0);
+                if stamped {
+                    sent = sent.sent_at(std::time::Instant::now());
+                }
+                let mut response =
+                    Response::new(Chunks(VecDeque::from([Bytes::from(answer.clone())])));
+                response.extensions_mut().insert(sent);
+                std::future::ready(Ok::<_, Infallible>(response))
+            }));
+    let mut future = service.call(Request::new(()));
+    let Poll::Ready(Ok(response)) = poll_once(&mut future) else {
+        panic!("answered at once");
+    };
+    let mut body = response.into_body();
+    let mut cx = Context::from_waker(Waker::noop());
+    while let Poll::Ready(Some(_)) = Pin::new(&mut body).poll_frame(&mut cx) {}
+    drop(body);
+    affinity.prices(&east).prefill_tokens_per_second
+}
+
+#[test]
+fn a_price_is_learned_from_the_attempt_that_answered_not_the_failed_ones_before_it() {
+    let wasted = std::time::Duration::from_millis(300);
+    // Timed from the answering attempt: 4,000 tokens in about no time, far faster than
+    // the 10,000 tok/s prior, so one sample pulls the estimate well above it.
+    let answering = prefill_learned_after(wasted, true);
+    assert!(answering > 100_000.0, "{answering}");
+    // An answer that does not say when it was sent is timed from the layer: the 300 ms
+    // count, 4,000 tokens in 0.3 s or more is at most 13,333 tok/s.
+    let from_the_layer = prefill_learned_after(wasted, false);
+    assert!(from_the_layer < 11_000.0, "{from_the_layer}");
+}
+
 // ---- engine feedback into the index ---------------------------------------------------
 
 /// Keys of a prompt of `blocks` 256-byte blocks.

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Instant;
 
 use http::Response;
 use pin_project_lite::pin_project;
@@ -44,6 +45,8 @@ pin_project! {
             cluster: Option<ClusterId>,
             // The cluster's routing load at dispatch, for `Served::load`.
             load: f64,
+            // When the request was sent here, for `Served::sent`.
+            sent: Instant,
             in_flight: Option<InFlight>,
         },
     }
@@ -60,12 +63,14 @@ impl<S: Service<R>, R> ResponseFuture<S, R> {
         call: Oneshot<S, R>,
         cluster: ClusterId,
         load: f64,
+        sent: Instant,
         in_flight: InFlight,
     ) -> Self {
         Self {
             state: State::Dispatched {
                 call,
                 load,
+                sent,
                 cluster: Some(cluster),
                 in_flight: Some(in_flight),
             },
@@ -90,6 +95,7 @@ where
                 call,
                 cluster,
                 load,
+                sent,
                 in_flight,
             } => {
                 let result = ready!(call.poll(cx));
@@ -102,7 +108,7 @@ where
                         let mut response = response.map(|body| InFlightBody::new(body, in_flight));
                         response
                             .extensions_mut()
-                            .insert(Served::new(cluster).with_load(*load));
+                            .insert(Served::new(cluster).with_load(*load).sent_at(*sent));
                         Ok(response)
                     }
                     Err(error) => Err(DispatchError::new(cluster, error).into()),

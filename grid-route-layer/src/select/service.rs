@@ -216,6 +216,6 @@ where
         let load = cluster.load().routing_load(now);
         let in_flight = cluster.load().start_request();
         let service = self.service_for(&view, cluster);
-        ResponseFuture::dispatched(Oneshot::new(service, req), id.clone(), load, in_flight)
+        ResponseFuture::dispatched(Oneshot::new(service, req), id.clone(), load, now, in_flight)
     }
 }

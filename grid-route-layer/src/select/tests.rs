@@ -111,12 +111,16 @@ impl Fixture {
 
     /// Sends `req` and returns the name of the cluster that answered.
     fn route(&mut self, req: Request<String>) -> String {
+        let before = Instant::now();
         let (mut future, name) = self.send(req);
         let Poll::Ready(Ok(response)) = poll_once(&mut future) else {
             panic!("answered");
         };
         let served = response.extensions().get::<Served>().unwrap();
         assert_eq!(served.cluster().name(), name);
+        // Stamped when it was sent, for FeedbackLayer to time its answer from.
+        let sent = served.sent().expect("stamped when sent");
+        assert!(before <= sent && sent <= Instant::now());
         assert_eq!(*response.body().get_ref(), format!("from {name}"));
         name
     }
