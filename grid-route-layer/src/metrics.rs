@@ -37,7 +37,8 @@ use std::time::Instant;
 
 use metrics::Unit;
 
-use crate::grid::GridView;
+use crate::affinity::Learned;
+use crate::grid::{ClusterId, GridView};
 use crate::index::PrefixIndex;
 
 /// Affinity decisions by outcome (`sticky`, `no_match`, `load_override`, `exploration`,
@@ -200,6 +201,25 @@ pub fn record_grid_gauges(view: &GridView, index: &PrefixIndex, now: Instant) {
             CLUSTER_LABEL => Arc::clone(id.name_arc())
         )
         .set(index.entries(id) as f64);
+    }
+}
+
+/// Sets `grid_route_prefill_tokens_per_second{site,cluster}` and
+/// `grid_route_queued_request_seconds{site,cluster}` of `cluster` to the prices `learned`
+/// holds; a `None` leaves its gauge as it is.
+pub fn record_learned_prices(cluster: &ClusterId, learned: Learned) {
+    for (gauge, value) in [
+        (PREFILL_TOKENS_PER_SECOND, learned.prefill_tokens_per_second),
+        (QUEUED_REQUEST_SECONDS, learned.queued_request_seconds),
+    ] {
+        if let Some(value) = value {
+            metrics::gauge!(
+                gauge,
+                SITE_LABEL => Arc::clone(cluster.site().as_arc()),
+                CLUSTER_LABEL => Arc::clone(cluster.name_arc())
+            )
+            .set(value);
+        }
     }
 }
 

@@ -377,6 +377,17 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
     let id = cluster_id(&gateway, "learner-a");
     assert_eq!(gateway.affinity().prefill_rate(&id), rate);
     assert_eq!(gateway.affinity().queued_request_seconds(&id), seconds);
+    // A reload that removes the cluster forgets what it learned, as it drops the
+    // cluster's index entries; added back, it starts from the priors, and so do its
+    // gauges.
+    gateway
+        .reload(&parse(&yaml.replace("learner-a", "learner-b")))
+        .unwrap();
+    gateway.reload(&parse(&yaml)).unwrap();
+    assert_eq!(gateway.affinity().prefill_rate(&id), 10_000.0);
+    assert_eq!(gateway.affinity().queued_request_seconds(&id), 2.0);
+    assert_eq!(metric(&gateway.admin_url(), prefill).await, Some(10_000.0));
+    assert_eq!(metric(&gateway.admin_url(), queued).await, Some(2.0));
 }
 
 // ---- our own in-flight load (queue.count_in_flight) ----------------------------------

@@ -140,6 +140,7 @@ use grid_route_layer::affinity::Affinity;
 use grid_route_layer::grid::{ClusterId, Grid, GridView, SiteName};
 use grid_route_layer::index::PrefixIndex;
 use grid_route_layer::keying::{DEFAULT_SESSION_HEADERS, KeySeed};
+use grid_route_layer::metrics::record_learned_prices;
 use grid_route_layer::pin::PinKeys;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -534,7 +535,16 @@ impl Gateway {
             removed = ?gone.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "config reload applied"
         );
+        // What was learned about a cluster goes with it, like its index entries: one added
+        // again starts from the priors, and its price gauges say so at once (a scrape
+        // leaves out a removed cluster's series, not a returning one's stale values). The
+        // queue poller forgets the gauges its removed endpoints served.
+        live.affinity.keep_prices_of(after.iter().cloned());
         let mut removed = live.removed.lock().unwrap_or_else(PoisonError::into_inner);
+        let returning: Vec<&ClusterId> = after.iter().filter(|id| removed.contains(id)).collect();
+        for id in returning {
+            record_learned_prices(id, live.affinity.learned_prices(id));
+        }
         removed.retain(|id| !after.contains(id));
         removed.extend(gone);
         Ok(())

@@ -17,7 +17,7 @@
 //!
 //! The gauge an endpoint is found serving is logged at `info` when it is first found or
 //! changes; an endpoint whose page serves none of them is logged once at `warn` (until it
-//! serves one).
+//! serves one). An endpoint a reload removed and a later one added back is new again.
 //!
 //! An endpoint whose metrics cannot be read — refused, over [`POLL_TIMEOUT`], not 2xx,
 //! not UTF-8, over [`MAX_METRICS_BYTES`], or without the gauge — is recorded as
@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use grid_route_layer::grid::{Cluster, ClusterId};
+use grid_route_layer::grid::{Cluster, ClusterId, GridView};
 use http::Request;
 use http::header::ACCEPT;
 use http_body_util::{BodyExt, Limited};
@@ -94,6 +94,7 @@ fn start_reads(
         reading.clear();
     }
     let view = live.grid.view();
+    live.gauges.keep_endpoints_of(&view);
     for cluster in view.clusters() {
         for url in cluster.endpoints() {
             if !reading.insert((cluster.id().clone(), Arc::clone(url))) {
@@ -127,15 +128,16 @@ enum Found {
 }
 
 impl FoundGauges {
-    /// Records what a read of `url`'s page found, and logs it when it is new.
-    fn record(&self, cluster: &Cluster, url: &Arc<str>, found: Found) {
+    /// Records what a read of `url`'s page found, and logs it when it is new. Returns
+    /// whether it was.
+    fn record(&self, cluster: &Cluster, url: &Arc<str>, found: Found) -> bool {
         let previous = self
             .found
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(Arc::clone(url), found);
         if previous == Some(found) {
-            return;
+            return false;
         }
         match found {
             Found::Gauge(gauge) => {
@@ -148,6 +150,21 @@ impl FoundGauges {
                 "metrics page serves no known queue gauge; unmeasured (set queue.metric to name one)"
             ),
         }
+        true
+    }
+
+    /// Forgets the endpoints `view` no longer has (a reload removed them), so that one
+    /// added again is logged again when its gauge is found.
+    fn keep_endpoints_of(&self, view: &GridView) {
+        let current: HashSet<&str> = view
+            .clusters()
+            .iter()
+            .flat_map(|c| c.endpoints().iter().map(|url| &**url))
+            .collect();
+        self.found
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|url, _| current.contains(&**url));
     }
 }
 
@@ -350,6 +367,46 @@ vllm:num_requests_waiting 1
         assert_eq!(
             queue_sample("vllm:num_requests_waiting +Inf\n", VLLM),
             Some(f64::INFINITY)
+        );
+    }
+
+    #[test]
+    fn an_endpoint_removed_and_added_again_has_its_gauge_logged_again() {
+        use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+
+        let grid_of = |endpoints: &[&str]| {
+            Grid::new(
+                &GridSpec::new([
+                    SiteSpec::new("west").with_clusters([ClusterSpec::new("west-a")
+                        .with_models(["m"])
+                        .with_endpoints(endpoints.iter().copied())]),
+                ]),
+                GridSettings::default(),
+            )
+            .unwrap()
+        };
+        let both = grid_of(&["http://127.0.0.1:1", "http://127.0.0.1:2"]);
+        let view = both.view();
+        let cluster = &view.clusters()[0];
+        let [one, two] = [0, 1].map(|i| Arc::clone(&cluster.endpoints()[i]));
+        let gauges = FoundGauges::default();
+        let llama = Found::Gauge("llamacpp:requests_deferred");
+        assert!(gauges.record(cluster, &one, llama), "new: logged");
+        assert!(gauges.record(cluster, &two, llama), "new: logged");
+        assert!(
+            !gauges.record(cluster, &one, llama),
+            "the same again: quiet"
+        );
+        assert!(
+            gauges.record(cluster, &one, Found::None),
+            "a change: logged"
+        );
+        // A reload leaves only the second endpoint; the first comes back later.
+        gauges.keep_endpoints_of(&grid_of(&["http://127.0.0.1:2"]).view());
+        assert!(!gauges.record(cluster, &two, llama), "kept: quiet");
+        assert!(
+            gauges.record(cluster, &one, llama),
+            "forgotten: logged anew"
         );
     }
 }

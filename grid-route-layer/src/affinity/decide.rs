@@ -212,6 +212,19 @@ impl Affinity {
         self.prices(cluster).queued_request_seconds
     }
 
+    /// `cluster`'s prices that the settings say to learn, as learned so far (the priors
+    /// while nothing is); `None` for a price given as a number.
+    pub fn learned_prices(&self, cluster: &ClusterId) -> Learned {
+        let priors = self.settings().price_priors();
+        let prices = self.prices(cluster);
+        Learned {
+            prefill_tokens_per_second: priors
+                .learn_prefill
+                .then_some(prices.prefill_tokens_per_second),
+            queued_request_seconds: priors.learn_queued.then_some(prices.queued_request_seconds),
+        }
+    }
+
     /// Learns `cluster`'s prices from one of its answers, those the settings say to learn
     /// ([`ClusterPrices::observe`](super::ClusterPrices::observe)). Returns the estimates it changed.
     pub fn learn(&self, cluster: &ClusterId, answer: AnswerTiming) -> Learned {
@@ -236,6 +249,15 @@ impl Affinity {
     /// settings are reloaded with [`PrefixIndex::reconfigure`].
     pub fn set_settings(&self, settings: AffinitySettings) {
         self.settings.store(Arc::new(settings));
+    }
+
+    /// Forgets the learned prices of every cluster not in `clusters` (a config reload that
+    /// removed some), as [`PrefixIndex::reconfigure`] drops their entries: a cluster
+    /// added again later starts from the priors, like one never seen. Returns how many
+    /// clusters' prices went.
+    pub fn keep_prices_of(&self, clusters: impl IntoIterator<Item = ClusterId>) -> usize {
+        let keep: std::collections::HashSet<ClusterId> = clusters.into_iter().collect();
+        self.prices.retain(|cluster| keep.contains(cluster))
     }
 
     /// The whole affinity rule for one request.

@@ -374,6 +374,14 @@ impl LearnedPrices {
             .observe(priors, answer)
     }
 
+    /// Keeps the prices of the clusters `keep` says yes to; returns how many went.
+    pub fn retain(&self, mut keep: impl FnMut(&ClusterId) -> bool) -> usize {
+        let mut prices = self.lock();
+        let before = prices.len();
+        prices.retain(|cluster, _| keep(cluster));
+        before - prices.len()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ClusterId, ClusterPrices>> {
         // A panic while holding the lock leaves a valid map (every write is one insert or
         // one float update), so a poisoned lock is still good to use.

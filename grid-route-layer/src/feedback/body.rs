@@ -15,8 +15,8 @@ use crate::affinity::{Affinity, AnswerTiming};
 use crate::grid::ClusterId;
 use crate::metrics::{
     CACHED_PROMPT_TOKENS_TOTAL, CLUSTER_LABEL, DELIVERED_CACHED_TOKENS_TOTAL,
-    INDEX_FORGOTTEN_TOTAL, PREDICTED_CACHED_TOKENS_TOTAL, PREFILL_TOKENS_PER_SECOND,
-    PROMPT_TOKENS_TOTAL, QUEUED_REQUEST_SECONDS, SITE_LABEL,
+    INDEX_FORGOTTEN_TOTAL, PREDICTED_CACHED_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL, SITE_LABEL,
+    record_learned_prices,
 };
 use crate::route::PredictedMatch;
 
@@ -96,19 +96,7 @@ impl Drop for Tally {
                 first_token: timing.event_stream,
             };
             let learned = timing.affinity.learn(&self.cluster, answer);
-            for (gauge, value) in [
-                (PREFILL_TOKENS_PER_SECOND, learned.prefill_tokens_per_second),
-                (QUEUED_REQUEST_SECONDS, learned.queued_request_seconds),
-            ] {
-                if let Some(value) = value {
-                    metrics::gauge!(
-                        gauge,
-                        SITE_LABEL => Arc::clone(&site),
-                        CLUSTER_LABEL => Arc::clone(&cluster)
-                    )
-                    .set(value);
-                }
-            }
+            record_learned_prices(&self.cluster, learned);
         }
         if let Some(prediction) = self.prediction.take() {
             metrics::counter!(
