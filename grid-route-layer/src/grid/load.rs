@@ -297,7 +297,6 @@ impl fmt::Debug for ClusterLoad {
             .field("count_in_flight", &self.count_in_flight)
             .field("in_flight", &self.in_flight())
             .field("streaming", &self.streaming())
-            .field("stream_weight", &self.stream_weight())
             .field("endpoints", &self.endpoints)
             .finish()
     }
