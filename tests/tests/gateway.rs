@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use grid_route_example::gateway::Gateway;
 use grid_route_example::prometheus;
-use grid_route_layer::grid::{SLOT_STREAM_WEIGHT, STREAM_WEIGHT};
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use grid_route_tests::{
     Answer, ClusterYaml, Conversation, MODEL, chat, client, cluster, cluster_id, config_yaml,
@@ -298,18 +297,6 @@ async fn with_no_queue_block_each_endpoint_is_read_by_the_gauge_it_serves() {
     // A page with none of the known gauges is unmeasured, and still admits.
     assert!(queue_depth(&gateway, "gauge-other-a").is_infinite());
     let view = gateway.grid().view();
-    // The gauge says what the engines are: llama.cpp's are slot engines, where a stream
-    // holds a slot and counts whole; vLLM's and SGLang's batch, and a stream counts half.
-    let stream_weight = |name: &str| {
-        view.cluster(&cluster_id(&gateway, name))
-            .unwrap()
-            .load()
-            .stream_weight()
-    };
-    assert_eq!(stream_weight("gauge-llama-a"), SLOT_STREAM_WEIGHT);
-    for batching in ["gauge-sglang-a", "gauge-vllm-a", "gauge-other-a"] {
-        assert_eq!(stream_weight(batching), STREAM_WEIGHT, "{batching}");
-    }
     assert!(
         view.cluster(&cluster_id(&gateway, "gauge-other-a"))
             .unwrap()
@@ -327,21 +314,6 @@ async fn with_no_queue_block_each_endpoint_is_read_by_the_gauge_it_serves() {
     .await;
     assert!(queue_depth(&gateway, "gauge-llama-a").is_infinite());
     assert!(queue_depth(&gateway, "gauge-sglang-a").is_infinite());
-    // Named, llama.cpp's gauge says slot engines too.
-    let llama_named = yaml.replace(
-        "sites:\n",
-        "queue: { metric: \"llamacpp:requests_deferred\" }\nsites:\n",
-    );
-    let gateway = Gateway::start(parse(&llama_named)).await.unwrap();
-    eventually("the llama.cpp engine read by name", || async {
-        queue_depth(&gateway, "gauge-llama-a") == 4.0
-    })
-    .await;
-    let view = gateway.grid().view();
-    let llama = view
-        .cluster(&cluster_id(&gateway, "gauge-llama-a"))
-        .unwrap();
-    assert_eq!(llama.load().stream_weight(), SLOT_STREAM_WEIGHT);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

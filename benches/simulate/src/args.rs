@@ -308,15 +308,9 @@ pub struct GatewayArgs {
     )]
     pub engine_feedback: bool,
     /// A request in flight counts whole until its answer ends, as before streams counted
-    /// at STREAM_WEIGHT (what the default is measured against; slot engines' streams count
-    /// whole anyway)
+    /// at STREAM_WEIGHT (what the default is measured against)
     #[arg(long)]
     pub streams_count_whole: bool,
-    /// Slot engines' streams count at STREAM_WEIGHT, as batching engines' do, instead of
-    /// SLOT_STREAM_WEIGHT, which the gateway sets when an endpoint serves llama.cpp's
-    /// queue gauge (what that default is measured against)
-    #[arg(long)]
-    pub slot_streams_at_half: bool,
     /// How many times the load gate counts a match's saved prefill at a learned
     /// queued-request price (what MOVED_PREFILL_PAYERS, the default, is measured against)
     #[arg(
@@ -355,7 +349,6 @@ impl Default for GatewayArgs {
             queued_request_seconds: affinity.queued_request_seconds,
             engine_feedback: affinity.engine_feedback,
             streams_count_whole: false,
-            slot_streams_at_half: false,
             moved_prefill_payers: MOVED_PREFILL_PAYERS,
             explore_continuations: false,
         }

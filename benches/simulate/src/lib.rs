@@ -137,9 +137,6 @@ pub fn simulate(
             queue_window: args.gateway.queue_window(),
             count_in_flight: args.gateway.count_in_flight,
             streams_count_whole: args.gateway.streams_count_whole,
-            slot_stream_weight: (engine.kind == engine::EngineKind::Slots
-                && !args.gateway.slot_streams_at_half)
-                .then_some(grid_route_layer::grid::SLOT_STREAM_WEIGHT),
             seed: args.seed,
             base: Instant::now(),
         },

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use grid_route_layer::grid::{Cluster, ClusterId, GridView, SLOT_STREAM_WEIGHT, STREAM_WEIGHT};
+use grid_route_layer::grid::{Cluster, ClusterId, GridView};
 use http::Request;
 use http::header::ACCEPT;
 use http_body_util::{BodyExt, Limited};
@@ -42,7 +42,7 @@ use tokio::task::JoinSet;
 
 use super::Live;
 use super::upstream::HttpClient;
-use crate::config::{KNOWN_QUEUE_METRICS, LLAMACPP_QUEUE_METRIC};
+use crate::config::KNOWN_QUEUE_METRICS;
 
 /// How long one read of an endpoint's metrics may take.
 pub const POLL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -172,15 +172,9 @@ impl FoundGauges {
 fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: Read) {
     let waiting = match read {
         Read::Unreadable => None,
-        Read::Sample(waiting) => {
-            if let Some(metric) = &live.settings.load().config.queue_metric {
-                set_engine_kind(cluster, metric);
-            }
-            Some(waiting)
-        }
+        Read::Sample(waiting) => Some(waiting),
         Read::Found(gauge, waiting) => {
             live.gauges.record(cluster, url, Found::Gauge(gauge));
-            set_engine_kind(cluster, gauge);
             Some(waiting)
         }
         Read::NoKnownGauge => {
@@ -198,20 +192,6 @@ fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: Read) {
         cluster.load().set_endpoint_healthy(url, true);
         tracing::info!(cluster = %cluster.id(), endpoint = %url, "endpoint metrics read again; healthy");
     }
-}
-
-/// Tells `cluster`'s load what its engines are, by the queue gauge their pages serve:
-/// llama.cpp's is a slot engine's, whose streams each hold a slot and count whole
-/// ([`SLOT_STREAM_WEIGHT`]); vLLM's and SGLang's batch, and a stream counts half
-/// ([`STREAM_WEIGHT`]). A cluster's engines are taken to be of one kind: the last read
-/// decides.
-fn set_engine_kind(cluster: &Cluster, gauge: &str) {
-    let weight = if gauge == LLAMACPP_QUEUE_METRIC {
-        SLOT_STREAM_WEIGHT
-    } else {
-        STREAM_WEIGHT
-    };
-    cluster.load().set_stream_weight(weight);
 }
 
 /// What one read of an endpoint's page gave.

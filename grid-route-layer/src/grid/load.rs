@@ -4,32 +4,25 @@ use super::GridSettings;
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// What a request streaming its answer (past its first token, until the answer ends)
 /// counts for in a cluster's [`routing_load`](ClusterLoad::routing_load), against one
-/// still waiting for its first token, on engines that batch (vLLM, SGLang): the default
-/// [`stream_weight`](ClusterLoad::stream_weight).
+/// still waiting for its first token.
 ///
 /// Half, because a stream has done half of what a waiting request has still to do: its
-/// prefill is over, and what it holds now is its decode. On an engine that batches, a new
-/// request's prefill runs beside the streams, and counted whole, a cluster with long
-/// answers looked as busy as one with a queue of prompts to prefill. In `simulate` on the
-/// bundled trace (docs/routing.md, "Streams, the gate's two sides and exploration"),
+/// prefill is over, and what it holds now is its decode. On an engine that batches (vLLM,
+/// SGLang) a new request's prefill runs beside the streams, and counted whole, a cluster
+/// with long answers looked as busy as one with a queue of prompts to prefill. On an
+/// engine with a few slots (llama.cpp's `--parallel`) each stream holds a slot until it
+/// ends, so it still has to count: a cluster full of streams is not idle. In `simulate` on
+/// the bundled trace (docs/routing.md, "Streams, the gate's two sides and exploration"),
 /// counting streams at half rather than whole brought batching engines' TTFT p50 down by
-/// 9–10% with one replica, from over round-robin's to under it at every size.
+/// 9–10% with one replica, from over round-robin's to under it at every size, and moved
+/// slot engines' by under 2%.
 pub const STREAM_WEIGHT: f64 = 0.5;
-
-/// The [`stream_weight`](ClusterLoad::stream_weight) of a cluster of slot engines
-/// (llama.cpp's `--parallel N`): whole. Each stream holds one of the engine's few slots
-/// until its last token, so an engine running two streams in two slots is as full as one
-/// with two prompts to prefill: a new request there waits, and takes a slot that holds
-/// another conversation's prompt. Counted at half, a full two-slot engine looked like
-/// one with room, and new conversations were sent in beside the ones there (the arena,
-/// BENCHMARKS.md, "Tuned, against the build before").
-pub const SLOT_STREAM_WEIGHT: f64 = 1.0;
 
 /// The largest queue sample recorded: a million waiting requests, far past any engine's
 /// real queue and still exact in an `f64` sum. A gauge above it is recorded as this.
@@ -57,17 +50,13 @@ pub const MAX_QUEUE_SAMPLE: f64 = 1_000_000.0;
 /// [`routing_load`](Self::routing_load): the queue depth alone, or with
 /// [`GridSettings::count_in_flight`] the queue depth plus this replica's requests in
 /// flight, which grows the moment a request is sent rather than at the next poll. A
-/// request whose answer is streaming (past its first token) counts the cluster's
-/// [`stream_weight`](Self::stream_weight): [`STREAM_WEIGHT`] until told the engines are
-/// slot engines.
+/// request whose answer is streaming (past its first token) counts [`STREAM_WEIGHT`].
 pub struct ClusterLoad {
     window: Duration,
     count_in_flight: bool,
     in_flight: Arc<AtomicUsize>,
     /// Of `in_flight`, the requests whose first token came.
     streaming: Arc<AtomicUsize>,
-    /// What a stream counts for, as `f64` bits; kept across a reload like the counts.
-    stream_weight: Arc<AtomicU64>,
     /// In the cluster's endpoint order.
     endpoints: Box<[Arc<EndpointLoad>]>,
 }
@@ -86,7 +75,6 @@ impl ClusterLoad {
             count_in_flight: settings.count_in_flight,
             in_flight: Arc::new(AtomicUsize::new(0)),
             streaming: Arc::new(AtomicUsize::new(0)),
-            stream_weight: Arc::new(AtomicU64::new(STREAM_WEIGHT.to_bits())),
             endpoints: endpoints
                 .iter()
                 .map(|url| Arc::new(EndpointLoad::new(Arc::clone(url))))
@@ -102,7 +90,6 @@ impl ClusterLoad {
             count_in_flight: settings.count_in_flight,
             in_flight: Arc::clone(&self.in_flight),
             streaming: Arc::clone(&self.streaming),
-            stream_weight: Arc::clone(&self.stream_weight),
             endpoints: endpoints
                 .iter()
                 .map(|url| match self.endpoint(url) {
@@ -157,7 +144,7 @@ impl ClusterLoad {
     ///
     /// ```text
     /// routing_load = queue_depth(now)                                  count_in_flight: false
-    /// routing_load = queue_depth(now) + waiting + stream_weight × streams   count_in_flight: true
+    /// routing_load = queue_depth(now) + waiting + STREAM_WEIGHT × streams   count_in_flight: true
     /// ```
     ///
     /// Every term counts requests: the engines' waiting requests (the worst of the window),
@@ -166,9 +153,8 @@ impl ClusterLoad {
     /// [`InFlightBody`](crate::select::InFlightBody)). A request in flight counts a waiting
     /// request twice, which errs towards spreading; it is what stops a burst piling onto
     /// one cluster between two polls, and what tells an engine running two streams from an
-    /// idle one, since engines count only waiting requests. A stream counts the
-    /// cluster's [`stream_weight`](Self::stream_weight). `f64::INFINITY` when unmeasured,
-    /// either way.
+    /// idle one, since engines count only waiting requests. A stream counts
+    /// [`STREAM_WEIGHT`] (see there why). `f64::INFINITY` when unmeasured, either way.
     ///
     /// ```
     /// use std::time::Instant;
@@ -197,32 +183,10 @@ impl ClusterLoad {
             let in_flight = self.in_flight();
             let streams = self.streaming().min(in_flight);
             let waiting = in_flight - streams;
-            queue + waiting as f64 + self.stream_weight() * streams as f64
+            queue + waiting as f64 + STREAM_WEIGHT * streams as f64
         } else {
             queue
         }
-    }
-
-    /// What a request streaming its answer counts for in
-    /// [`routing_load`](Self::routing_load): [`STREAM_WEIGHT`] (engines that batch) until
-    /// [`set_stream_weight`](Self::set_stream_weight) says otherwise.
-    pub fn stream_weight(&self) -> f64 {
-        f64::from_bits(self.stream_weight.load(Ordering::Relaxed))
-    }
-
-    /// Sets what a stream counts for: [`SLOT_STREAM_WEIGHT`] when the cluster's engines
-    /// turn out to be slot engines (the example gateway does so when an endpoint's
-    /// `/metrics` serves llama.cpp's queue gauge), [`STREAM_WEIGHT`] for engines that
-    /// batch. Bounded to `[0, 1]`: a stream never counts more than a request still
-    /// waiting; NaN is taken as [`STREAM_WEIGHT`].
-    pub fn set_stream_weight(&self, weight: f64) {
-        let weight = if weight.is_nan() {
-            STREAM_WEIGHT
-        } else {
-            weight.clamp(0.0, 1.0)
-        };
-        self.stream_weight
-            .store(weight.to_bits(), Ordering::Relaxed);
     }
 
     /// Whether [`routing_load`](Self::routing_load) counts requests in flight.

@@ -259,36 +259,6 @@ fn reconfiguration_keeps_queue_samples_and_in_flight_counts() {
 }
 
 #[test]
-fn a_cluster_of_slot_engines_counts_its_streams_whole_and_keeps_that_across_a_reload() {
-    let spec = grid_spec(&[("east", &["east-a"])]);
-    let grid = Grid::new(&spec, GridSettings::default()).unwrap();
-    let now = Instant::now();
-    let view = grid.view();
-    let load = view.clusters()[0].load();
-    load.record_queue("http://east-a", Some(0.0), now);
-    let mut stream = load.start_request();
-    stream.first_token();
-    assert_eq!(load.stream_weight(), STREAM_WEIGHT);
-    assert_eq!(load.routing_load(now), 0.5);
-    // Told its engines are slot engines: a stream holds a slot, and counts whole.
-    load.set_stream_weight(SLOT_STREAM_WEIGHT);
-    assert_eq!(load.routing_load(now), 1.0);
-    // A reload that keeps the cluster keeps what it was told.
-    grid.reconfigure(&spec, GridSettings::default()).unwrap();
-    let view = grid.view();
-    assert_eq!(
-        view.clusters()[0].load().stream_weight(),
-        SLOT_STREAM_WEIGHT
-    );
-    // Bounded: never more than a waiting request, never less than nothing.
-    for (given, kept) in [(3.0, 1.0), (-1.0, 0.0), (f64::NAN, STREAM_WEIGHT)] {
-        load.set_stream_weight(given);
-        assert_eq!(load.stream_weight(), kept);
-    }
-    drop(stream);
-}
-
-#[test]
 fn a_request_counts_whole_until_its_first_token_then_at_the_stream_weight_until_it_ends() {
     let spec = grid_spec(&[("east", &["east-a"])]);
     for count_in_flight in [true, false] {

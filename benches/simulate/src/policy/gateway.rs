@@ -65,13 +65,6 @@ impl Gateways {
                 pending: vec![0; setup.engines()],
             })
             .collect();
-        if let Some(weight) = setup.slot_stream_weight {
-            for replica in &replicas {
-                for cluster in replica.grid.view().clusters() {
-                    cluster.load().set_stream_weight(weight);
-                }
-            }
-        }
         let site_of = replicas[0]
             .grid
             .view()

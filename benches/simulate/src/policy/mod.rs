@@ -99,10 +99,6 @@ pub struct Setup {
     /// Whether a request in flight counts whole until its answer ends, its first token
     /// not told to its cluster's load (`--streams-count-whole`).
     pub streams_count_whole: bool,
-    /// What a stream counts for in each cluster's load when not the default
-    /// (`STREAM_WEIGHT`): `SLOT_STREAM_WEIGHT` on slot engines, as the gateway sets it when
-    /// an endpoint serves llama.cpp's queue gauge, unless `--slot-streams-at-half`.
-    pub slot_stream_weight: Option<f64>,
     /// The seed of every random draw.
     pub seed: u64,
     /// Virtual time zero.
