@@ -115,7 +115,14 @@ fn start_reads(
 /// What the last read of an endpoint's page found, by endpoint URL.
 #[derive(Debug, Default)]
 pub(crate) struct FoundGauges {
-    found: Mutex<HashMap<Arc<str>, Found>>,
+    found: Mutex<FoundByUrl>,
+}
+
+#[derive(Debug, Default)]
+struct FoundByUrl {
+    /// The generation of the grid whose endpoints `by_url` was last pruned to.
+    pruned_to: Option<u64>,
+    by_url: HashMap<Arc<str>, Found>,
 }
 
 /// What one read of a page found.
@@ -135,6 +142,7 @@ impl FoundGauges {
             .found
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .by_url
             .insert(Arc::clone(url), found);
         if previous == Some(found) {
             return false;
@@ -154,17 +162,20 @@ impl FoundGauges {
     }
 
     /// Forgets the endpoints `view` no longer has (a reload removed them), so that one
-    /// added again is logged again when its gauge is found.
+    /// added again is logged again when its gauge is found. Does nothing for a grid
+    /// generation it has already pruned to: the endpoints change only on a reload.
     fn keep_endpoints_of(&self, view: &GridView) {
+        let mut found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
+        if found.pruned_to == Some(view.generation()) {
+            return;
+        }
         let current: HashSet<&str> = view
             .clusters()
             .iter()
             .flat_map(|c| c.endpoints().iter().map(|url| &**url))
             .collect();
-        self.found
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|url, _| current.contains(&**url));
+        found.by_url.retain(|url, _| current.contains(&**url));
+        found.pruned_to = Some(view.generation());
     }
 }
 

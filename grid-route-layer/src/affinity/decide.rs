@@ -253,11 +253,10 @@ impl Affinity {
 
     /// Forgets the learned prices of every cluster not in `clusters` (a config reload that
     /// removed some), as [`PrefixIndex::reconfigure`] drops their entries: a cluster
-    /// added again later starts from the priors, like one never seen. Returns how many
-    /// clusters' prices went.
-    pub fn keep_prices_of(&self, clusters: impl IntoIterator<Item = ClusterId>) -> usize {
+    /// added again later starts from the priors, like one never seen.
+    pub fn keep_prices_of(&self, clusters: impl IntoIterator<Item = ClusterId>) {
         let keep: std::collections::HashSet<ClusterId> = clusters.into_iter().collect();
-        self.prices.retain(|cluster| keep.contains(cluster))
+        self.prices.retain(|cluster| keep.contains(cluster));
     }
 
     /// The whole affinity rule for one request.

@@ -374,12 +374,9 @@ impl LearnedPrices {
             .observe(priors, answer)
     }
 
-    /// Keeps the prices of the clusters `keep` says yes to; returns how many went.
-    pub fn retain(&self, mut keep: impl FnMut(&ClusterId) -> bool) -> usize {
-        let mut prices = self.lock();
-        let before = prices.len();
-        prices.retain(|cluster, _| keep(cluster));
-        before - prices.len()
+    /// Keeps the prices of the clusters `keep` says yes to.
+    pub fn retain(&self, mut keep: impl FnMut(&ClusterId) -> bool) {
+        self.lock().retain(|cluster, _| keep(cluster));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ClusterId, ClusterPrices>> {
