@@ -263,6 +263,101 @@ async fn metrics_page(page: &'static str) -> String {
     url
 }
 
+/// A stand-in llama.cpp engine: `/metrics` answers `metrics`, `/props` answers `props`
+/// with `status`, one request a connection. Returns its URL and how many times `/props`
+/// was read.
+async fn llama_pages(
+    metrics: &'static str,
+    status: u16,
+    props: &'static str,
+) -> (String, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let props_reads = Arc::new(AtomicUsize::new(0));
+    let reads = Arc::clone(&props_reads);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let reads = Arc::clone(&reads);
+            tokio::spawn(async move {
+                let mut head = [0u8; 4096];
+                let n = socket.read(&mut head).await.unwrap_or(0);
+                let (status, page) = if head[..n].starts_with(b"GET /props ") {
+                    reads.fetch_add(1, Ordering::SeqCst);
+                    (status, props)
+                } else {
+                    (200, metrics)
+                };
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{page}",
+                    page.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (url, props_reads)
+}
+
+fn slots(gateway: &Gateway, name: &str) -> Option<usize> {
+    let view = gateway.grid().view();
+    view.cluster(&cluster_id(gateway, name))
+        .unwrap()
+        .load()
+        .slots()
+}
+
+#[tokio::test]
+async fn a_llama_cpp_engines_slots_are_read_from_its_props_and_anything_else_has_none() {
+    const LLAMA: &str = "llamacpp:requests_processing 2\nllamacpp:requests_deferred 0\n";
+    let (two, two_reads) =
+        llama_pages(LLAMA, 200, r#"{"total_slots": 2, "model_alias": "m"}"#).await;
+    let (missing, missing_reads) = llama_pages(LLAMA, 404, "{}").await;
+    let (garbled, _) = llama_pages(LLAMA, 200, r#"{"total_slots": "two"}"#).await;
+    let (absurd, _) = llama_pages(LLAMA, 200, r#"{"total_slots": 1000000}"#).await;
+    let (sglang, sglang_reads) =
+        llama_pages("sglang:num_queue_reqs 0\n", 200, r#"{"total_slots": 2}"#).await;
+    let mut yaml = String::from(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nqueue: { poll_interval_ms: 50 }\nsites:\n",
+    );
+    for (site, url) in [
+        ("slots-two", &two),
+        ("slots-missing", &missing),
+        ("slots-garbled", &garbled),
+        ("slots-absurd", &absurd),
+        ("slots-sglang", &sglang),
+    ] {
+        let _ = writeln!(
+            yaml,
+            "  - {{ name: {site}, clusters: [{{ name: {site}-a, models: [{MODEL}], endpoints: [{url}] }}] }}"
+        );
+    }
+    let gateway = Gateway::start(parse(&yaml)).await.unwrap();
+    eventually("the slots read", || async {
+        slots(&gateway, "slots-two-a") == Some(2)
+            && missing_reads.load(Ordering::SeqCst) >= 1
+            && queue_depth(&gateway, "slots-sglang-a") == 0.0
+    })
+    .await;
+    // Read once, not at every poll: 50 ms polls for 300 ms more read /props no more.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(two_reads.load(Ordering::SeqCst), 1);
+    // A page that could not be read, or did not say, waits SLOTS_REFRESH for the next try.
+    assert_eq!(missing_reads.load(Ordering::SeqCst), 1);
+    for name in ["slots-missing-a", "slots-garbled-a", "slots-absurd-a"] {
+        assert_eq!(slots(&gateway, name), None, "{name}");
+        assert_eq!(
+            queue_depth(&gateway, name),
+            0.0,
+            "{name}: its queue is read still"
+        );
+    }
+    // Not a llama.cpp page: its /props is never asked for.
+    assert_eq!(slots(&gateway, "slots-sglang-a"), None);
+    assert_eq!(sglang_reads.load(Ordering::SeqCst), 0);
+}
+
 #[tokio::test]
 async fn with_no_queue_block_each_endpoint_is_read_by_the_gauge_it_serves() {
     let sglang =

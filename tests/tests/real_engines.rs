@@ -527,6 +527,90 @@ async fn a_follow_up_turn_stays_on_its_site_and_the_engine_serves_it_from_cache(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Loads are sums of whole requests and halves: exactly representable.
+#[allow(clippy::float_cmp)]
+async fn an_engines_slots_are_read_from_it_and_a_stream_filling_them_counts_whole() {
+    use http_body_util::{BodyExt as _, Full};
+
+    let sites = TwoSites::start_as(["slots-east", "slots-west"]).await;
+    // Each engine runs one slot (`--parallel 1`): its `/props` says so.
+    let deadline = Instant::now() + ENGINE_START;
+    while !sites
+        .gateway
+        .grid()
+        .view()
+        .clusters()
+        .iter()
+        .all(|c| c.load().slots() == Some(1))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the engines' slots were never read"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A long streamed answer: once its first token is out, it holds its engine's one slot,
+    // so it counts whole where on an engine that batches it would count half.
+    let body = json!({
+        "messages": [{"role": "user", "content": "Count from one to two hundred, in words."}],
+        "max_tokens": 400,
+        "stream": true,
+        "temperature": 0.0,
+        "ignore_eos": true,
+    });
+    let request = hyper::Request::post(format!("{}/v1/chat/completions", sites.gateway.url()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let response =
+        tokio::time::timeout(REQUEST_TIMEOUT, grid_route_tests::client().request(request))
+            .await
+            .expect("the stream's head within the deadline")
+            .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut stream = response.into_body();
+    let frame = tokio::time::timeout(REQUEST_TIMEOUT, stream.frame())
+        .await
+        .expect("the stream's first data within the deadline");
+    assert!(frame.is_some_and(|f| f.is_ok()));
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let (stream_load, other_load) = loop {
+        let view = sites.gateway.grid().view();
+        let now = Instant::now();
+        let streaming: Vec<_> = view
+            .clusters()
+            .iter()
+            .map(|c| {
+                (
+                    c.load().streaming(),
+                    c.load().routing_load(now) - c.load().queue_depth(now),
+                )
+            })
+            .collect();
+        match streaming.as_slice() {
+            [(1, load), (0, other)] | [(0, other), (1, load)] => break (*load, *other),
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no cluster counted the stream: {streaming:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(
+        stream_load, 1.0,
+        "a stream filling its engine's slot counts whole"
+    );
+    assert_eq!(other_load, 0.0);
+    // Read to its end: it stops counting.
+    tokio::time::timeout(REQUEST_TIMEOUT, async {
+        while stream.frame().await.is_some() {}
+    })
+    .await
+    .expect("the stream's end within the deadline");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_chat_arrives_whole() {
     let body = json!({
         "messages": [

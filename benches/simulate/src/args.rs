@@ -311,6 +311,11 @@ pub struct GatewayArgs {
     /// at STREAM_WEIGHT (what the default is measured against)
     #[arg(long)]
     pub streams_count_whole: bool,
+    /// The gateway does not know slot engines' slots, as before it read them from
+    /// llama.cpp's `/props`: their streams count at STREAM_WEIGHT even with every slot
+    /// busy (what the default is measured against)
+    #[arg(long)]
+    pub slots_unknown: bool,
     /// How many times the load gate counts a match's saved prefill at a learned
     /// queued-request price (what MOVED_PREFILL_PAYERS, the default, is measured against)
     #[arg(
@@ -349,6 +354,7 @@ impl Default for GatewayArgs {
             queued_request_seconds: affinity.queued_request_seconds,
             engine_feedback: affinity.engine_feedback,
             streams_count_whole: false,
+            slots_unknown: false,
             moved_prefill_payers: MOVED_PREFILL_PAYERS,
             explore_continuations: false,
         }

@@ -134,6 +134,15 @@ impl Engine {
         }
     }
 
+    /// The requests it runs at once when it has a few slots, as its `/props` page tells
+    /// the gateway (llama.cpp's `total_slots`); `None` for a batching engine.
+    pub fn slots(&self) -> Option<usize> {
+        match self {
+            Self::Batching(_) => None,
+            Self::Slots(e) => Some(e.slots()),
+        }
+    }
+
     /// Prompt tokens of `request` the engine would find cached if it started now.
     pub fn cached_tokens(&self, request: &TraceRequest) -> u64 {
         match self {

@@ -137,6 +137,7 @@ pub fn simulate(
             queue_window: args.gateway.queue_window(),
             count_in_flight: args.gateway.count_in_flight,
             streams_count_whole: args.gateway.streams_count_whole,
+            slots_unknown: args.gateway.slots_unknown,
             seed: args.seed,
             base: Instant::now(),
         },

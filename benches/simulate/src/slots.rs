@@ -84,6 +84,11 @@ impl SlotEngine {
         }
     }
 
+    /// Its slots.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
     /// Requests waiting for a slot.
     pub fn waiting(&self) -> usize {
         self.waiting.len()

@@ -149,7 +149,10 @@ use tokio::task::JoinHandle;
 pub use access::{ACCESS_TARGET, SENSITIVE_REQUEST_HEADERS};
 pub use admin::METRICS_UPKEEP_INTERVAL;
 pub use outlier::{HEAD_SAMPLES, MAX_EJECTION_FACTOR, MIN_HEAD_SAMPLES, STALL_FACTOR};
-pub use queue::{MAX_METRICS_BYTES, POLL_TIMEOUT, known_queue_sample, queue_sample};
+pub use queue::{
+    MAX_METRICS_BYTES, MAX_PROPS_BYTES, POLL_TIMEOUT, SLOTS_REFRESH, known_queue_sample,
+    queue_sample, total_slots,
+};
 pub use serve::serve;
 pub use stack::RETRY_AFTER_SECS;
 pub use telemetry::EJECTIONS_TOTAL;

@@ -19,6 +19,17 @@
 //! changes; an endpoint whose page serves none of them is logged once at `warn` (until it
 //! serves one). An endpoint a reload removed and a later one added back is new again.
 //!
+//! An endpoint whose page is llama.cpp's (it serves `llamacpp:requests_deferred`, found or
+//! named) runs a few requests at once, one a slot. The poller reads how many from the
+//! engine's `GET /props` (`total_slots`, its `--parallel`) when it first finds the page,
+//! then every [`SLOTS_REFRESH`], and tells the cluster with
+//! [`ClusterLoad::record_slots`]: while a cluster's slots are full its streams count whole
+//! in its routing load, since a request sent there waits for one of them to end. What it
+//! finds is logged at `info` when new or changed; a `/props` page that cannot be read or
+//! does not say is logged at `debug`, and the endpoint counts as having no slots until a
+//! later read says (its streams count at half, as on an engine that batches). An endpoint
+//! whose page stops being llama.cpp's has no slots from that read on.
+//!
 //! An endpoint whose metrics cannot be read — refused, over [`POLL_TIMEOUT`], not 2xx,
 //! not UTF-8, over [`MAX_METRICS_BYTES`], or without the gauge — is recorded as
 //! unmeasured (`None`), which makes its cluster's depth `+inf` once the window holds no
@@ -27,6 +38,7 @@
 //! not mark it unhealthy — unmeasured is not down.
 //!
 //! [`ClusterLoad::record_queue`]: grid_route_layer::grid::ClusterLoad::record_queue
+//! [`ClusterLoad::record_slots`]: grid_route_layer::grid::ClusterLoad::record_slots
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -48,6 +60,14 @@ use crate::config::KNOWN_QUEUE_METRICS;
 pub const POLL_TIMEOUT: Duration = Duration::from_secs(2);
 /// The largest metrics page read (vLLM's is some hundreds of KiB with histograms).
 pub const MAX_METRICS_BYTES: usize = 8 * 1024 * 1024;
+/// How often a llama.cpp endpoint's `/props` is read again for its slots (an engine
+/// restarted with another `--parallel` is seen within this), and how long after a read
+/// that failed the next one waits.
+pub const SLOTS_REFRESH: Duration = Duration::from_secs(60);
+/// The largest `/props` page read (llama.cpp's holds the chat template: some KiB).
+pub const MAX_PROPS_BYTES: usize = 1024 * 1024;
+/// The gauge that tells a llama.cpp page.
+const LLAMA_GAUGE: &str = "llamacpp:requests_deferred";
 
 /// Polls every endpoint until `stop` turns true (or its sender is dropped).
 ///
@@ -85,7 +105,7 @@ pub(crate) async fn poll_queues(live: Arc<Live>, mut stop: watch::Receiver<bool>
 fn start_reads(
     live: &Live,
     metric: Option<&Arc<str>>,
-    reads: &mut JoinSet<(Arc<Cluster>, Arc<str>, Read)>,
+    reads: &mut JoinSet<(Arc<Cluster>, Arc<str>, EndpointRead)>,
     reading: &mut HashSet<(ClusterId, Arc<str>)>,
 ) {
     // A read whose task failed never removed its entry: none is running when the set is
@@ -104,9 +124,15 @@ fn start_reads(
             let cluster: Arc<Cluster> = Arc::clone(cluster);
             let url = Arc::clone(url);
             let metric = metric.cloned();
+            let slots_due = live.gauges.slots_due(&url, Instant::now());
             reads.spawn(async move {
-                let read = read_queue(&client, &url, metric.as_deref()).await;
-                (cluster, url, read)
+                let queue = read_queue(&client, &url, metric.as_deref()).await;
+                let slots = match queue.is_llama(metric.as_deref()) {
+                    Some(true) if slots_due => SlotsRead::Read(read_slots(&client, &url).await),
+                    Some(false) => SlotsRead::NoSlots,
+                    Some(true) | None => SlotsRead::NotDue,
+                };
+                (cluster, url, EndpointRead { queue, slots })
             });
         }
     }
@@ -123,6 +149,9 @@ struct FoundByUrl {
     /// The generation of the grid whose endpoints `by_url` was last pruned to.
     pruned_to: Option<u64>,
     by_url: HashMap<Arc<str>, Found>,
+    /// Of llama.cpp endpoints: when `/props` was last read for their slots, and what it
+    /// said.
+    slots: HashMap<Arc<str>, (Instant, Option<usize>)>,
 }
 
 /// What one read of a page found.
@@ -175,13 +204,80 @@ impl FoundGauges {
             .flat_map(|c| c.endpoints().iter().map(|url| &**url))
             .collect();
         found.by_url.retain(|url, _| current.contains(&**url));
+        found.slots.retain(|url, _| current.contains(&**url));
         found.pruned_to = Some(view.generation());
+    }
+
+    /// Whether a read of `url`'s page at `now` should also read its slots, if the page is
+    /// llama.cpp's: never read, or last read [`SLOTS_REFRESH`] ago or more.
+    fn slots_due(&self, url: &str, now: Instant) -> bool {
+        let found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
+        found
+            .slots
+            .get(url)
+            .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= SLOTS_REFRESH)
+    }
+
+    /// Records what a read of `url`'s `/props` said of its slots at `now`, and logs it
+    /// when it differs from the last. Returns whether it did.
+    fn record_slots(
+        &self,
+        cluster: &Cluster,
+        url: &Arc<str>,
+        slots: Option<usize>,
+        now: Instant,
+    ) -> bool {
+        let previous = self
+            .found
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .slots
+            .insert(Arc::clone(url), (now, slots));
+        if previous.is_some_and(|(_, was)| was == slots) {
+            return false;
+        }
+        if let Some(slots) = slots {
+            tracing::info!(
+                cluster = %cluster.id(),
+                endpoint = %url,
+                slots,
+                "engine slots found: its streams count whole while they fill them"
+            );
+        } else {
+            tracing::debug!(
+                cluster = %cluster.id(),
+                endpoint = %url,
+                "llama.cpp /props unreadable or without total_slots; counted without slots"
+            );
+        }
+        true
+    }
+
+    /// Forgets `url`'s slots: its page is not llama.cpp's (any longer).
+    fn forget_slots(&self, url: &str) {
+        self.found
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .slots
+            .remove(url);
     }
 }
 
 /// Records what a read of `cluster`'s endpoint at `url` gave.
-fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: Read) {
-    let waiting = match read {
+fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: EndpointRead) {
+    match read.slots {
+        SlotsRead::NotDue => {}
+        SlotsRead::NoSlots => {
+            live.gauges.forget_slots(url);
+            cluster.load().record_slots(url, None);
+        }
+        SlotsRead::Read(slots) => {
+            live.gauges
+                .record_slots(cluster, url, slots, Instant::now());
+            cluster.load().record_slots(url, slots);
+        }
+    }
+    let waiting = match read.queue {
         Read::Unreadable => None,
         Read::Sample(waiting) => Some(waiting),
         Read::Found(gauge, waiting) => {
@@ -205,6 +301,24 @@ fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: Read) {
     }
 }
 
+/// What one poll of an endpoint read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EndpointRead {
+    queue: Read,
+    slots: SlotsRead,
+}
+
+/// What one poll of an endpoint learnt of its slots.
+#[derive(Debug, Clone, Copy)]
+enum SlotsRead {
+    /// Nothing: the page could not be read, or its slots were read lately.
+    NotDue,
+    /// The page is not llama.cpp's: no slots.
+    NoSlots,
+    /// What its `/props` said: `None` when it could not be read or did not say.
+    Read(Option<usize>),
+}
+
 /// What one read of an endpoint's page gave.
 #[derive(Debug, Clone, Copy)]
 enum Read {
@@ -216,6 +330,70 @@ enum Read {
     Found(&'static str, f64),
     /// With no metric configured: a page that serves none of the known gauges.
     NoKnownGauge,
+}
+
+impl Read {
+    /// Whether the page read is llama.cpp's: it served [`LLAMA_GAUGE`], found or named as
+    /// `queue.metric`. `None` when the read says nothing of it (the page could not be
+    /// read, or a metric of its own was named).
+    fn is_llama(self, metric: Option<&str>) -> Option<bool> {
+        match (self, metric) {
+            (Self::Found(gauge, _), _) => Some(gauge == LLAMA_GAUGE),
+            (Self::NoKnownGauge, _) => Some(false),
+            (Self::Sample(_), Some(LLAMA_GAUGE)) => Some(true),
+            (Self::Sample(_) | Self::Unreadable, _) => None,
+        }
+    }
+}
+
+/// Reads `GET {base}/props` for llama.cpp's `total_slots`: `None` when the page cannot be
+/// read (over [`POLL_TIMEOUT`], not 2xx, over [`MAX_PROPS_BYTES`], not JSON) or does not
+/// hold a whole number from 1 to 65,536 there.
+async fn read_slots(client: &HttpClient, base: &str) -> Option<usize> {
+    let url = format!("{}/props", base.trim_end_matches('/'));
+    let request = Request::get(url)
+        .header(ACCEPT, "application/json")
+        .body(Body::empty())
+        .ok()?;
+    let read = async {
+        let response = client.request(request).await.ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        let body = Limited::new(response.into_body(), MAX_PROPS_BYTES)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        total_slots(&body)
+    };
+    tokio::time::timeout(POLL_TIMEOUT, read)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The `total_slots` of a llama.cpp `/props` page: a whole number from 1 to 65,536 (an
+/// engine with more would not be one with a few slots); `None` otherwise.
+///
+/// ```
+/// use grid_route_example::gateway::total_slots;
+///
+/// assert_eq!(total_slots(br#"{"total_slots": 4, "model_alias": "m"}"#), Some(4));
+/// assert_eq!(total_slots(br#"{"total_slots": 0}"#), None);
+/// assert_eq!(total_slots(br#"{"total_slots": "4"}"#), None);
+/// assert_eq!(total_slots(b"not json"), None);
+/// ```
+pub fn total_slots(props: &[u8]) -> Option<usize> {
+    #[derive(serde::Deserialize)]
+    struct Props {
+        total_slots: u64,
+    }
+    let props: Props = serde_json::from_slice(props).ok()?;
+    (1..=65_536)
+        .contains(&props.total_slots)
+        .then(|| usize::try_from(props.total_slots).ok())
+        .flatten()
 }
 
 /// Reads the endpoint's page for `metric`, or with `None` for the first of

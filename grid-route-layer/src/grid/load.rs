@@ -64,6 +64,9 @@ pub struct ClusterLoad {
 pub(super) struct EndpointLoad {
     url: Arc<str>,
     healthy: AtomicBool,
+    /// The engine's slots (requests it runs at once) when it has a few, as llama.cpp's
+    /// server does; 0 when not known, as for an engine that batches.
+    slots: AtomicUsize,
     samples: Mutex<QueueWindow>,
 }
 
@@ -183,10 +186,56 @@ impl ClusterLoad {
             let in_flight = self.in_flight();
             let streams = self.streaming().min(in_flight);
             let waiting = in_flight - streams;
-            queue + waiting as f64 + STREAM_WEIGHT * streams as f64
+            let stream_weight = if self.slots_full(in_flight, queue) {
+                1.0
+            } else {
+                STREAM_WEIGHT
+            };
+            queue + waiting as f64 + stream_weight * streams as f64
         } else {
             queue
         }
+    }
+
+    /// Whether a request sent now would find no free slot: the cluster's engines have
+    /// slots ([`slots`](Self::slots)), and this replica's requests in flight fill them or
+    /// an engine reports requests waiting for one.
+    fn slots_full(&self, in_flight: usize, queue: f64) -> bool {
+        self.slots()
+            .is_some_and(|slots| in_flight >= slots || queue >= 1.0)
+    }
+
+    /// Records that the endpoint at `url` runs `slots` requests at once, as llama.cpp's
+    /// server started with `--parallel N` runs N (its `/props` page says how many, as
+    /// `total_slots`), or `None` when it is not known to have slots (an engine that
+    /// batches, or a page that did not say). Returns `false` for a URL the cluster does
+    /// not have. `Some(0)` counts as `None`.
+    ///
+    /// A cluster whose every healthy endpoint has slots counts its streams whole in
+    /// [`routing_load`](Self::routing_load) while they fill the slots: a new request
+    /// there waits for a stream to end.
+    pub fn record_slots(&self, url: &str, slots: Option<usize>) -> bool {
+        let Some(endpoint) = self.endpoint(url) else {
+            return false;
+        };
+        endpoint.slots.store(slots.unwrap_or(0), Ordering::Relaxed);
+        true
+    }
+
+    /// The slots of the cluster's healthy endpoints, summed, when every one of them has
+    /// some ([`record_slots`](Self::record_slots)); `None` when one has none known, or
+    /// none is healthy.
+    pub fn slots(&self) -> Option<usize> {
+        let mut total = 0usize;
+        for endpoint in &*self.endpoints {
+            if endpoint.healthy.load(Ordering::Relaxed) {
+                match endpoint.slots.load(Ordering::Relaxed) {
+                    0 => return None,
+                    slots => total = total.saturating_add(slots),
+                }
+            }
+        }
+        (total > 0).then_some(total)
     }
 
     /// Whether [`routing_load`](Self::routing_load) counts requests in flight.
@@ -307,6 +356,7 @@ impl EndpointLoad {
         Self {
             url,
             healthy: AtomicBool::new(true),
+            slots: AtomicUsize::new(0),
             samples: Mutex::new(QueueWindow::default()),
         }
     }
@@ -323,6 +373,7 @@ impl fmt::Debug for EndpointLoad {
         f.debug_struct("EndpointLoad")
             .field("url", &self.url)
             .field("healthy", &self.healthy.load(Ordering::Relaxed))
+            .field("slots", &self.slots.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -545,6 +596,59 @@ mod tests {
         assert!(counting.counts_in_flight());
         // Unmeasured stays unmeasured, whatever is in flight.
         assert_eq!(counting.routing_load(t0 + WINDOW), f64::INFINITY);
+    }
+
+    #[test]
+    fn on_engines_with_slots_streams_count_whole_once_the_slots_are_full() {
+        let t0 = Instant::now();
+        let load = ClusterLoad::new(&urls(2), &settings(WINDOW));
+        for url in ["http://e0", "http://e1"] {
+            load.record_queue(url, Some(0.0), t0);
+        }
+        let streams: Vec<InFlight> = (0..3)
+            .map(|_| {
+                let mut stream = load.start_request();
+                stream.first_token();
+                stream
+            })
+            .collect();
+        // Not known to have slots: streams count at half.
+        assert_eq!(load.slots(), None);
+        assert_eq!(load.routing_load(t0), 1.5);
+        // One endpoint with slots and one without: still not a slot cluster.
+        assert!(load.record_slots("http://e0", Some(2)));
+        assert_eq!(load.slots(), None);
+        assert_eq!(load.routing_load(t0), 1.5);
+        // Two slots each: three streams leave one free, so they count at half.
+        assert!(load.record_slots("http://e1", Some(2)));
+        assert_eq!(load.slots(), Some(4));
+        assert_eq!(load.routing_load(t0), 1.5);
+        // A fourth request fills the last slot: everything counts whole, the request
+        // waiting for its first token included.
+        let waiting = load.start_request();
+        assert_eq!(load.routing_load(t0), 4.0);
+        drop(waiting);
+        // An engine reporting a request waiting for a slot says they are full, whatever
+        // this replica has in flight (other replicas fill slots too).
+        load.record_queue("http://e1", Some(1.0), t0 + secs(1));
+        assert_eq!(load.routing_load(t0 + secs(1)), 1.0 + 3.0);
+        // An unhealthy endpoint's slots do not count: two left, three streams fill them.
+        load.record_queue("http://e1", Some(0.0), t0 + WINDOW + secs(2));
+        let later = t0 + WINDOW + secs(2);
+        load.record_queue("http://e0", Some(0.0), later);
+        assert_eq!(load.routing_load(later), 1.5);
+        load.set_endpoint_healthy("http://e1", false);
+        assert_eq!(load.slots(), Some(2));
+        assert_eq!(load.routing_load(later), 3.0);
+        // Forgotten (the page stopped being llama.cpp's, or `Some(0)`): half again.
+        load.set_endpoint_healthy("http://e1", true);
+        assert!(load.record_slots("http://e1", Some(0)));
+        assert_eq!(load.slots(), None);
+        assert!(!load.record_slots("http://nope", Some(2)));
+        // Slots carry over a reload with their endpoint.
+        let carried = load.carried_over(&urls(1), &settings(WINDOW));
+        assert_eq!(carried.slots(), Some(2));
+        drop(streams);
     }
 
     #[test]

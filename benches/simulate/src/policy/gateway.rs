@@ -44,6 +44,9 @@ pub(super) struct Gateways {
     engines_per_site: usize,
     /// `--streams-count-whole`: an answer's first token is not told to its cluster's load.
     streams_count_whole: bool,
+    /// Whether the poll tells each cluster its engines' slots, as the gateway reads them
+    /// from llama.cpp's `/props` (`--slots-unknown` turns it off).
+    slots_known: bool,
     site_of: HashMap<ClusterId, usize>,
     open: HashMap<usize, Open>,
     rng: fastrand::Rng,
@@ -76,6 +79,7 @@ impl Gateways {
             replicas,
             engines_per_site: setup.engines_per_site,
             streams_count_whole: setup.streams_count_whole,
+            slots_known: !setup.slots_unknown,
             site_of,
             open: HashMap::new(),
             rng: fastrand::Rng::with_seed(setup.seed ^ 0x6761_7465_7761_7973),
@@ -167,8 +171,13 @@ impl Gateways {
             let view = replica.grid.view();
             for (site, cluster) in view.clusters().iter().enumerate() {
                 for (j, url) in cluster.endpoints().iter().enumerate() {
-                    let waiting = engines[site * self.engines_per_site + j].waiting();
-                    cluster.load().record_queue(url, Some(waiting as f64), at);
+                    let engine = &engines[site * self.engines_per_site + j];
+                    cluster
+                        .load()
+                        .record_queue(url, Some(engine.waiting() as f64), at);
+                    if self.slots_known {
+                        cluster.load().record_slots(url, engine.slots());
+                    }
                 }
             }
         }

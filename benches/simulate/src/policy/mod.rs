@@ -78,6 +78,8 @@ impl fmt::Display for Policy {
 
 /// What every policy is built from.
 #[derive(Debug, Clone)]
+// Each bool is one command-line switch, independent of the others: no state machine.
+#[allow(clippy::struct_excessive_bools)]
 pub struct Setup {
     /// Sites.
     pub sites: usize,
@@ -99,6 +101,8 @@ pub struct Setup {
     /// Whether a request in flight counts whole until its answer ends, its first token
     /// not told to its cluster's load (`--streams-count-whole`).
     pub streams_count_whole: bool,
+    /// Whether the queue poll leaves slot engines' slots unknown (`--slots-unknown`).
+    pub slots_unknown: bool,
     /// The seed of every random draw.
     pub seed: u64,
     /// Virtual time zero.
