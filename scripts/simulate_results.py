@@ -110,17 +110,21 @@ def streams() -> None:
     print("## Streams, the gate's two sides and exploration\n")
     print("Hit share / TTFT p50 / p99 of grid-route alone, each default against what it")
     print("replaced, everything else at the defaults: a request in flight counting whole until")
-    print("its answer ends (`--streams-count-whole`), the load gate counting a moved match's")
-    print("prefill once at learned prices (`--moved-prefill-payers 1`), exploration drawing for")
-    print("a conversation's later turns too (`--explore-continuations`), and all three. The")
-    print("last column is the bar: cache-aware's hit share, and the best TTFT p50 and p99 of")
-    print("round-robin, least-queue, cache-aware and chwbl.\n")
-    print("| engines | sites | defaults | streams whole | prefill once | later turns explored "
-          "| all three | bar |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("its answer ends (`--streams-count-whole`), a slot engine's streams counting at half")
+    print("even while its slots are full (`--slots-unknown`; batching engines have no slots),")
+    print("the load gate counting a moved match's prefill once at learned prices")
+    print("(`--moved-prefill-payers 1`), exploration drawing for a conversation's later turns")
+    print("too (`--explore-continuations`), and the first, third and fourth together (streams")
+    print("counted whole leave nothing for the slots to change). The last column is the bar:")
+    print("cache-aware's hit share, and the best TTFT p50 and p99 of round-robin, least-queue,")
+    print("cache-aware and chwbl.\n")
+    print("| engines | sites | defaults | streams whole | slots unknown | prefill once "
+          "| later turns explored | all three | bar |")
+    print("|---|---|---|---|---|---|---|---|---|")
     variants = [
         [],
         ["--streams-count-whole"],
+        ["--slots-unknown"],
         ["--moved-prefill-payers", "1"],
         ["--explore-continuations"],
         ["--streams-count-whole", "--moved-prefill-payers", "1", "--explore-continuations"],

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 /// SGLang) a new request's prefill runs beside the streams, and counted whole, a cluster
 /// with long answers looked as busy as one with a queue of prompts to prefill. On an
 /// engine with a few slots (llama.cpp's `--parallel`) each stream holds a slot until it
-/// ends, so it still has to count: a cluster full of streams is not idle. In `simulate` on
+/// ends: half while a slot is free, whole once they are full (see
+/// [`record_slots`](ClusterLoad::record_slots)). In `simulate` on
 /// the bundled trace (docs/routing.md, "Streams, the gate's two sides and exploration"),
 /// counting streams at half rather than whole brought batching engines' TTFT p50 down by
 /// 9–10% with one replica, from over round-robin's to under it at every size, and moved
@@ -146,8 +147,9 @@ impl ClusterLoad {
     /// The load that selection and the affinity load gate compare at `now`:
     ///
     /// ```text
-    /// routing_load = queue_depth(now)                                  count_in_flight: false
-    /// routing_load = queue_depth(now) + waiting + STREAM_WEIGHT × streams   count_in_flight: true
+    /// routing_load = queue_depth(now)                                count_in_flight: false
+    /// routing_load = queue_depth(now) + waiting + weight × streams    count_in_flight: true
+    /// weight       = 1 while the cluster's slots are full, else STREAM_WEIGHT
     /// ```
     ///
     /// Every term counts requests: the engines' waiting requests (the worst of the window),
@@ -157,7 +159,9 @@ impl ClusterLoad {
     /// request twice, which errs towards spreading; it is what stops a burst piling onto
     /// one cluster between two polls, and what tells an engine running two streams from an
     /// idle one, since engines count only waiting requests. A stream counts
-    /// [`STREAM_WEIGHT`] (see there why). `f64::INFINITY` when unmeasured, either way.
+    /// [`STREAM_WEIGHT`] (see there why), or whole on engines with slots while a new
+    /// request would find none free ([`record_slots`](Self::record_slots)).
+    /// `f64::INFINITY` when unmeasured, either way.
     ///
     /// ```
     /// use std::time::Instant;
