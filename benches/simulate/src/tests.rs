@@ -268,9 +268,10 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
          --max-running 8 --prefill-tps 5000 --prefill-overhead-ms 30 --decode-tps 50 \
          --poll-interval-ms 250 --queue-window-secs=3 --threshold 0.6 --exploration 0.1 \
          --prefill-price 20000 --queued-request-seconds 6 --count-in-flight true \
-         --engine-feedback false --fail-share 0.25",
+         --engine-feedback false --fail-share 0.25 --slots-unknown",
     )
     .unwrap();
+    assert!(parsed.gateway.slots_unknown);
     assert_eq!(parsed.sites, 8);
     assert_eq!(parsed.engines_per_site, 2);
     assert_eq!(parsed.replicas, 4);

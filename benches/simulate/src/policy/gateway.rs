@@ -193,3 +193,47 @@ fn grid_spec(sites: usize, engines: usize) -> GridSpec {
             .with_endpoints((0..engines).map(|j| format!("http://s{s}-e{j}")))])
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use grid_route_layer::affinity::AffinitySettings;
+    use grid_route_layer::index::IndexSettings;
+
+    use super::*;
+    use crate::engine::{EngineKind, EngineModel};
+
+    fn setup(slots_unknown: bool) -> Setup {
+        Setup {
+            sites: 2,
+            engines_per_site: 1,
+            replicas: 1,
+            shared_index: false,
+            affinity: AffinitySettings::default(),
+            index: IndexSettings::default(),
+            queue_window: GridSettings::DEFAULT_QUEUE_WINDOW,
+            count_in_flight: true,
+            streams_count_whole: false,
+            slots_unknown,
+            seed: 1,
+            base: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn the_poll_tells_each_cluster_its_slot_engines_slots_unless_they_are_unknown() {
+        let slot_engine = Engine::new(EngineModel {
+            kind: EngineKind::Slots,
+            slots: 3,
+            ..EngineModel::default()
+        });
+        let batching = Engine::new(EngineModel::default());
+        let engines = [slot_engine, batching];
+        for (unknown, slots) in [(false, [Some(3), None]), (true, [None, None])] {
+            let gateways = Gateways::new(&setup(unknown));
+            gateways.poll(0.0, &engines);
+            let view = gateways.grid(0).view();
+            let read: Vec<_> = view.clusters().iter().map(|c| c.load().slots()).collect();
+            assert_eq!(read, slots, "--slots-unknown {unknown}");
+        }
+    }
+}
