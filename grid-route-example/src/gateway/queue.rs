@@ -350,9 +350,22 @@ impl Read {
 /// read (over [`POLL_TIMEOUT`], not 2xx, over [`MAX_PROPS_BYTES`], not JSON) or does not
 /// hold a whole number from 1 to 65,536 there.
 async fn read_slots(client: &HttpClient, base: &str) -> Option<usize> {
-    let url = format!("{}/props", base.trim_end_matches('/'));
+    let body = get_page(client, base, "/props", "application/json", MAX_PROPS_BYTES).await?;
+    total_slots(&body)
+}
+
+/// The body of `GET {base}{path}`, whole; `None` when it cannot be read within
+/// [`POLL_TIMEOUT`], is not 2xx, or is over `max_bytes`.
+async fn get_page(
+    client: &HttpClient,
+    base: &str,
+    path: &str,
+    accept: &'static str,
+    max_bytes: usize,
+) -> Option<bytes::Bytes> {
+    let url = format!("{}{path}", base.trim_end_matches('/'));
     let request = Request::get(url)
-        .header(ACCEPT, "application/json")
+        .header(ACCEPT, accept)
         .body(Body::empty())
         .ok()?;
     let read = async {
@@ -360,12 +373,13 @@ async fn read_slots(client: &HttpClient, base: &str) -> Option<usize> {
         if !response.status().is_success() {
             return None;
         }
-        let body = Limited::new(response.into_body(), MAX_PROPS_BYTES)
-            .collect()
-            .await
-            .ok()?
-            .to_bytes();
-        total_slots(&body)
+        Some(
+            Limited::new(response.into_body(), max_bytes)
+                .collect()
+                .await
+                .ok()?
+                .to_bytes(),
+        )
     };
     tokio::time::timeout(POLL_TIMEOUT, read)
         .await
@@ -399,37 +413,20 @@ pub fn total_slots(props: &[u8]) -> Option<usize> {
 /// Reads the endpoint's page for `metric`, or with `None` for the first of
 /// [`KNOWN_QUEUE_METRICS`] it serves.
 async fn read_queue(client: &HttpClient, base: &str, metric: Option<&str>) -> Read {
-    let url = format!("{}/metrics", base.trim_end_matches('/'));
-    let Ok(request) = Request::get(url)
-        .header(ACCEPT, "text/plain")
-        .body(Body::empty())
-    else {
-        return Read::Unreadable;
-    };
-    let read = async {
-        let response = client.request(request).await.ok()?;
-        if !response.status().is_success() {
-            return None;
+    let page = get_page(client, base, "/metrics", "text/plain", MAX_METRICS_BYTES).await;
+    let text = page
+        .as_deref()
+        .and_then(|body| std::str::from_utf8(body).ok());
+    let read = match (text, metric) {
+        (None, _) => Read::Unreadable,
+        (Some(text), Some(metric)) => {
+            queue_sample(text, metric).map_or(Read::Unreadable, Read::Sample)
         }
-        let body = Limited::new(response.into_body(), MAX_METRICS_BYTES)
-            .collect()
-            .await
-            .ok()?
-            .to_bytes();
-        let text = std::str::from_utf8(&body).ok()?;
-        Some(match metric {
-            Some(metric) => queue_sample(text, metric).map_or(Read::Unreadable, Read::Sample),
-            None => match known_queue_sample(text) {
-                Some((gauge, waiting)) => Read::Found(gauge, waiting),
-                None => Read::NoKnownGauge,
-            },
-        })
+        (Some(text), None) => match known_queue_sample(text) {
+            Some((gauge, waiting)) => Read::Found(gauge, waiting),
+            None => Read::NoKnownGauge,
+        },
     };
-    let read = tokio::time::timeout(POLL_TIMEOUT, read)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(Read::Unreadable);
     if matches!(read, Read::Unreadable | Read::NoKnownGauge) {
         tracing::debug!(
             endpoint = base,
