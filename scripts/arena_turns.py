@@ -9,7 +9,7 @@ turn's shortfall against it is counted by its outcome, whether the conversation 
 its engine or moved, and the load it met: the other turns in flight at that engine when it
 was sent (a turn ends when its conversation's next one is sent; a conversation's last turn
 one second after its first token, which is not logged). First turns add what they found
-cached (a shared system prompt).
+cached (a shared system prompt). Last, the run's five slowest turns by time to first token.
 
     python3 scripts/arena_turns.py OUT RUN        # say target/arena-s21 grid-defaults-pck-1
 
@@ -110,6 +110,10 @@ def main() -> None:
     print(f"{moved} of {len(by_conversation)} conversations answered on more than one engine; "
           f"{sum(busier.values())} of {len(by_conversation)} started on an engine with more live conversations than another"
           + (f" ({', '.join(f'{o} {n}' for o, n in sorted(busier.items()))})" if busier else ""))
+    slowest = sorted(rows, key=lambda r: r["ttft"], reverse=True)[:5]
+    print("slowest turns (TTFT, turn, engine, outcome, cached/prompt tokens): " + " | ".join(
+        f"{r['ttft']:.1f} s turn {r['turn'] + 1} {r['site']} {r['outcome']} {r['cached_tokens']}/{r['prompt_tokens']}"
+        for r in slowest))
 
 
 if __name__ == "__main__":

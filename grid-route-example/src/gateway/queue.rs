@@ -54,7 +54,7 @@ use tokio::task::JoinSet;
 
 use super::Live;
 use super::upstream::HttpClient;
-use crate::config::KNOWN_QUEUE_METRICS;
+use crate::config::{KNOWN_QUEUE_METRICS, LLAMACPP_QUEUE_METRIC};
 
 /// How long one read of an endpoint's metrics may take.
 pub const POLL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -66,8 +66,6 @@ pub const MAX_METRICS_BYTES: usize = 8 * 1024 * 1024;
 pub const SLOTS_REFRESH: Duration = Duration::from_secs(60);
 /// The largest `/props` page read (llama.cpp's holds the chat template: some KiB).
 pub const MAX_PROPS_BYTES: usize = 1024 * 1024;
-/// The gauge that tells a llama.cpp page.
-const LLAMA_GAUGE: &str = "llamacpp:requests_deferred";
 
 /// Polls every endpoint until `stop` turns true (or its sender is dropped).
 ///
@@ -149,9 +147,9 @@ struct FoundByUrl {
     /// The generation of the grid whose endpoints `by_url` was last pruned to.
     pruned_to: Option<u64>,
     by_url: HashMap<Arc<str>, Found>,
-    /// Of llama.cpp endpoints: when `/props` was last read for their slots, and what it
-    /// said.
-    slots: HashMap<Arc<str>, (Instant, Option<usize>)>,
+    /// Of llama.cpp endpoints: when `/props` was last read for their slots (what it said
+    /// is the cluster's: `ClusterLoad::endpoint_slots`).
+    slots_read: HashMap<Arc<str>, Instant>,
 }
 
 /// What one read of a page found.
@@ -204,7 +202,7 @@ impl FoundGauges {
             .flat_map(|c| c.endpoints().iter().map(|url| &**url))
             .collect();
         found.by_url.retain(|url, _| current.contains(&**url));
-        found.slots.retain(|url, _| current.contains(&**url));
+        found.slots_read.retain(|url, _| current.contains(&**url));
         found.pruned_to = Some(view.generation());
     }
 
@@ -213,54 +211,49 @@ impl FoundGauges {
     fn slots_due(&self, url: &str, now: Instant) -> bool {
         let found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
         found
-            .slots
+            .slots_read
             .get(url)
-            .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= SLOTS_REFRESH)
+            .is_none_or(|at| now.saturating_duration_since(*at) >= SLOTS_REFRESH)
     }
 
-    /// Records what a read of `url`'s `/props` said of its slots at `now`, and logs it
-    /// when it differs from the last. Returns whether it did.
-    fn record_slots(
-        &self,
-        cluster: &Cluster,
-        url: &Arc<str>,
-        slots: Option<usize>,
-        now: Instant,
-    ) -> bool {
-        let previous = self
-            .found
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .slots
-            .insert(Arc::clone(url), (now, slots));
-        if previous.is_some_and(|(_, was)| was == slots) {
-            return false;
+    /// Notes that `url`'s slots were read at `now`, or with `None` forgets when: its page
+    /// is not llama.cpp's (any longer), so they are due as soon as it is again.
+    fn slots_read(&self, url: &Arc<str>, now: Option<Instant>) {
+        let mut found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
+        match now {
+            Some(now) => {
+                found.slots_read.insert(Arc::clone(url), now);
+            }
+            None => {
+                found.slots_read.remove(url);
+            }
         }
-        if let Some(slots) = slots {
-            tracing::info!(
-                cluster = %cluster.id(),
-                endpoint = %url,
-                slots,
-                "engine slots found: its streams count whole while they fill them"
-            );
-        } else {
-            tracing::debug!(
-                cluster = %cluster.id(),
-                endpoint = %url,
-                "llama.cpp /props unreadable or without total_slots; counted without slots"
-            );
-        }
-        true
     }
+}
 
-    /// Forgets `url`'s slots: its page is not llama.cpp's (any longer).
-    fn forget_slots(&self, url: &str) {
-        self.found
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .slots
-            .remove(url);
+/// Tells `cluster` what a read of `url`'s `/props` said of its slots, and logs it when it
+/// differs from what the cluster had. Returns whether it did.
+fn record_slots(cluster: &Cluster, url: &Arc<str>, slots: Option<usize>) -> bool {
+    let previous = cluster.load().endpoint_slots(url);
+    cluster.load().record_slots(url, slots);
+    if previous == slots {
+        return false;
     }
+    if let Some(slots) = slots {
+        tracing::info!(
+            cluster = %cluster.id(),
+            endpoint = %url,
+            slots,
+            "engine slots found: its streams count whole while they fill them"
+        );
+    } else {
+        tracing::debug!(
+            cluster = %cluster.id(),
+            endpoint = %url,
+            "llama.cpp /props unreadable or without total_slots; counted without slots"
+        );
+    }
+    true
 }
 
 /// Records what a read of `cluster`'s endpoint at `url` gave.
@@ -268,13 +261,12 @@ fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: EndpointRea
     match read.slots {
         SlotsRead::NotDue => {}
         SlotsRead::NoSlots => {
-            live.gauges.forget_slots(url);
+            live.gauges.slots_read(url, None);
             cluster.load().record_slots(url, None);
         }
         SlotsRead::Read(slots) => {
-            live.gauges
-                .record_slots(cluster, url, slots, Instant::now());
-            cluster.load().record_slots(url, slots);
+            live.gauges.slots_read(url, Some(Instant::now()));
+            record_slots(cluster, url, slots);
         }
     }
     let waiting = match read.queue {
@@ -333,14 +325,14 @@ enum Read {
 }
 
 impl Read {
-    /// Whether the page read is llama.cpp's: it served [`LLAMA_GAUGE`], found or named as
+    /// Whether the page read is llama.cpp's: it served [`LLAMACPP_QUEUE_METRIC`], found or named as
     /// `queue.metric`. `None` when the read says nothing of it (the page could not be
     /// read, or a metric of its own was named).
     fn is_llama(self, metric: Option<&str>) -> Option<bool> {
         match (self, metric) {
-            (Self::Found(gauge, _), _) => Some(gauge == LLAMA_GAUGE),
+            (Self::Found(gauge, _), _) => Some(gauge == LLAMACPP_QUEUE_METRIC),
             (Self::NoKnownGauge, _) => Some(false),
-            (Self::Sample(_), Some(LLAMA_GAUGE)) => Some(true),
+            (Self::Sample(_), Some(LLAMACPP_QUEUE_METRIC)) => Some(true),
             (Self::Sample(_) | Self::Unreadable, _) => None,
         }
     }
@@ -594,5 +586,40 @@ vllm:num_requests_waiting 1
             gauges.record(cluster, &one, llama),
             "forgotten: logged anew"
         );
+    }
+
+    #[test]
+    fn slots_are_logged_when_they_change_and_a_page_not_llamas_reads_them_at_once_again() {
+        use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+
+        let grid = Grid::new(
+            &GridSpec::new([
+                SiteSpec::new("west").with_clusters([ClusterSpec::new("west-a")
+                    .with_models(["m"])
+                    .with_endpoints(["http://127.0.0.1:1"])]),
+            ]),
+            GridSettings::default(),
+        )
+        .unwrap();
+        let view = grid.view();
+        let cluster = &view.clusters()[0];
+        let url = Arc::clone(&cluster.endpoints()[0]);
+        assert!(record_slots(cluster, &url, Some(2)), "new: logged");
+        assert_eq!(cluster.load().endpoint_slots(&url), Some(2));
+        assert!(
+            !record_slots(cluster, &url, Some(2)),
+            "the same again: quiet"
+        );
+        assert!(record_slots(cluster, &url, None), "unreadable: logged");
+        assert_eq!(cluster.load().slots(), None);
+
+        let gauges = FoundGauges::default();
+        let t0 = Instant::now();
+        assert!(gauges.slots_due(&url, t0), "never read");
+        gauges.slots_read(&url, Some(t0));
+        assert!(!gauges.slots_due(&url, t0 + SLOTS_REFRESH / 2));
+        assert!(gauges.slots_due(&url, t0 + SLOTS_REFRESH));
+        gauges.slots_read(&url, None);
+        assert!(gauges.slots_due(&url, t0), "forgotten: due at once");
     }
 }

@@ -190,7 +190,8 @@ impl ClusterLoad {
             let in_flight = self.in_flight();
             let streams = self.streaming().min(in_flight);
             let waiting = in_flight - streams;
-            let stream_weight = if self.slots_full(in_flight, queue) {
+            // The slots matter only to streams: none, and the scan is skipped.
+            let stream_weight = if streams > 0 && self.slots_full(in_flight, queue) {
                 1.0
             } else {
                 STREAM_WEIGHT
@@ -224,6 +225,14 @@ impl ClusterLoad {
         };
         endpoint.slots.store(slots.unwrap_or(0), Ordering::Relaxed);
         true
+    }
+
+    /// The slots recorded for the endpoint at `url` ([`record_slots`](Self::record_slots));
+    /// `None` for an endpoint without, or a URL the cluster does not have.
+    pub fn endpoint_slots(&self, url: &str) -> Option<usize> {
+        self.endpoint(url)
+            .map(|e| e.slots.load(Ordering::Relaxed))
+            .filter(|&slots| slots > 0)
     }
 
     /// The slots of the cluster's healthy endpoints, summed, when every one of them has
@@ -649,6 +658,9 @@ mod tests {
         assert!(load.record_slots("http://e1", Some(0)));
         assert_eq!(load.slots(), None);
         assert!(!load.record_slots("http://nope", Some(2)));
+        assert_eq!(load.endpoint_slots("http://e0"), Some(2));
+        assert_eq!(load.endpoint_slots("http://e1"), None);
+        assert_eq!(load.endpoint_slots("http://nope"), None);
         // Slots carry over a reload with their endpoint.
         let carried = load.carried_over(&urls(1), &settings(WINDOW));
         assert_eq!(carried.slots(), Some(2));

@@ -5,10 +5,11 @@
 //! lowest routing load (the windowed worst queue depth, plus this replica's requests in
 //! flight when the grid's `count_in_flight` is on, a stream at
 //! [`STREAM_WEIGHT`](crate::grid::STREAM_WEIGHT), or whole while a slot engine's slots are
-//! full: [`ClusterLoad::routing_load`](crate::grid::ClusterLoad::routing_load)), then the fewest requests in flight from
-//! this replica, then the next in turn ([`least_loaded`]), and dispatches to that cluster's
-//! service, which the gateway supplies through a factory — typically a `tower::balance`
-//! p2c over the cluster's endpoints, since p2c balances *inside* a cluster. It sets
+//! full: [`ClusterLoad::routing_load`](crate::grid::ClusterLoad::routing_load)), then the
+//! fewest requests in flight from this replica, then the next in turn ([`least_loaded`]),
+//! and dispatches to that cluster's service, which the gateway supplies through a factory
+//! — typically a `tower::balance` p2c over the cluster's endpoints, since p2c balances
+//! *inside* a cluster. It sets
 //! [`Served`] on the answer for confirmation and pinning, counts
 //! `grid_route_decisions_total{site,cluster}`, and turns any error of the cluster's
 //! service into a [`DispatchError`] naming the cluster.
