@@ -265,6 +265,20 @@ pub struct GatewayArgs {
         value_parser = |value: &str| affinity_setting(value, |config, x| config.threshold = x),
     )]
     pub threshold: f64,
+    /// prefix_affinity.capacity: the index's prefix keys a cluster (the contract's 16,384)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = PrefixAffinityConfig::default().capacity,
+    )]
+    pub capacity: usize,
+    /// prefix_affinity.ttl_secs: how long the index keeps a key (the contract's 600 s)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = PrefixAffinityConfig::default().ttl_secs,
+    )]
+    pub ttl_secs: u64,
     /// prefix_affinity.exploration
     #[arg(
         long,
@@ -350,6 +364,8 @@ impl Default for GatewayArgs {
             count_in_flight: GridSettings::DEFAULT_COUNT_IN_FLIGHT,
             threshold: affinity.threshold,
             exploration: affinity.exploration,
+            capacity: affinity.capacity,
+            ttl_secs: affinity.ttl_secs,
             prefill_price: affinity.prefill_tokens_per_second,
             queued_request_seconds: affinity.queued_request_seconds,
             engine_feedback: affinity.engine_feedback,
@@ -373,6 +389,8 @@ impl GatewayArgs {
         config.prefill_tokens_per_second = self.prefill_price;
         config.queued_request_seconds = self.queued_request_seconds;
         config.engine_feedback = self.engine_feedback;
+        config.capacity = self.capacity;
+        config.ttl_secs = self.ttl_secs;
         config
     }
 

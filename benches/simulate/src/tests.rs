@@ -268,7 +268,7 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
          --max-running 8 --prefill-tps 5000 --prefill-overhead-ms 30 --decode-tps 50 \
          --poll-interval-ms 250 --queue-window-secs=3 --threshold 0.6 --exploration 0.1 \
          --prefill-price 20000 --queued-request-seconds 6 --count-in-flight true \
-         --engine-feedback false --fail-share 0.25 --slots-unknown",
+         --engine-feedback false --capacity 64 --ttl-secs 30 --fail-share 0.25 --slots-unknown",
     )
     .unwrap();
     assert!(parsed.gateway.slots_unknown);
@@ -289,6 +289,7 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
     assert_eq!(affinity.queued_request_seconds, Price::Fixed(6.0));
     assert!(parsed.gateway.count_in_flight);
     assert!(!affinity.engine_feedback);
+    assert_eq!((affinity.capacity, affinity.ttl_secs), (64, 30));
     assert_eq!(parsed.fail_share, 0.25);
     for (bad, error) in [
         ("--sites 4", "--trace <FILE>"),

@@ -283,6 +283,8 @@ fn help_names_every_flag_and_the_defaults_it_runs_with() {
         "--queued-request-seconds",
         "--count-in-flight",
         "--engine-feedback",
+        "--capacity",
+        "--ttl-secs",
     ] {
         assert!(help.contains(flag), "--help names no {flag}:\n{help}");
     }
