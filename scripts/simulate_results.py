@@ -3,7 +3,7 @@
 Run it through `scripts/simulate-results`, which builds the simulator first. Each
 table is one or more `grid-route-simulate --json` runs on the bundled trace (seed 1); the command of
 every run is printed above its table. A fourth argument names the sections to print,
-comma-separated (`defaults,rules,streams,replicas,window,sessions`); all of them by default.
+comma-separated (`defaults,rules,placement,streams,replicas,window,sessions`); all of them by default.
 """
 
 from __future__ import annotations
@@ -206,9 +206,33 @@ def sessions() -> None:
     print()
 
 
+def placement() -> None:
+    print("## Where the hit share is lost\n")
+    print("Hit share / held anywhere / max/mean requests, one replica. *Held anywhere* is the")
+    print("prompt the engine holding the most of each request would have served from cache had")
+    print("the request started there when it arrived (a slot engine with every slot busy counts")
+    print("as holding nothing, so with full slots it reads under the hit share). A hit share")
+    print("under it is requests sent past the engine that held their prompt; a low one is")
+    print("prompts no engine held any more because of where earlier requests went. *No gate*:")
+    print("a queued request priced at 1 ms, so no holder's load outweighs its match.\n")
+    print("| engines | sites | grid-route | grid-route, threshold 0.05, no gate, no feedback | least-queue | cache-aware |")
+    print("|---|---:|---|---|---|---|")
+    sticks = ["--threshold", "0.05", "--queued-request-seconds", "0.001", "--engine-feedback", "false"]
+    for kind, flags in KINDS.items():
+        for sites in (4, 8, 16):
+            by = {r["policy"]: r for r in simulate(
+                "--sites", str(sites), "--policies", "grid-route,least-queue,cache-aware", *flags)["results"]}
+            stuck = simulate("--sites", str(sites), "--policies", "grid-route", *flags, *sticks)["results"][0]
+            cell = lambda r: (f"{100 * r['hit_share']:.1f}% / {100 * r['held_anywhere_share']:.1f}% "
+                              f"/ {r['max_over_mean_requests']:.2f}")
+            print(f"| {kind} | {sites} | {cell(by['grid-route'])} | {cell(stuck)} "
+                  f"| {cell(by['least-queue'])} | {cell(by['cache-aware'])} |")
+    print()
+
+
 def main() -> None:
-    sections = {"defaults": defaults, "rules": rules, "streams": streams, "replicas": replicas,
-                "window": window, "sessions": sessions}
+    sections = {"defaults": defaults, "rules": rules, "placement": placement, "streams": streams,
+                "replicas": replicas, "window": window, "sessions": sessions}
     for name, section in sections.items():
         if SECTIONS is None or name in SECTIONS:
             section()

@@ -41,6 +41,11 @@ pub struct PolicyResult {
     pub requests: usize,
     /// Prompt tokens found in the serving engine's cache over all prompt tokens.
     pub hit_share: f64,
+    /// Prompt tokens the engine holding the most of each prompt would have served from
+    /// cache had the request started there when it arrived, over all prompt tokens. Against
+    /// `hit_share` it splits what a policy misses: a request sent elsewhere than its best
+    /// engine, or a prompt no engine held any more because of where earlier requests went.
+    pub held_anywhere_share: f64,
     /// Median time to first token, seconds.
     pub ttft_p50_s: f64,
     /// 90th percentile time to first token, seconds.
@@ -78,6 +83,9 @@ pub struct PerRequest {
     pub ttft: Vec<f64>,
     /// Prompt tokens found in the engine's cache.
     pub cached: Vec<u64>,
+    /// Prompt tokens the engine holding the most of it would have served from cache, had
+    /// it started there when it arrived.
+    pub held_anywhere: Vec<u64>,
     /// The engine it was sent to.
     pub served_by: Vec<usize>,
     /// Whether the engine refused it (`--fail-share`).
@@ -90,6 +98,7 @@ impl PerRequest {
         Self {
             ttft: vec![0.0; requests],
             cached: vec![0; requests],
+            held_anywhere: vec![0; requests],
             served_by: vec![0; requests],
             failed: vec![false; requests],
         }
@@ -108,6 +117,7 @@ impl PolicyResult {
         let PerRequest {
             ttft,
             cached,
+            held_anywhere,
             served_by,
             failed,
         } = per_request;
@@ -115,6 +125,7 @@ impl PolicyResult {
         let indexes = || (0..trace.len()).filter(answered);
         let prompt: u64 = indexes().map(|i| trace[i].input_tokens).sum();
         let hit: u64 = indexes().map(|i| cached[i]).sum();
+        let held: u64 = indexes().map(|i| held_anywhere[i]).sum();
         let mut sorted_ttft: Vec<f64> = indexes().map(|i| ttft[i]).collect();
         sorted_ttft.sort_by(f64::total_cmp);
         let mut per_engine = vec![0usize; engines];
@@ -127,6 +138,7 @@ impl PolicyResult {
             policy: policy.name(),
             requests: sorted_ttft.len(),
             hit_share: round(hit as f64 / prompt.max(1) as f64, 4),
+            held_anywhere_share: round(held as f64 / prompt.max(1) as f64, 4),
             ttft_p50_s: round(percentile(&sorted_ttft, 0.50), 4),
             ttft_p90_s: round(percentile(&sorted_ttft, 0.90), 4),
             ttft_p99_s: round(percentile(&sorted_ttft, 0.99), 4),

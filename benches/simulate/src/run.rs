@@ -172,6 +172,12 @@ pub fn run_policy(
                 } else {
                     0
                 };
+                state.per_request.held_anywhere[id] = state
+                    .engines
+                    .iter()
+                    .map(|engine| engine.cached_tokens(&trace[id]))
+                    .max()
+                    .unwrap_or(0);
                 let engine = router.route(&Route {
                     replica,
                     id,

@@ -74,6 +74,8 @@ fn round_robin_sends_the_second_turn_to_a_cold_engine() {
     // Engine 0, engine 1 (cold), engine 0 (warm).
     assert_eq!(ttfts(&result), [0.1, 1.124, 1.124]);
     assert_eq!(result.hit_share, 0.3333);
+    // The second turn's prompt was held whole at engine 0, where it did not go.
+    assert_eq!(result.held_anywhere_share, 0.6667);
     assert_eq!(result.ttft_p50_s, 1.124);
     assert_eq!(result.max_over_mean_requests, 1.333);
     assert!(outcomes(&result).is_empty());
@@ -93,6 +95,7 @@ fn grid_route_keeps_the_conversation_where_it_was_confirmed() {
     // The first turn has no match; the next two stick to its site and hit whole.
     assert_eq!(ttfts(&result), [0.1, 0.1, 1.124]);
     assert_eq!(result.hit_share, 0.6667);
+    assert_eq!(result.held_anywhere_share, 0.6667);
     assert_eq!(result.max_over_mean_requests, 2.0);
     assert_eq!(outcomes(&result), [("no_match", 1), ("sticky", 2)]);
 }

@@ -101,6 +101,7 @@ fn json_output_has_the_documented_fields_for_every_policy() {
                 "policy",
                 "requests",
                 "hit_share",
+                "held_anywhere_share",
                 "ttft_p50_s",
                 "ttft_p90_s",
                 "ttft_p99_s",
@@ -111,6 +112,8 @@ fn json_output_has_the_documented_fields_for_every_policy() {
         assert_eq!(result["requests"], 600);
         let hit = result["hit_share"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&hit), "{result}");
+        let held = result["held_anywhere_share"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&held), "{result}");
         let (p50, p99) = (
             result["ttft_p50_s"].as_f64().unwrap(),
             result["ttft_p99_s"].as_f64().unwrap(),
