@@ -485,6 +485,53 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
     assert_eq!(metric(&gateway.admin_url(), queued).await, Some(2.0));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_ends_after_a_reload_removed_its_cluster_teaches_nothing() {
+    // 40 output tokens at 50 ms each: two seconds of stream in which to remove the cluster.
+    let config = MockEngineConfig {
+        models: vec![MODEL.to_owned()],
+        prefill_tokens_per_second: 100_000,
+        decode_delay_per_token: Duration::from_millis(50),
+        ..MockEngineConfig::named("leaver-a")
+    };
+    let engine = MockEngine::start("127.0.0.1:0", config).await.unwrap();
+    let yaml = priced_yaml(
+        &[("leaver", vec![cluster("leaver-a", &[&engine])])],
+        "grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n",
+    );
+    let gateway = measured_gateway(&yaml).await;
+    let id = cluster_id(&gateway, "leaver-a");
+    let body = serde_json::to_vec(&json!({
+        "model": MODEL, "stream": true, "stream_options": {"include_usage": true},
+        "max_tokens": 40,
+        "messages": [{"role": "user", "content": text("leaving", 40 * 1024)}],
+    }))
+    .unwrap();
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let answer = tokio::spawn(async move { send(Method::POST, &url, body).await });
+    eventually("the stream running at the engine", || async {
+        engine.stats().running == 1
+    })
+    .await;
+    gateway
+        .reload(&parse(&yaml.replace("leaver-a", "leaver-b")))
+        .unwrap();
+    let answer = answer.await.unwrap();
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(
+        answer.text().contains("\"prompt_tokens\""),
+        "a usage to learn from"
+    );
+    // Its prefill (10,000 tokens in about 0.1 s) would teach a speed near 100,000 tokens a
+    // second; the cluster was gone, so nothing was kept for it, as its index entries were
+    // not written back. Added again, it starts from the priors.
+    gateway.reload(&parse(&yaml)).unwrap();
+    assert_eq!(gateway.affinity().prefill_rate(&id), 10_000.0);
+    assert_eq!(gateway.affinity().queued_request_seconds(&id), 2.0);
+    let prefill = "grid_route_prefill_tokens_per_second{site=\"leaver\",cluster=\"leaver-a\"}";
+    assert_eq!(metric(&gateway.admin_url(), prefill).await, Some(10_000.0));
+}
+
 // ---- our own in-flight load (queue.count_in_flight) ----------------------------------
 
 /// Two sites of slow engines (about 2 s an answer) behind a gateway that reads their

@@ -227,9 +227,14 @@ impl Affinity {
 
     /// Learns `cluster`'s prices from one of its answers, those the settings say to learn
     /// ([`ClusterPrices::observe`](super::ClusterPrices::observe)). Returns the estimates it changed.
+    ///
+    /// A cluster the index does not know learns nothing: an answer that ends after a reload
+    /// removed its cluster ([`keep_prices_of`](Self::keep_prices_of)) would otherwise bring
+    /// its prices back, and the cluster, added again, would start from them instead of the
+    /// priors. The index ignores such an answer's confirmation for the same reason.
     pub fn learn(&self, cluster: &ClusterId, answer: AnswerTiming) -> Learned {
         let priors = self.settings().price_priors();
-        if !(priors.learn_prefill || priors.learn_queued) {
+        if !(priors.learn_prefill || priors.learn_queued) || !self.index.knows(cluster) {
             return Learned::default();
         }
         self.prices.observe(cluster, priors, answer)

@@ -975,6 +975,32 @@ fn fixed_prices_learn_nothing() {
 }
 
 #[test]
+fn a_cluster_the_index_no_longer_knows_learns_nothing() {
+    let f = two_sites();
+    let east = f.id("east-a");
+    // A reload removed east: the index dropped it, and so did the prices.
+    f.index
+        .reconfigure(IndexSettings::default(), [f.id("west-a")]);
+    f.affinity.keep_prices_of([f.id("west-a")]);
+    assert!(!f.index.knows(&east));
+    assert_eq!(
+        f.affinity.learn(&east, answer(1_000, 3.0, 10.0)),
+        Learned::default()
+    );
+    // Added back, it starts from the priors.
+    f.index
+        .reconfigure(IndexSettings::default(), [east.clone(), f.id("west-a")]);
+    assert!(f.index.knows(&east));
+    assert_eq!(f.affinity.prefill_rate(&east), 10_000.0);
+    assert_eq!(f.affinity.queued_request_seconds(&east), 2.0);
+    // A known cluster still learns.
+    assert_ne!(
+        f.affinity.learn(&east, answer(1_000, 3.0, 10.0)),
+        Learned::default()
+    );
+}
+
+#[test]
 fn at_the_defaults_both_prices_are_learned_from_time_to_first_token_against_load() {
     let f = two_sites();
     let east = f.id("east-a");

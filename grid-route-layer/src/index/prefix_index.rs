@@ -443,6 +443,12 @@ impl PrefixIndex {
             .map_or(0, |lru| lru.len())
     }
 
+    /// Whether the index keeps an LRU for `cluster`: it was configured and no
+    /// [`reconfigure`](Self::reconfigure) has removed it since.
+    pub fn knows(&self, cluster: &ClusterId) -> bool {
+        self.state.load().clusters.contains_key(cluster)
+    }
+
     /// The clusters the index keeps an LRU for, in no particular order.
     pub fn clusters(&self) -> Vec<ClusterId> {
         self.state.load().clusters.keys().cloned().collect()
