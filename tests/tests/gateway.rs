@@ -516,6 +516,13 @@ async fn an_answer_that_ends_after_a_reload_removed_its_cluster_teaches_nothing(
     gateway
         .reload(&parse(&yaml.replace("leaver-a", "leaver-b")))
         .unwrap();
+    // Removed while its answer still streams (else this test would prove nothing).
+    assert_eq!(
+        engine.stats().running,
+        1,
+        "the stream ended before the reload"
+    );
+    // The gateway learns as it drops the answer's body, before the client reads its end.
     let answer = answer.await.unwrap();
     assert_eq!(answer.status, StatusCode::OK);
     assert!(

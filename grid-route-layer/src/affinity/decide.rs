@@ -231,13 +231,18 @@ impl Affinity {
     /// A cluster the index does not know learns nothing: an answer that ends after a reload
     /// removed its cluster ([`keep_prices_of`](Self::keep_prices_of)) would otherwise bring
     /// its prices back, and the cluster, added again, would start from them instead of the
-    /// priors. The index ignores such an answer's confirmation for the same reason.
+    /// priors. The index ignores such an answer's confirmation for the same reason. (A
+    /// reload reconfigures the index before it keeps the prices, and the index is asked
+    /// under the prices' lock, so a reload running beside this cannot be missed.) An answer
+    /// whose cluster was removed and added again while it ran still teaches it: it came
+    /// from that cluster's engines.
     pub fn learn(&self, cluster: &ClusterId, answer: AnswerTiming) -> Learned {
         let priors = self.settings().price_priors();
-        if !(priors.learn_prefill || priors.learn_queued) || !self.index.knows(cluster) {
+        if !(priors.learn_prefill || priors.learn_queued) {
             return Learned::default();
         }
-        self.prices.observe(cluster, priors, answer)
+        self.prices
+            .observe(cluster, priors, answer, |cluster| self.index.knows(cluster))
     }
 
     /// The prefix index it reads (and confirmation writes).

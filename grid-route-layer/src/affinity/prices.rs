@@ -360,14 +360,22 @@ impl LearnedPrices {
     }
 
     /// Learns from one of `cluster`'s answers (see [`ClusterPrices::observe`]), starting
-    /// from `priors`.
+    /// from `priors`, when `known` says the cluster is still configured.
+    ///
+    /// `known` is asked under the lock that [`retain`](Self::retain) takes: a reload that
+    /// stops knowing a cluster before it retains the others then either drops what this
+    /// call learned or is seen by it, never neither.
     pub fn observe(
         &self,
         cluster: &ClusterId,
         priors: PricePriors,
         answer: AnswerTiming,
+        known: impl FnOnce(&ClusterId) -> bool,
     ) -> Learned {
         let mut prices = self.lock();
+        if !known(cluster) {
+            return Learned::default();
+        }
         prices
             .entry(cluster.clone())
             .or_insert_with(|| ClusterPrices::new(priors))
