@@ -270,6 +270,7 @@ pub struct GatewayArgs {
         long,
         value_name = "N",
         default_value_t = PrefixAffinityConfig::default().capacity,
+        value_parser = |value: &str| whole(value, |config, n| config.capacity = n),
     )]
     pub capacity: usize,
     /// prefix_affinity.ttl_secs: how long the index keeps a key (the contract's 600 s)
@@ -277,6 +278,7 @@ pub struct GatewayArgs {
         long,
         value_name = "N",
         default_value_t = PrefixAffinityConfig::default().ttl_secs,
+        value_parser = |value: &str| whole(value, |config, n| config.ttl_secs = n),
     )]
     pub ttl_secs: u64,
     /// prefix_affinity.exploration
@@ -425,6 +427,21 @@ fn affinity_setting(
     set(&mut config, x);
     config.validate().map_err(|error| error.to_string())?;
     Ok(x)
+}
+
+/// A whole-number affinity flag, checked by the library's config code as
+/// [`affinity_setting`] checks a number, so that a bad one is refused as it is parsed.
+fn whole<T: std::str::FromStr + Copy>(
+    value: &str,
+    set: impl FnOnce(&mut PrefixAffinityConfig, T),
+) -> Result<T, String> {
+    let n = value
+        .parse::<T>()
+        .map_err(|_| format!("expected a whole number, got {value:?}"))?;
+    let mut config = PrefixAffinityConfig::default();
+    set(&mut config, n);
+    config.validate().map_err(|error| error.to_string())?;
+    Ok(n)
 }
 
 /// A price flag: `auto`, or a number checked as [`affinity_setting`] checks one.

@@ -320,6 +320,18 @@ fn the_command_line_parses_every_flag_and_refuses_bad_values() {
             "prefix_affinity.queued_request_seconds must be a finite number greater",
         ),
         (
+            "--trace t --capacity 0",
+            "prefix_affinity.capacity must be at least 1, got 0",
+        ),
+        (
+            "--trace t --ttl-secs 0",
+            "prefix_affinity.ttl_secs must be at least 1, got 0",
+        ),
+        (
+            "--trace t --capacity x",
+            "expected a whole number, got \"x\"",
+        ),
+        (
             "--trace t --count-in-flight yes",
             "invalid value 'yes' for '--count-in-flight <BOOL>'",
         ),
