@@ -541,10 +541,9 @@ impl Gateway {
         // What was learned about a cluster goes with it, like its index entries: one added
         // again starts from the priors, and its price gauges say so at once (a scrape
         // leaves out a removed cluster's series, not a returning one's stale values). The
-        // queue poller forgets the gauges its removed endpoints served. After the index's
-        // reconfigure above, never before: an answer ending meanwhile learns only for a
-        // cluster the index knows (`Affinity::learn`).
-        live.affinity.keep_prices_of(after.iter().cloned());
+        // queue poller forgets the gauges its removed endpoints served. The prices follow
+        // the index, reconfigured above.
+        live.affinity.forget_removed_prices();
         let mut removed = live.removed.lock().unwrap_or_else(PoisonError::into_inner);
         let returning: Vec<&ClusterId> = after.iter().filter(|id| removed.contains(id)).collect();
         for id in returning {

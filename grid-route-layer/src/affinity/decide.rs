@@ -229,11 +229,11 @@ impl Affinity {
     /// ([`ClusterPrices::observe`](super::ClusterPrices::observe)). Returns the estimates it changed.
     ///
     /// A cluster the index does not know learns nothing: an answer that ends after a reload
-    /// removed its cluster ([`keep_prices_of`](Self::keep_prices_of)) would otherwise bring
-    /// its prices back, and the cluster, added again, would start from them instead of the
-    /// priors. The index ignores such an answer's confirmation for the same reason. (A
-    /// reload reconfigures the index before it keeps the prices, and the index is asked
-    /// under the prices' lock, so a reload running beside this cannot be missed.) An answer
+    /// removed its cluster ([`forget_removed_prices`](Self::forget_removed_prices)) would
+    /// otherwise bring its prices back, and the cluster, added again, would start from them
+    /// instead of the priors. The index ignores such an answer's confirmation for the same
+    /// reason. (Both read the index under the prices' lock, so a reload running beside
+    /// this cannot be missed.) An answer
     /// whose cluster was removed and added again while it ran still teaches it: it came
     /// from that cluster's engines.
     pub fn learn(&self, cluster: &ClusterId, answer: AnswerTiming) -> Learned {
@@ -261,12 +261,13 @@ impl Affinity {
         self.settings.store(Arc::new(settings));
     }
 
-    /// Forgets the learned prices of every cluster not in `clusters` (a config reload that
-    /// removed some), as [`PrefixIndex::reconfigure`] drops their entries: a cluster
-    /// added again later starts from the priors, like one never seen.
-    pub fn keep_prices_of(&self, clusters: impl IntoIterator<Item = ClusterId>) {
-        let keep: std::collections::HashSet<ClusterId> = clusters.into_iter().collect();
-        self.prices.retain(|cluster| keep.contains(cluster));
+    /// Forgets the learned prices of every cluster the index no longer knows: call it after
+    /// [`PrefixIndex::reconfigure`] removed some (a config reload), which dropped their
+    /// entries. A cluster added again later starts from the priors, like one never seen.
+    /// The index is the one list of configured clusters that both keeping and
+    /// [`learn`](Self::learn)ing prices read.
+    pub fn forget_removed_prices(&self) {
+        self.prices.retain(|cluster| self.index.knows(cluster));
     }
 
     /// The whole affinity rule for one request.

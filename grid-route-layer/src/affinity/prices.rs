@@ -363,8 +363,8 @@ impl LearnedPrices {
     /// from `priors`, when `known` says the cluster is still configured.
     ///
     /// `known` is asked under the lock that [`retain`](Self::retain) takes: a reload that
-    /// stops knowing a cluster before it retains the others then either drops what this
-    /// call learned or is seen by it, never neither.
+    /// stops knowing a cluster, then retains the prices of the known ones, either drops
+    /// what this call learned or is seen by it, never neither.
     pub fn observe(
         &self,
         cluster: &ClusterId,

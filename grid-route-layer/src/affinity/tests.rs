@@ -981,7 +981,7 @@ fn a_cluster_the_index_no_longer_knows_learns_nothing() {
     // A reload removed east: the index dropped it, and so did the prices.
     f.index
         .reconfigure(IndexSettings::default(), [f.id("west-a")]);
-    f.affinity.keep_prices_of([f.id("west-a")]);
+    f.affinity.forget_removed_prices();
     assert!(!f.index.knows(&east));
     assert_eq!(
         f.affinity.learn(&east, answer(1_000, 3.0, 10.0)),
