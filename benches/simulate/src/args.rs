@@ -422,15 +422,11 @@ fn affinity_setting(
     value: &str,
     set: impl FnOnce(&mut PrefixAffinityConfig, f64),
 ) -> Result<f64, String> {
-    let x = number(value)?;
-    let mut config = PrefixAffinityConfig::default();
-    set(&mut config, x);
-    config.validate().map_err(|error| error.to_string())?;
-    Ok(x)
+    checked(number(value)?, set)
 }
 
-/// A whole-number affinity flag, checked by the library's config code as
-/// [`affinity_setting`] checks a number, so that a bad one is refused as it is parsed.
+/// A whole number for one `prefix_affinity` setting, checked as [`affinity_setting`]
+/// checks a number.
 fn whole<T: std::str::FromStr + Copy>(
     value: &str,
     set: impl FnOnce(&mut PrefixAffinityConfig, T),
@@ -438,10 +434,7 @@ fn whole<T: std::str::FromStr + Copy>(
     let n = value
         .parse::<T>()
         .map_err(|_| format!("expected a whole number, got {value:?}"))?;
-    let mut config = PrefixAffinityConfig::default();
-    set(&mut config, n);
-    config.validate().map_err(|error| error.to_string())?;
-    Ok(n)
+    checked(n, set)
 }
 
 /// A price flag: `auto`, or a number checked as [`affinity_setting`] checks one.
@@ -451,10 +444,15 @@ fn price(value: &str, set: impl FnOnce(&mut PrefixAffinityConfig, Price)) -> Res
     } else {
         Price::Fixed(number(value)?)
     };
+    checked(price, set)
+}
+
+/// `value` once the default `prefix_affinity` config with it `set` passes validation.
+fn checked<T: Copy>(value: T, set: impl FnOnce(&mut PrefixAffinityConfig, T)) -> Result<T, String> {
     let mut config = PrefixAffinityConfig::default();
-    set(&mut config, price);
+    set(&mut config, value);
     config.validate().map_err(|error| error.to_string())?;
-    Ok(price)
+    Ok(value)
 }
 
 /// `--block-tokens`: a positive multiple of [`MIN_BLOCK_TOKENS`].
