@@ -411,21 +411,37 @@ async fn with_no_queue_block_each_endpoint_is_read_by_the_gauge_it_serves() {
     assert!(queue_depth(&gateway, "gauge-sglang-a").is_infinite());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exports_them() {
-    // One engine that prefills 100,000 tokens a second: a 40 KiB prompt (10,000 tokens by
-    // the gateway's 4 bytes a token) takes 0.1 s.
+/// A gateway at the default (learned) prices in front of one engine, cluster `name` of
+/// site `site`, that prefills 100,000 tokens a second: a 40 KiB prompt (10,000 tokens by
+/// the gateway's 4 bytes a token) takes 0.1 s. Its output tokens take `decode` each.
+async fn one_learning_cluster(
+    site: &str,
+    name: &str,
+    decode: Duration,
+) -> (MockEngine, String, Gateway) {
     let config = MockEngineConfig {
         models: vec![MODEL.to_owned()],
         prefill_tokens_per_second: 100_000,
-        ..MockEngineConfig::named("learner-a")
+        decode_delay_per_token: decode,
+        ..MockEngineConfig::named(name)
     };
     let engine = MockEngine::start("127.0.0.1:0", config).await.unwrap();
     let yaml = priced_yaml(
-        &[("learner", vec![cluster("learner-a", &[&engine])])],
+        &[(site, vec![cluster(name, &[&engine])])],
         "grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n",
     );
     let gateway = measured_gateway(&yaml).await;
+    (engine, yaml, gateway)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exports_them() {
+    let (_engine, yaml, gateway) = one_learning_cluster(
+        "learner",
+        "learner-a",
+        MockEngineConfig::default().decode_delay_per_token,
+    )
+    .await;
     let prefill = "grid_route_prefill_tokens_per_second{site=\"learner\",cluster=\"learner-a\"}";
     let queued = "grid_route_queued_request_seconds{site=\"learner\",cluster=\"learner-a\"}";
     let url = format!("{}/v1/chat/completions", gateway.url());
@@ -488,18 +504,8 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_that_ends_after_a_reload_removed_its_cluster_teaches_nothing() {
     // 40 output tokens at 50 ms each: two seconds of stream in which to remove the cluster.
-    let config = MockEngineConfig {
-        models: vec![MODEL.to_owned()],
-        prefill_tokens_per_second: 100_000,
-        decode_delay_per_token: Duration::from_millis(50),
-        ..MockEngineConfig::named("leaver-a")
-    };
-    let engine = MockEngine::start("127.0.0.1:0", config).await.unwrap();
-    let yaml = priced_yaml(
-        &[("leaver", vec![cluster("leaver-a", &[&engine])])],
-        "grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n",
-    );
-    let gateway = measured_gateway(&yaml).await;
+    let (engine, yaml, gateway) =
+        one_learning_cluster("leaver", "leaver-a", Duration::from_millis(50)).await;
     let id = cluster_id(&gateway, "leaver-a");
     let body = serde_json::to_vec(&json!({
         "model": MODEL, "stream": true, "stream_options": {"include_usage": true},
