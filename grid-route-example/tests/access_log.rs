@@ -233,3 +233,110 @@ async fn a_metrics_page_without_a_known_gauge_is_logged_once() {
     assert_eq!(warned[0]["level"], "WARN");
     assert_eq!(warned[0]["fields"]["cluster"], "east/east-a");
 }
+
+/// An engine started with an API key, as llama.cpp's `--api-key` makes it: `/metrics`
+/// answers 401 without `Authorization: Bearer KEY`. Without `queue.api_key_path`, `serve`
+/// warns once with the status and what to do; with it, every read carries the key, the
+/// gauge is found, and the key shows in no line even at `trace`.
+#[tokio::test]
+async fn an_engine_that_wants_its_api_key_is_read_with_it_and_warned_about_without() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const KEY: &str = "sk-engine-poll-secret";
+    let (refused, allowed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (count_refused, count_allowed) = (Arc::clone(&refused), Arc::clone(&allowed));
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move |headers: http::HeaderMap| {
+            let keyed = headers
+                .get(http::header::AUTHORIZATION)
+                .is_some_and(|v| v == format!("Bearer {KEY}").as_str());
+            let counter = if keyed {
+                &count_allowed
+            } else {
+                &count_refused
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            async move {
+                if keyed {
+                    (StatusCode::OK, "llamacpp:requests_deferred 0\n")
+                } else {
+                    (
+                        StatusCode::UNAUTHORIZED,
+                        r#"{"error":{"message":"Invalid API Key"}}"#,
+                    )
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let sites = format!(
+        "sites:\n  - name: east\n    clusters:\n\
+         \x20     - {{ name: east-a, models: [demo-model], endpoints: [{endpoint}] }}\n"
+    );
+    let lines = |raw: &str, message: &str| -> Vec<Value> {
+        raw.lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|line| line["fields"]["message"] == message)
+            .collect()
+    };
+
+    // Without the key: ten refused reads, one warning.
+    let serving = Serving::start(
+        &format!("queue: {{ poll_interval_ms: 20 }}\n{sites}"),
+        "info",
+    );
+    eventually_within("serve reads the page ten times", PROCESS_WAIT, || async {
+        refused.load(Ordering::Relaxed) >= 10
+    })
+    .await;
+    let raw = serving.stop().await;
+    let warned = lines(&raw, "metrics page refused; unmeasured");
+    assert_eq!(warned.len(), 1, "{raw}");
+    assert_eq!(warned[0]["level"], "WARN");
+    assert_eq!(warned[0]["fields"]["cluster"], "east/east-a");
+    assert_eq!(warned[0]["fields"]["status"], 401);
+    assert!(
+        warned[0]["fields"]["hint"]
+            .as_str()
+            .is_some_and(|hint| hint.contains("queue.api_key_path")),
+        "{raw}"
+    );
+    assert_eq!(allowed.load(Ordering::Relaxed), 0);
+
+    // With it: read with the key, found, and never shown.
+    let scratch = tempfile::tempdir().unwrap();
+    let key_file = scratch.path().join("engine.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
+    let refused_before = refused.load(Ordering::Relaxed);
+    let serving = Serving::start(
+        &format!(
+            "queue: {{ poll_interval_ms: 20, api_key_path: {} }}\n{sites}",
+            key_file.display()
+        ),
+        "trace",
+    );
+    eventually_within(
+        "serve reads the page ten times with the key",
+        PROCESS_WAIT,
+        || async { allowed.load(Ordering::Relaxed) >= 10 },
+    )
+    .await;
+    let raw = serving.stop().await;
+    assert_eq!(
+        refused.load(Ordering::Relaxed),
+        refused_before,
+        "a read without the key"
+    );
+    let found = lines(&raw, "queue gauge found");
+    assert_eq!(found.len(), 1, "{raw}");
+    assert_eq!(found[0]["fields"]["gauge"], "llamacpp:requests_deferred");
+    assert!(
+        lines(&raw, "metrics page refused; unmeasured").is_empty(),
+        "{raw}"
+    );
+    assert!(!raw.contains(KEY), "the engines' key reached the log");
+}

@@ -87,15 +87,26 @@ struct Engine {
 
 impl Engine {
     async fn start(name: &str) -> Self {
+        Self::start_with(name, &[]).await
+    }
+
+    /// Starts one with `extra` arguments after the usual ones.
+    async fn start_with(name: &str, extra: &[&str]) -> Self {
         let server = setup_file("GRID_ROUTE_LLAMA_SERVER", "bin/llama-server");
         let model = setup_file("GRID_ROUTE_LLAMA_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf");
-        Self::launch(&server, &model, name)
+        Self::launch(&server, &model, name, extra)
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Starts `server` on `model` and waits until it is healthy, or says why it is not.
-    async fn launch(server: &Path, model: &Path, name: &str) -> Result<Self, String> {
+    /// Starts `server` on `model` with `extra` arguments and waits until it is healthy, or
+    /// says why it is not.
+    async fn launch(
+        server: &Path,
+        model: &Path,
+        name: &str,
+        extra: &[&str],
+    ) -> Result<Self, String> {
         // The port is free when asked for; llama-server binds it moments later.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -117,6 +128,7 @@ impl Engine {
             // two of them fit on a 2-core machine beside the build.
             .args(["--threads", "1", "--threads-batch", "1", "--parallel", "1"])
             .args(["--ctx-size", "4096", "--seed", "7"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
             .stderr(log_file)
@@ -611,6 +623,58 @@ async fn an_engines_slots_are_read_from_it_and_a_stream_filling_them_counts_whol
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_started_with_an_api_key_is_read_with_the_key_the_config_names() {
+    const KEY: &str = "sk-real-engine-key";
+    let engine = Engine::start_with("keyed", &["--api-key", KEY]).await;
+    let scratch = tempfile::tempdir().unwrap();
+    let key_file = scratch.path().join("engine.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
+    let config = |queue: String| {
+        GatewayConfig::from_yaml(&format!(
+            "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nqueue: {{ {queue} }}\n\
+             sites:\n  - {{ name: keyed, clusters: [{{ name: keyed-a, models: [{LLAMA_MODEL}], \
+             endpoints: [{}] }}] }}\n",
+            engine.url
+        ))
+        .unwrap()
+    };
+    let read = |gateway: &Gateway| {
+        let view = gateway.grid().view();
+        let load = view.clusters()[0].load();
+        (load.queue_depth(Instant::now()).is_finite(), load.slots())
+    };
+
+    // Without the key the engine refuses both pages: no queue, no slots, however long
+    // the gateway polls (twenty polls here).
+    let gateway = Gateway::start(config("poll_interval_ms: 50".to_owned()))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        read(&gateway),
+        (false, None),
+        "read without the engine's key"
+    );
+
+    // A reload that names the key: both, the engine's queue gauge and its one slot.
+    gateway
+        .reload(&config(format!(
+            "poll_interval_ms: 50, api_key_path: {}",
+            key_file.display()
+        )))
+        .unwrap();
+    let deadline = Instant::now() + ENGINE_START;
+    while read(&gateway) != (true, Some(1)) {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway never read the keyed engine: {:?}",
+            read(&gateway)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_chat_arrives_whole() {
     let body = json!({
         "messages": [
@@ -666,7 +730,7 @@ async fn an_engine_that_dies_while_loading_fails_its_test_at_once_with_its_log()
     std::fs::write(&model, b"not a model").unwrap();
 
     let started = Instant::now();
-    let Err(why) = Engine::launch(&server, &model, "dying").await else {
+    let Err(why) = Engine::launch(&server, &model, "dying", &[]).await else {
         panic!("a server that kills itself was taken for healthy");
     };
     assert!(

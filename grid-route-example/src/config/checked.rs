@@ -2,13 +2,16 @@
 //! will rely on (with the library's own validations for the grid and `prefix_affinity`)
 //! and reads the tag key files, into [`CheckedConfig`], what the gateway runs on.
 
+use std::fmt;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use grid_route_layer::config::PrefixAffinity;
 use grid_route_layer::grid::{Grid, GridSettings, GridSpec};
 use grid_route_layer::pin::{TagKey, TagKeys};
+use http::HeaderValue;
 
 use super::ConfigError;
 use super::error::{invalid, invalid_number};
@@ -44,6 +47,8 @@ pub struct CheckedConfig {
     pub queue_metric: Option<Arc<str>>,
     /// How often endpoints are polled.
     pub poll_interval: Duration,
+    /// The credential the poller's reads carry, read from `queue.api_key_path`.
+    pub poll_credential: Option<PollCredential>,
     /// The sites and clusters, for [`Grid`].
     pub grid_spec: GridSpec,
     /// `local_site` (resolved) and the queue window, for [`Grid`].
@@ -63,6 +68,55 @@ impl CheckedConfig {
     /// The keys the pin layer signs and checks ids with.
     pub fn tag_keys(&self) -> TagKeys {
         TagKeys::new(self.tag_key.clone()).with_previous(self.previous_tag_key.clone())
+    }
+}
+
+/// The `Authorization` header the poller's reads of `/metrics` and `/props` carry:
+/// `Bearer` and the key `queue.api_key_path` holds. Marked sensitive, and its `Debug`
+/// shows no part of the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PollCredential(HeaderValue);
+
+impl PollCredential {
+    /// Reads the key from `path`: its text, without the line break or spaces around it.
+    /// Refused when the file cannot be read, is empty, or holds a character a header
+    /// cannot carry (a line break inside, a control character); the message never shows
+    /// the key.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let refused = |why: &str| {
+            invalid(
+                "queue.api_key_path",
+                &path.display().to_string(),
+                &format!("must name a file holding the engines' API key on one line ({why})"),
+            )
+        };
+        let text = std::fs::read(path).map_err(|e| refused(&e.to_string()))?;
+        let key = text.trim_ascii();
+        if key.is_empty() {
+            return Err(refused("the file is empty"));
+        }
+        // Visible ASCII only: what `--api-key` takes on a command line, and no byte a
+        // header would carry differently from what the engine compares.
+        if !key.iter().all(u8::is_ascii_graphic) {
+            return Err(refused(
+                "the key holds a space, a line break or a character outside visible ASCII",
+            ));
+        }
+        let mut value = HeaderValue::from_bytes(&[b"Bearer ", key].concat())
+            .map_err(|_| refused("the key cannot be sent in a header"))?;
+        value.set_sensitive(true);
+        Ok(Self(value))
+    }
+
+    /// The header's value, `Bearer KEY`, marked sensitive.
+    pub fn header_value(&self) -> &HeaderValue {
+        &self.0
+    }
+}
+
+impl fmt::Debug for PollCredential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PollCredential(..)")
     }
 }
 
@@ -183,6 +237,10 @@ impl GatewayConfig {
             None => None,
         };
         let shared_index = self.shared_index(tag_key.is_some())?;
+        let poll_credential = match &self.queue.api_key_path {
+            Some(path) => Some(PollCredential::from_file(path)?),
+            None => None,
+        };
         Ok(CheckedConfig {
             listen,
             admin_listen,
@@ -195,6 +253,7 @@ impl GatewayConfig {
             outlier: OutlierSettings::from(&self.outlier),
             queue_metric: self.queue.metric.as_deref().map(Arc::from),
             poll_interval: Duration::from_millis(self.queue.poll_interval_ms),
+            poll_credential,
             grid_spec,
             grid_settings,
             prefix_affinity,

@@ -1,7 +1,7 @@
 //! The configuration file's types: plain data that mirrors the YAML one to one, with its
 //! defaults ([`Default`] of each section is the value of an omitted section).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use grid_route_layer::config::PrefixAffinityConfig;
 use grid_route_layer::grid::{GridSettings, SiteSpec};
@@ -103,6 +103,11 @@ pub struct QueueConfig {
     /// Whether a cluster's load also counts this gateway's requests to it whose answer has
     /// not ended: `queue depth + in flight` instead of `queue depth`. Default `true`.
     pub count_in_flight: bool,
+    /// A file holding the engines' API key (what llama.cpp's, vLLM's or SGLang's
+    /// `--api-key` was given), sent as `Authorization: Bearer KEY` with every read of an
+    /// endpoint's `/metrics` and `/props`. llama.cpp's server started with `--api-key`
+    /// answers both 401 without it. Default: none, and the reads carry no credential.
+    pub api_key_path: Option<PathBuf>,
 }
 
 impl Default for QueueConfig {
@@ -112,6 +117,7 @@ impl Default for QueueConfig {
             poll_interval_ms: 500,
             window_secs: GridSettings::DEFAULT_QUEUE_WINDOW.as_secs(),
             count_in_flight: GridSettings::DEFAULT_COUNT_IN_FLIGHT,
+            api_key_path: None,
         }
     }
 }

@@ -36,6 +36,7 @@
 //!   window_secs: 1
 //!   count_in_flight: true       # this gateway's unanswered requests count in the load
 //!   # metric: "vllm:num_requests_waiting"   # one gauge for every endpoint instead
+//!   # api_key_path: /etc/grid/engine.key   # engines started with --api-key: sent on every read
 //! sites:
 //!   - name: east
 //!     clusters:
@@ -107,7 +108,7 @@ mod checked;
 mod error;
 mod file;
 
-pub use checked::{CheckedConfig, OutlierSettings, TimeoutSettings};
+pub use checked::{CheckedConfig, OutlierSettings, PollCredential, TimeoutSettings};
 pub use error::ConfigError;
 pub use file::{
     GatewayConfig, GatewayPrefixAffinityConfig, GridSiteRouteConfig, KNOWN_QUEUE_METRICS,

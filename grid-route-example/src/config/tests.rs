@@ -444,3 +444,52 @@ fn metric_names_follow_the_prometheus_syntax() {
         assert!(!is_metric_name(bad), "{bad}");
     }
 }
+
+#[test]
+fn the_engines_api_key_is_read_from_its_file_and_never_shown() {
+    let scratch = tempfile::tempdir().unwrap();
+    let with_key = |contents: &[u8]| {
+        let path = scratch.path().join("engine.key");
+        std::fs::write(&path, contents).unwrap();
+        format!("{MINIMAL}queue: {{ api_key_path: {} }}\n", path.display())
+    };
+    // The line break an editor leaves, and spaces around the key, are not the key.
+    let checked = GatewayConfig::from_yaml(&with_key(b"  sk-engine-secret-1\n"))
+        .unwrap()
+        .validate()
+        .unwrap();
+    let credential = checked.poll_credential.as_ref().unwrap();
+    assert_eq!(credential.header_value(), "Bearer sk-engine-secret-1");
+    assert!(credential.header_value().is_sensitive());
+    let shown = format!("{checked:?}");
+    assert!(!shown.contains("sk-engine-secret-1"), "{shown}");
+    assert!(shown.contains("PollCredential(..)"), "{shown}");
+    // None by default.
+    let plain = GatewayConfig::from_yaml(MINIMAL).unwrap();
+    assert_eq!(plain.queue.api_key_path, None);
+    assert!(plain.validate().unwrap().poll_credential.is_none());
+
+    // Refused, naming the field and the file, never the key.
+    for (contents, why) in [
+        (&b"\n \n"[..], "the file is empty"),
+        (b"sk-two words", "holds a space"),
+        (b"sk-first\nsk-second\n", "holds a space, a line break"),
+        (b"sk-\x7f-secret", "outside visible ASCII"),
+    ] {
+        let message = refused(&with_key(contents));
+        assert!(
+            message.starts_with("queue.api_key_path must name a file"),
+            "{message}"
+        );
+        assert!(message.contains("engine.key"), "{message}");
+        assert!(message.contains(why), "{message}");
+        assert!(!message.contains("sk-"), "{message}");
+    }
+    let missing = scratch.path().join("missing.key");
+    let message = refused(&format!(
+        "{MINIMAL}queue: {{ api_key_path: {} }}\n",
+        missing.display()
+    ));
+    assert!(message.contains("missing.key"), "{message}");
+    assert!(message.contains("No such file"), "{message}");
+}

@@ -30,12 +30,20 @@
 //! later read says (its streams count at half, as on an engine that batches). An endpoint
 //! whose page stops being llama.cpp's has no slots from that read on.
 //!
-//! An endpoint whose metrics cannot be read — refused, over [`POLL_TIMEOUT`], not 2xx,
-//! not UTF-8, over [`MAX_METRICS_BYTES`], or without the gauge — is recorded as
+//! Every read carries `Authorization: Bearer KEY` when `queue.api_key_path` names the
+//! engines' API key: llama.cpp's server started with `--api-key` answers `/metrics` and
+//! `/props` 401 without it.
+//!
+//! An endpoint whose metrics cannot be read — connection refused, over [`POLL_TIMEOUT`],
+//! not 2xx, not UTF-8, over [`MAX_METRICS_BYTES`], or without the gauge — is recorded as
 //! unmeasured (`None`), which makes its cluster's depth `+inf` once the window holds no
-//! readable sample. A successful read also marks the endpoint healthy again (a failed
-//! connection marks it unhealthy, see [`upstream`](super::upstream)); a failed read does
-//! not mark it unhealthy — unmeasured is not down.
+//! readable sample. An engine that answers the read with a status that is not 2xx (401
+//! for a missing API key, llama.cpp's 501 without `--metrics`) is logged at `warn` with
+//! the status and what to do, once until the status changes or a read succeeds; the
+//! other failures are logged at `debug`, read after read. A successful read also marks
+//! the endpoint healthy again (a failed connection marks it unhealthy, see
+//! [`upstream`](super::upstream)); a failed read does not mark it unhealthy — unmeasured
+//! is not down.
 //!
 //! [`ClusterLoad::record_queue`]: grid_route_layer::grid::ClusterLoad::record_queue
 //! [`ClusterLoad::record_slots`]: grid_route_layer::grid::ClusterLoad::record_slots
@@ -46,15 +54,15 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use grid_route_layer::grid::{Cluster, ClusterId, GridView};
-use http::Request;
-use http::header::ACCEPT;
+use http::header::{ACCEPT, AUTHORIZATION};
+use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::Live;
 use super::upstream::HttpClient;
-use crate::config::{KNOWN_QUEUE_METRICS, LLAMACPP_QUEUE_METRIC};
+use crate::config::{KNOWN_QUEUE_METRICS, LLAMACPP_QUEUE_METRIC, PollCredential};
 
 /// How long one read of an endpoint's metrics may take.
 pub const POLL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -82,8 +90,11 @@ pub(crate) async fn poll_queues(live: Arc<Live>, mut stop: watch::Receiver<bool>
         tokio::select! {
             () = tokio::time::sleep_until(next) => {
                 let settings = live.settings.load_full();
-                let metric = settings.config.queue_metric.as_ref();
-                start_reads(&live, metric, &mut reads, &mut reading);
+                let page = PageRead {
+                    metric: settings.config.queue_metric.clone(),
+                    credential: settings.config.poll_credential.clone(),
+                };
+                start_reads(&live, &page, &mut reads, &mut reading);
                 next = tokio::time::Instant::now() + settings.config.poll_interval;
             }
             Some(read) = reads.join_next() => {
@@ -99,10 +110,17 @@ pub(crate) async fn poll_queues(live: Arc<Live>, mut stop: watch::Receiver<bool>
     }
 }
 
+/// What every read of a poll asks for: the metric named, if any, and the credential.
+#[derive(Clone)]
+struct PageRead {
+    metric: Option<Arc<str>>,
+    credential: Option<PollCredential>,
+}
+
 /// Starts a read of every endpoint of the current grid that is not being read.
 fn start_reads(
     live: &Live,
-    metric: Option<&Arc<str>>,
+    page: &PageRead,
     reads: &mut JoinSet<(Arc<Cluster>, Arc<str>, EndpointRead)>,
     reading: &mut HashSet<(ClusterId, Arc<str>)>,
 ) {
@@ -121,12 +139,16 @@ fn start_reads(
             let client = live.engine.load().client.clone();
             let cluster: Arc<Cluster> = Arc::clone(cluster);
             let url = Arc::clone(url);
-            let metric = metric.cloned();
+            let page = page.clone();
             let slots_due = live.gauges.slots_due(&url, Instant::now());
             reads.spawn(async move {
-                let queue = read_queue(&client, &url, metric.as_deref()).await;
-                let slots = match queue.is_llama(metric.as_deref()) {
-                    Some(true) if slots_due => SlotsRead::Read(read_slots(&client, &url).await),
+                let credential = page.credential.as_ref();
+                let metric = page.metric.as_deref();
+                let queue = read_queue(&client, &url, metric, credential).await;
+                let slots = match queue.is_llama(metric) {
+                    Some(true) if slots_due => {
+                        SlotsRead::Read(read_slots(&client, &url, credential).await)
+                    }
                     Some(false) => SlotsRead::NoSlots,
                     Some(true) | None => SlotsRead::NotDue,
                 };
@@ -159,6 +181,8 @@ enum Found {
     Gauge(&'static str),
     /// A page that serves none of the known gauges.
     None,
+    /// A page the engine refused, with this HTTP status.
+    Refused(StatusCode),
 }
 
 impl FoundGauges {
@@ -184,8 +208,23 @@ impl FoundGauges {
                 looked_for = ?KNOWN_QUEUE_METRICS,
                 "metrics page serves no known queue gauge; unmeasured (set queue.metric to name one)"
             ),
+            Found::Refused(status) => tracing::warn!(
+                cluster = %cluster.id(),
+                endpoint = %url,
+                status = status.as_u16(),
+                hint = refusal_hint(status),
+                "metrics page refused; unmeasured"
+            ),
         }
         true
+    }
+
+    /// Forgets that `url` refused its last logged read, if it did.
+    fn forget_refusal(&self, url: &str) {
+        let mut found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
+        if matches!(found.by_url.get(url), Some(Found::Refused(_))) {
+            found.by_url.remove(url);
+        }
     }
 
     /// Forgets the endpoints `view` no longer has (a reload removed them), so that one
@@ -231,6 +270,19 @@ impl FoundGauges {
     }
 }
 
+/// What an operator can do about an engine refusing its `/metrics` with `status`.
+fn refusal_hint(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+            "the engine wants its API key: name a file holding it as queue.api_key_path"
+        }
+        StatusCode::NOT_FOUND | StatusCode::NOT_IMPLEMENTED => {
+            "the engine serves no metrics: start llama.cpp's server with --metrics"
+        }
+        _ => "the engine's own log says why",
+    }
+}
+
 /// Tells `cluster` what a read of `url`'s `/props` said of its slots, and logs it when it
 /// differs from what the cluster had. Returns whether it did.
 fn record_slots(cluster: &Cluster, url: &Arc<str>, slots: Option<usize>) -> bool {
@@ -271,13 +323,22 @@ fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: EndpointRea
     }
     let waiting = match read.queue {
         Read::Unreadable => None,
-        Read::Sample(waiting) => Some(waiting),
+        Read::Sample(waiting) => {
+            // A read of the named metric finds no gauge to log, but ends a refusal: the
+            // next one is logged again.
+            live.gauges.forget_refusal(url);
+            Some(waiting)
+        }
         Read::Found(gauge, waiting) => {
             live.gauges.record(cluster, url, Found::Gauge(gauge));
             Some(waiting)
         }
         Read::NoKnownGauge => {
             live.gauges.record(cluster, url, Found::None);
+            None
+        }
+        Read::Refused(status) => {
+            live.gauges.record(cluster, url, Found::Refused(status));
             None
         }
     };
@@ -314,8 +375,11 @@ enum SlotsRead {
 /// What one read of an endpoint's page gave.
 #[derive(Debug, Clone, Copy)]
 enum Read {
-    /// The page could not be read, or lacks the configured metric.
+    /// The page could not be read (no answer in time, too large, not UTF-8), or lacks
+    /// the configured metric.
     Unreadable,
+    /// The engine answered the read with this status, not a 2xx.
+    Refused(StatusCode),
     /// The configured metric's value.
     Sample(f64),
     /// With no metric configured: the first known gauge the page serves, and its value.
@@ -333,7 +397,7 @@ impl Read {
             (Self::Found(gauge, _), _) => Some(gauge == LLAMACPP_QUEUE_METRIC),
             (Self::NoKnownGauge, _) => Some(false),
             (Self::Sample(_), Some(LLAMACPP_QUEUE_METRIC)) => Some(true),
-            (Self::Sample(_) | Self::Unreadable, _) => None,
+            (Self::Sample(_) | Self::Unreadable | Self::Refused(_), _) => None,
         }
     }
 }
@@ -341,42 +405,58 @@ impl Read {
 /// Reads `GET {base}/props` for llama.cpp's `total_slots`: `None` when the page cannot be
 /// read (over [`POLL_TIMEOUT`], not 2xx, over [`MAX_PROPS_BYTES`], not JSON) or does not
 /// hold a whole number from 1 to 65,536 there.
-async fn read_slots(client: &HttpClient, base: &str) -> Option<usize> {
-    let body = get_page(client, base, "/props", "application/json", MAX_PROPS_BYTES).await?;
+async fn read_slots(
+    client: &HttpClient,
+    base: &str,
+    credential: Option<&PollCredential>,
+) -> Option<usize> {
+    let page = Page {
+        path: "/props",
+        accept: "application/json",
+        max_bytes: MAX_PROPS_BYTES,
+    };
+    let body = get_page(client, base, page, credential).await.ok()?;
     total_slots(&body)
 }
 
-/// The body of `GET {base}{path}`, whole; `None` when it cannot be read within
-/// [`POLL_TIMEOUT`], is not 2xx, or is over `max_bytes`.
+/// One page the poller reads.
+#[derive(Debug, Clone, Copy)]
+struct Page {
+    path: &'static str,
+    accept: &'static str,
+    max_bytes: usize,
+}
+
+/// The body of `GET {base}{path}`, whole, asked with `credential` when there is one.
+/// `Err(Some(status))` when the engine answered with a status that is not 2xx;
+/// `Err(None)` when no answer came within [`POLL_TIMEOUT`] or its body is over
+/// `max_bytes`.
 async fn get_page(
     client: &HttpClient,
     base: &str,
-    path: &str,
-    accept: &'static str,
-    max_bytes: usize,
-) -> Option<bytes::Bytes> {
-    let url = format!("{}{path}", base.trim_end_matches('/'));
-    let request = Request::get(url)
-        .header(ACCEPT, accept)
-        .body(Body::empty())
-        .ok()?;
+    page: Page,
+    credential: Option<&PollCredential>,
+) -> Result<bytes::Bytes, Option<StatusCode>> {
+    let url = format!("{}{}", base.trim_end_matches('/'), page.path);
+    let mut request = Request::get(url).header(ACCEPT, page.accept);
+    if let Some(credential) = credential {
+        request = request.header(AUTHORIZATION, credential.header_value().clone());
+    }
+    let request = request.body(Body::empty()).map_err(|_| None)?;
     let read = async {
-        let response = client.request(request).await.ok()?;
+        let response = client.request(request).await.map_err(|_| None)?;
         if !response.status().is_success() {
-            return None;
+            return Err(Some(response.status()));
         }
-        Some(
-            Limited::new(response.into_body(), max_bytes)
-                .collect()
-                .await
-                .ok()?
-                .to_bytes(),
-        )
+        Ok(Limited::new(response.into_body(), page.max_bytes)
+            .collect()
+            .await
+            .map_err(|_| None)?
+            .to_bytes())
     };
     tokio::time::timeout(POLL_TIMEOUT, read)
         .await
-        .ok()
-        .flatten()
+        .unwrap_or(Err(None))
 }
 
 /// The `total_slots` of a llama.cpp `/props` page: a whole number from 1 to 65,536 (an
@@ -404,9 +484,23 @@ pub fn total_slots(props: &[u8]) -> Option<usize> {
 
 /// Reads the endpoint's page for `metric`, or with `None` for the first of
 /// [`KNOWN_QUEUE_METRICS`] it serves.
-async fn read_queue(client: &HttpClient, base: &str, metric: Option<&str>) -> Read {
-    let page = get_page(client, base, "/metrics", "text/plain", MAX_METRICS_BYTES).await;
-    let text = page
+async fn read_queue(
+    client: &HttpClient,
+    base: &str,
+    metric: Option<&str>,
+    credential: Option<&PollCredential>,
+) -> Read {
+    let page = Page {
+        path: "/metrics",
+        accept: "text/plain",
+        max_bytes: MAX_METRICS_BYTES,
+    };
+    let body = match get_page(client, base, page, credential).await {
+        Ok(body) => Some(body),
+        Err(Some(status)) => return Read::Refused(status),
+        Err(None) => None,
+    };
+    let text = body
         .as_deref()
         .and_then(|body| std::str::from_utf8(body).ok());
     let read = match (text, metric) {
