@@ -1,7 +1,8 @@
 """The runs behind docs/routing.md, printed as the Markdown tables the page holds.
 
 Run it through `scripts/simulate-results`, which builds the simulator first. Each
-table is one or more `grid-route-simulate --json` runs on the bundled trace (seed 1); the command of
+table is one or more `grid-route-simulate --json` runs on the bundled trace (seed 1, but
+seeds 1 to 8 in the `seeds` section); the command of
 every run is printed above its table. A fourth argument names the sections to print,
 comma-separated (`defaults,rules,placement,seeds,streams,replicas,window,sessions`); all of them by default.
 """
@@ -244,9 +245,9 @@ def seeds() -> None:
     print("Every policy at the defaults under seeds 1 to 8 (seed 1 is the tables above). Hit")
     print("shares are the lowest, the median and the highest of the 8 runs; *bar holds* counts")
     print("the seeds where grid-route meets the whole bar, *hit share* those where its hit share")
-    print("is at least cache-aware's; TTFT is grid-route's ratio to the best other policy, the")
-    print("worst of the 8 seeds.\n")
-    print("| engines | sites | grid-route hit share | cache-aware hit share | hit share ≥ cache-aware's | bar holds | TTFT p50 / p99, worst seed |")
+    print("is at least cache-aware's; TTFT is grid-route's ratio to the best other policy, each")
+    print("the worst of the 8 seeds.\n")
+    print("| engines | sites | grid-route hit share | cache-aware hit share | hit share ≥ cache-aware's | bar holds | TTFT p50 / p99, each at its worst seed |")
     print("|---|---|---|---|---:|---:|---|")
     spread = lambda xs: f"{100 * min(xs):.2f} / {100 * statistics.median(xs):.2f} / {100 * max(xs):.2f}%"
     for kind, flags in KINDS.items():

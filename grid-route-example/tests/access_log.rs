@@ -246,30 +246,45 @@ async fn an_engine_that_wants_its_api_key_is_read_with_it_and_warned_about_witho
     const KEY: &str = "sk-engine-poll-secret";
     let (refused, allowed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let (count_refused, count_allowed) = (Arc::clone(&refused), Arc::clone(&allowed));
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move |headers: http::HeaderMap| {
-            let keyed = headers
-                .get(http::header::AUTHORIZATION)
-                .is_some_and(|v| v == format!("Bearer {KEY}").as_str());
-            let counter = if keyed {
-                &count_allowed
-            } else {
-                &count_refused
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            async move {
-                if keyed {
-                    (StatusCode::OK, "llamacpp:requests_deferred 0\n")
-                } else {
-                    (
-                        StatusCode::UNAUTHORIZED,
-                        r#"{"error":{"message":"Invalid API Key"}}"#,
-                    )
-                }
-            }
-        }),
+    let keyed = |headers: &http::HeaderMap| {
+        headers
+            .get(http::header::AUTHORIZATION)
+            .is_some_and(|v| v == format!("Bearer {KEY}").as_str())
+    };
+    let refusal = (
+        StatusCode::UNAUTHORIZED,
+        r#"{"error":{"message":"Invalid API Key"}}"#,
     );
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move |headers: http::HeaderMap| {
+                let keyed = keyed(&headers);
+                let counter = if keyed {
+                    &count_allowed
+                } else {
+                    &count_refused
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    if keyed {
+                        (StatusCode::OK, "llamacpp:requests_deferred 0\n")
+                    } else {
+                        refusal
+                    }
+                }
+            }),
+        )
+        .route(
+            "/props",
+            axum::routing::get(move |headers: http::HeaderMap| async move {
+                if keyed(&headers) {
+                    (StatusCode::OK, r#"{"total_slots":2}"#)
+                } else {
+                    refusal
+                }
+            }),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -299,6 +314,7 @@ async fn an_engine_that_wants_its_api_key_is_read_with_it_and_warned_about_witho
     assert_eq!(warned[0]["level"], "WARN");
     assert_eq!(warned[0]["fields"]["cluster"], "east/east-a");
     assert_eq!(warned[0]["fields"]["status"], 401);
+    assert_eq!(warned[0]["fields"]["keyed"], false);
     assert!(
         warned[0]["fields"]["hint"]
             .as_str()
@@ -334,6 +350,13 @@ async fn an_engine_that_wants_its_api_key_is_read_with_it_and_warned_about_witho
     let found = lines(&raw, "queue gauge found");
     assert_eq!(found.len(), 1, "{raw}");
     assert_eq!(found[0]["fields"]["gauge"], "llamacpp:requests_deferred");
+    // The slots page, read with the key too.
+    let slots = lines(
+        &raw,
+        "engine slots found: its streams count whole while they fill them",
+    );
+    assert_eq!(slots.len(), 1, "{raw}");
+    assert_eq!(slots[0]["fields"]["slots"], 2);
     assert!(
         lines(&raw, "metrics page refused; unmeasured").is_empty(),
         "{raw}"

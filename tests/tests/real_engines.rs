@@ -644,8 +644,15 @@ async fn an_engine_started_with_an_api_key_is_read_with_the_key_the_config_names
         (load.queue_depth(Instant::now()).is_finite(), load.slots())
     };
 
-    // Without the key the engine refuses both pages: no queue, no slots, however long
-    // the gateway polls (twenty polls here).
+    // The engine refuses both pages without its key...
+    for page in ["/metrics", "/props"] {
+        let answer = try_send(Method::GET, &format!("{}{page}", engine.url), "")
+            .await
+            .expect("the engine answers");
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{page}");
+    }
+    // ...so a gateway without it has no queue and no slots, however long it polls
+    // (twenty polls here).
     let gateway = Gateway::start(config("poll_interval_ms: 50".to_owned()))
         .await
         .unwrap();

@@ -103,10 +103,12 @@ pub struct QueueConfig {
     /// Whether a cluster's load also counts this gateway's requests to it whose answer has
     /// not ended: `queue depth + in flight` instead of `queue depth`. Default `true`.
     pub count_in_flight: bool,
-    /// A file holding the engines' API key (what llama.cpp's, vLLM's or SGLang's
-    /// `--api-key` was given), sent as `Authorization: Bearer KEY` with every read of an
-    /// endpoint's `/metrics` and `/props`. llama.cpp's server started with `--api-key`
-    /// answers both 401 without it. Default: none, and the reads carry no credential.
+    /// A file holding one key the engines accept (what llama.cpp's, vLLM's or SGLang's
+    /// `--api-key` was given; one of them where llama.cpp was given a comma-separated
+    /// list), sent as `Authorization: Bearer KEY` with every read of every endpoint's
+    /// `/metrics` and `/props`, over the endpoint's own `http://`. llama.cpp's server
+    /// started with `--api-key` answers both 401 without it. Default: none, and the reads
+    /// carry no credential.
     pub api_key_path: Option<PathBuf>,
 }
 

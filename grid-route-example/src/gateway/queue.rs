@@ -15,8 +15,8 @@
 //! | SGLang | `sglang:num_queue_reqs` |
 //! | llama.cpp (`--metrics`) | `llamacpp:requests_deferred` |
 //!
-//! The gauge an endpoint is found serving is logged at `info` when it is first found or
-//! changes; an endpoint whose page serves none of them is logged once at `warn` (until it
+//! The gauge an endpoint is found serving is logged at `info` when it is first found,
+//! changes, or is found again after the page was refused; an endpoint whose page serves none of them is logged once at `warn` (until it
 //! serves one). An endpoint a reload removed and a later one added back is new again.
 //!
 //! An endpoint whose page is llama.cpp's (it serves `llamacpp:requests_deferred`, found or
@@ -37,10 +37,12 @@
 //! An endpoint whose metrics cannot be read — connection refused, over [`POLL_TIMEOUT`],
 //! not 2xx, not UTF-8, over [`MAX_METRICS_BYTES`], or without the gauge — is recorded as
 //! unmeasured (`None`), which makes its cluster's depth `+inf` once the window holds no
-//! readable sample. An engine that answers the read with a status that is not 2xx (401
-//! for a missing API key, llama.cpp's 501 without `--metrics`) is logged at `warn` with
-//! the status and what to do, once until the status changes or a read succeeds; the
-//! other failures are logged at `debug`, read after read. A successful read also marks
+//! readable sample. An engine that answers the `/metrics` read with a status that is not
+//! 2xx (401 for a missing or wrong API key, llama.cpp's 501 without `--metrics`, 503
+//! while it loads) is logged at `warn` with the status, whether the key was sent, and
+//! what to do: once, and again when it answers another status, after a read that finds a
+//! sample (or a page without a known gauge), and after a reload. The other failures, and
+//! a refused `/props`, are logged at `debug`, read after read. A successful read also marks
 //! the endpoint healthy again (a failed connection marks it unhealthy, see
 //! [`upstream`](super::upstream)); a failed read does not mark it unhealthy — unmeasured
 //! is not down.
@@ -181,8 +183,9 @@ enum Found {
     Gauge(&'static str),
     /// A page that serves none of the known gauges.
     None,
-    /// A page the engine refused, with this HTTP status.
-    Refused(StatusCode),
+    /// A page the engine refused with this HTTP status, asked with the configured API key
+    /// (`true`) or without one.
+    Refused(StatusCode, bool),
 }
 
 impl FoundGauges {
@@ -208,11 +211,12 @@ impl FoundGauges {
                 looked_for = ?KNOWN_QUEUE_METRICS,
                 "metrics page serves no known queue gauge; unmeasured (set queue.metric to name one)"
             ),
-            Found::Refused(status) => tracing::warn!(
+            Found::Refused(status, keyed) => tracing::warn!(
                 cluster = %cluster.id(),
                 endpoint = %url,
                 status = status.as_u16(),
-                hint = refusal_hint(status),
+                keyed,
+                hint = refusal_hint(status, keyed),
                 "metrics page refused; unmeasured"
             ),
         }
@@ -222,7 +226,7 @@ impl FoundGauges {
     /// Forgets that `url` refused its last logged read, if it did.
     fn forget_refusal(&self, url: &str) {
         let mut found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
-        if matches!(found.by_url.get(url), Some(Found::Refused(_))) {
+        if matches!(found.by_url.get(url), Some(Found::Refused(..))) {
             found.by_url.remove(url);
         }
     }
@@ -240,7 +244,12 @@ impl FoundGauges {
             .iter()
             .flat_map(|c| c.endpoints().iter().map(|url| &**url))
             .collect();
-        found.by_url.retain(|url, _| current.contains(&**url));
+        // A refusal is logged again after a reload: it may have brought the key (or a
+        // new one) that the next read is refused with, which the old line's hint would
+        // not say.
+        found
+            .by_url
+            .retain(|url, found| current.contains(&**url) && !matches!(found, Found::Refused(..)));
         found.slots_read.retain(|url, _| current.contains(&**url));
         found.pruned_to = Some(view.generation());
     }
@@ -270,14 +279,25 @@ impl FoundGauges {
     }
 }
 
-/// What an operator can do about an engine refusing its `/metrics` with `status`.
-fn refusal_hint(status: StatusCode) -> &'static str {
+/// What an operator can do about an engine refusing its `/metrics` with `status`, asked
+/// with the configured API key (`keyed`) or without one.
+fn refusal_hint(status: StatusCode, keyed: bool) -> &'static str {
     match status {
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN if keyed => {
+            "the engine refused the key queue.api_key_path holds: is it one of its --api-key keys?"
+        }
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
             "the engine wants its API key: name a file holding it as queue.api_key_path"
         }
-        StatusCode::NOT_FOUND | StatusCode::NOT_IMPLEMENTED => {
-            "the engine serves no metrics: start llama.cpp's server with --metrics"
+        StatusCode::NOT_IMPLEMENTED => {
+            "llama.cpp's server serves /metrics only when started with --metrics"
+        }
+        StatusCode::NOT_FOUND => {
+            "no /metrics at this URL: check the endpoint's base URL (without /v1) and the \
+             engine's metrics flag (SGLang: --enable-metrics)"
+        }
+        StatusCode::SERVICE_UNAVAILABLE => {
+            "the engine is loading its model or overloaded; it is read again every poll"
         }
         _ => "the engine's own log says why",
     }
@@ -337,8 +357,9 @@ fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: EndpointRea
             live.gauges.record(cluster, url, Found::None);
             None
         }
-        Read::Refused(status) => {
-            live.gauges.record(cluster, url, Found::Refused(status));
+        Read::Refused(status, keyed) => {
+            live.gauges
+                .record(cluster, url, Found::Refused(status, keyed));
             None
         }
     };
@@ -378,8 +399,9 @@ enum Read {
     /// The page could not be read (no answer in time, too large, not UTF-8), or lacks
     /// the configured metric.
     Unreadable,
-    /// The engine answered the read with this status, not a 2xx.
-    Refused(StatusCode),
+    /// The engine answered the read with this status, not a 2xx, asked with the
+    /// configured API key (`true`) or without one.
+    Refused(StatusCode, bool),
     /// The configured metric's value.
     Sample(f64),
     /// With no metric configured: the first known gauge the page serves, and its value.
@@ -397,7 +419,7 @@ impl Read {
             (Self::Found(gauge, _), _) => Some(gauge == LLAMACPP_QUEUE_METRIC),
             (Self::NoKnownGauge, _) => Some(false),
             (Self::Sample(_), Some(LLAMACPP_QUEUE_METRIC)) => Some(true),
-            (Self::Sample(_) | Self::Unreadable | Self::Refused(_), _) => None,
+            (Self::Sample(_) | Self::Unreadable | Self::Refused(..), _) => None,
         }
     }
 }
@@ -497,7 +519,7 @@ async fn read_queue(
     };
     let body = match get_page(client, base, page, credential).await {
         Ok(body) => Some(body),
-        Err(Some(status)) => return Read::Refused(status),
+        Err(Some(status)) => return Read::Refused(status, credential.is_some()),
         Err(None) => None,
     };
     let text = body
@@ -680,6 +702,86 @@ vllm:num_requests_waiting 1
             gauges.record(cluster, &one, llama),
             "forgotten: logged anew"
         );
+    }
+
+    #[test]
+    fn a_refusal_is_logged_once_and_again_after_a_success_a_change_or_a_reload() {
+        use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+
+        let grid = Grid::new(
+            &GridSpec::new([
+                SiteSpec::new("west").with_clusters([ClusterSpec::new("west-a")
+                    .with_models(["m"])
+                    .with_endpoints(["http://127.0.0.1:1"])]),
+            ]),
+            GridSettings::default(),
+        )
+        .unwrap();
+        let view = grid.view();
+        let cluster = &view.clusters()[0];
+        let url = Arc::clone(&cluster.endpoints()[0]);
+        let gauges = FoundGauges::default();
+        let unkeyed = Found::Refused(StatusCode::UNAUTHORIZED, false);
+        let keyed = Found::Refused(StatusCode::UNAUTHORIZED, true);
+        gauges.keep_endpoints_of(&view);
+        assert!(gauges.record(cluster, &url, unkeyed), "new: logged");
+        assert!(
+            !gauges.record(cluster, &url, unkeyed),
+            "the same again: quiet"
+        );
+        assert!(
+            gauges.record(
+                cluster,
+                &url,
+                Found::Refused(StatusCode::SERVICE_UNAVAILABLE, false)
+            ),
+            "another status: logged"
+        );
+        assert!(gauges.record(cluster, &url, unkeyed), "back: logged");
+        // Read with a key now, refused all the same: a different line (its hint differs).
+        assert!(
+            gauges.record(cluster, &url, keyed),
+            "refused with the key: logged"
+        );
+        // A read that finds the gauge ends the refusal; the next one is logged.
+        let llama = Found::Gauge("llamacpp:requests_deferred");
+        assert!(gauges.record(cluster, &url, llama), "found: logged");
+        assert!(gauges.record(cluster, &url, keyed), "refused again: logged");
+        // So does a sample of a named metric, which logs nothing itself.
+        gauges.forget_refusal(&url);
+        assert!(
+            gauges.record(cluster, &url, keyed),
+            "after a sample: logged"
+        );
+        // The same view again is no reload: still quiet.
+        gauges.keep_endpoints_of(&view);
+        assert!(!gauges.record(cluster, &url, keyed), "no reload: quiet");
+        // A reload (a new generation, the endpoint kept) forgets the refusal, not a gauge.
+        grid.reconfigure(
+            &GridSpec::new([
+                SiteSpec::new("west").with_clusters([ClusterSpec::new("west-a")
+                    .with_models(["m"])
+                    .with_endpoints(["http://127.0.0.1:1"])]),
+            ]),
+            GridSettings::default(),
+        )
+        .unwrap();
+        gauges.keep_endpoints_of(&grid.view());
+        assert!(
+            gauges.record(cluster, &url, keyed),
+            "after a reload: logged"
+        );
+        assert!(gauges.record(cluster, &url, llama), "found: logged");
+        gauges.keep_endpoints_of(&grid.view());
+        assert!(
+            !gauges.record(cluster, &url, llama),
+            "a gauge stays found: quiet"
+        );
+        // The hints say what to do in each case.
+        assert!(refusal_hint(StatusCode::UNAUTHORIZED, false).contains("queue.api_key_path"));
+        assert!(refusal_hint(StatusCode::FORBIDDEN, true).contains("refused the key"));
+        assert!(refusal_hint(StatusCode::NOT_IMPLEMENTED, false).contains("--metrics"));
+        assert!(refusal_hint(StatusCode::NOT_FOUND, false).contains("base URL"));
     }
 
     #[test]
