@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use grid_route_tests::{
@@ -190,9 +192,6 @@ async fn the_request_log_has_one_line_per_request_and_never_a_credential_even_at
 /// `warn`, however often it reads the page, and keeps reading it.
 #[tokio::test]
 async fn a_metrics_page_without_a_known_gauge_is_logged_once() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     let reads = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&reads);
     let app = axum::Router::new().route(
@@ -234,22 +233,16 @@ async fn a_metrics_page_without_a_known_gauge_is_logged_once() {
     assert_eq!(warned[0]["fields"]["cluster"], "east/east-a");
 }
 
-/// An engine started with an API key, as llama.cpp's `--api-key` makes it: `/metrics`
-/// answers 401 without `Authorization: Bearer KEY`. Without `queue.api_key_path`, `serve`
-/// warns once with the status and what to do; with it, every read carries the key, the
-/// gauge is found, and the key shows in no line even at `trace`.
-#[tokio::test]
-async fn an_engine_that_wants_its_api_key_is_read_with_it_and_warned_about_without() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    const KEY: &str = "sk-engine-poll-secret";
+/// A stand-in for llama.cpp's server started with `--api-key key`: `/metrics` (one slot
+/// engine's gauge) and `/props` (two slots) answer 401 without `Authorization: Bearer
+/// key`. Returns its URL and how many `/metrics` reads it refused and served.
+async fn engine_with_api_key(key: &'static str) -> (String, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let (refused, allowed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let (count_refused, count_allowed) = (Arc::clone(&refused), Arc::clone(&allowed));
-    let keyed = |headers: &http::HeaderMap| {
+    let keyed = move |headers: &http::HeaderMap| {
         headers
             .get(http::header::AUTHORIZATION)
-            .is_some_and(|v| v == format!("Bearer {KEY}").as_str())
+            .is_some_and(|v| v == format!("Bearer {key}").as_str())
     };
     let refusal = (
         StatusCode::UNAUTHORIZED,
@@ -288,6 +281,17 @@ async fn an_engine_that_wants_its_api_key_is_read_with_it_and_warned_about_witho
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
+    (endpoint, refused, allowed)
+}
+
+/// An engine started with an API key, as llama.cpp's `--api-key` makes it: `/metrics`
+/// answers 401 without `Authorization: Bearer KEY`. Without `queue.api_key_path`, `serve`
+/// warns once with the status and what to do; with it, every read carries the key, the
+/// gauge and the slots are found, and the key shows in no line even at `trace`.
+#[tokio::test]
+async fn an_engine_that_wants_its_api_key_is_read_with_it_and_warned_about_without() {
+    const KEY: &str = "sk-engine-poll-secret";
+    let (endpoint, refused, allowed) = engine_with_api_key(KEY).await;
     let sites = format!(
         "sites:\n  - name: east\n    clusters:\n\
          \x20     - {{ name: east-a, models: [demo-model], endpoints: [{endpoint}] }}\n"
