@@ -71,6 +71,33 @@ impl Serving {
         }
     }
 
+    /// Rewrites the config file with `rest_of_config` after the same listen addresses,
+    /// sends SIGHUP, and waits until the log says the reload was applied (its `applied`-th
+    /// reload in all).
+    async fn reload(&self, rest_of_config: &str, applied: usize) {
+        std::fs::write(
+            self._scratch.path().join("gateway.yaml"),
+            format!(
+                "listen: 127.0.0.1:{}\nadmin_listen: 127.0.0.1:{}\n{rest_of_config}",
+                self.listen, self.admin
+            ),
+        )
+        .unwrap();
+        signal(self.child.id(), "-HUP");
+        eventually_within("serve applies the reload", PROCESS_WAIT, || async {
+            self.lines("config reload applied").len() >= applied
+        })
+        .await;
+    }
+
+    /// The JSON lines of its log so far whose message is `message`.
+    fn lines(&self, message: &str) -> Vec<Value> {
+        log_lines(
+            &std::fs::read_to_string(&self.log).unwrap_or_default(),
+            message,
+        )
+    }
+
     /// Stops it with SIGTERM, checks that it exits 0 in time, and returns its log.
     async fn stop(mut self) -> String {
         signal(self.child.id(), "-TERM");
@@ -366,4 +393,98 @@ async fn an_engine_that_wants_its_api_key_is_read_with_it_and_warned_about_witho
         "{raw}"
     );
     assert!(!raw.contains(KEY), "the engines' key reached the log");
+}
+
+/// The JSON lines of `raw` whose message is `message`.
+fn log_lines(raw: &str, message: &str) -> Vec<Value> {
+    raw.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["fields"]["message"] == message)
+        .collect()
+}
+
+/// A read of an endpoint's metrics that began before a reload removed the endpoint, and
+/// ended after, does not write what it found back: when a later reload adds the endpoint
+/// again, what its page serves is logged again, as for any new endpoint.
+#[tokio::test]
+async fn an_endpoint_removed_while_its_page_was_read_is_logged_again_when_it_comes_back() {
+    use std::sync::atomic::AtomicBool;
+
+    // A page without a known gauge that takes 300 ms to serve: at any moment a read of it
+    // is in flight.
+    let (reading, reads) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let (now_reading, counted) = (Arc::clone(&reading), Arc::clone(&reads));
+    let slow = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            now_reading.store(true, Ordering::SeqCst);
+            let (now_reading, counted) = (Arc::clone(&now_reading), Arc::clone(&counted));
+            async move {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                counted.fetch_add(1, Ordering::SeqCst);
+                now_reading.store(false, Ordering::SeqCst);
+                "process_cpu_seconds_total 1\n"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let slow_url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, slow).await });
+    let other = MockEngine::start("127.0.0.1:0", MockEngineConfig::named("east-b"))
+        .await
+        .unwrap();
+    let config = |endpoint: &str| {
+        format!(
+            "queue: {{ poll_interval_ms: 20 }}\n\
+             sites:\n  - name: east\n    clusters:\n\
+             \x20     - {{ name: east-a, models: [demo-model], endpoints: [{endpoint}] }}\n"
+        )
+    };
+    let warning =
+        "metrics page serves no known queue gauge; unmeasured (set queue.metric to name one)";
+
+    let serving = Serving::start(&config(&slow_url), "info");
+    eventually_within("the slow page is logged", PROCESS_WAIT, || async {
+        serving.lines(warning).len() == 1
+    })
+    .await;
+    // Removed while a read of it runs (reads follow each other within a poll), ...
+    eventually_within(
+        "a read of the slow page in flight",
+        PROCESS_WAIT,
+        || async { reading.load(Ordering::SeqCst) },
+    )
+    .await;
+    let before = reads.load(Ordering::SeqCst);
+    serving.reload(&config(&other.url()), 1).await;
+    // ... which ends after the reload; then no read of it runs any more.
+    eventually_within("the read in flight ends", PROCESS_WAIT, || async {
+        reads.load(Ordering::SeqCst) > before && !reading.load(Ordering::SeqCst)
+    })
+    .await;
+    eventually_within("the new endpoint is read", PROCESS_WAIT, || async {
+        !serving.lines("queue gauge found").is_empty()
+    })
+    .await;
+    // Added again: logged again, after that reload (the read that ended after the
+    // first reload wrote nothing, so neither logged then nor kept the endpoint known).
+    serving.reload(&config(&slow_url), 2).await;
+    eventually_within("the slow page is logged again", PROCESS_WAIT, || async {
+        serving.lines(warning).len() >= 2
+    })
+    .await;
+    let raw = serving.stop().await;
+    let order: Vec<&str> = raw
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter_map(|line| match line["fields"]["message"].as_str() {
+            Some("config reload applied") => Some("reload"),
+            Some(message) if message == warning => Some("warning"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, ["warning", "reload", "reload", "warning"], "{raw}");
 }

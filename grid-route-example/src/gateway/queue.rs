@@ -133,6 +133,7 @@ fn start_reads(
     }
     let view = live.grid.view();
     live.gauges.keep_endpoints_of(&view);
+    let generation = view.generation();
     for cluster in view.clusters() {
         for url in cluster.endpoints() {
             if !reading.insert((cluster.id().clone(), Arc::clone(url))) {
@@ -154,7 +155,12 @@ fn start_reads(
                     Some(false) => SlotsRead::NoSlots,
                     Some(true) | None => SlotsRead::NotDue,
                 };
-                (cluster, url, EndpointRead { queue, slots })
+                let read = EndpointRead {
+                    queue,
+                    slots,
+                    generation,
+                };
+                (cluster, url, read)
             });
         }
     }
@@ -221,6 +227,14 @@ impl FoundGauges {
             ),
         }
         true
+    }
+
+    /// Whether a read that started under the grid of `generation` may write to the log's
+    /// memory: no reload newer than it has been pruned to
+    /// ([`keep_endpoints_of`](Self::keep_endpoints_of)).
+    fn is_current(&self, generation: u64) -> bool {
+        let found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
+        found.pruned_to.is_none_or(|pruned| generation >= pruned)
     }
 
     /// Forgets that `url` refused its last logged read, if it did.
@@ -329,39 +343,49 @@ fn record_slots(cluster: &Cluster, url: &Arc<str>, slots: Option<usize>) -> bool
 }
 
 /// Records what a read of `cluster`'s endpoint at `url` gave.
+///
+/// A read that began before a reload the poller has since pruned its log to may be of an
+/// endpoint the reload removed: its sample and slots go to its cluster's load as usual
+/// (the cluster's, shared with the new grid when the endpoint stayed, unused otherwise),
+/// but what it found is not written to the log's memory, where it would outlive the
+/// endpoint and keep the same endpoint, added again by a later reload, from being logged.
 fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: EndpointRead) {
+    let current = live.gauges.is_current(read.generation);
     match read.slots {
         SlotsRead::NotDue => {}
         SlotsRead::NoSlots => {
-            live.gauges.slots_read(url, None);
+            if current {
+                live.gauges.slots_read(url, None);
+            }
             cluster.load().record_slots(url, None);
         }
         SlotsRead::Read(slots) => {
-            live.gauges.slots_read(url, Some(Instant::now()));
+            if current {
+                live.gauges.slots_read(url, Some(Instant::now()));
+            }
             record_slots(cluster, url, slots);
         }
     }
-    let waiting = match read.queue {
-        Read::Unreadable => None,
-        Read::Sample(waiting) => {
+    let found = match read.queue {
+        Read::Unreadable | Read::Sample(_) => None,
+        Read::Found(gauge, _) => Some(Found::Gauge(gauge)),
+        Read::NoKnownGauge => Some(Found::None),
+        Read::Refused(status, keyed) => Some(Found::Refused(status, keyed)),
+    };
+    if current {
+        match found {
+            Some(found) => {
+                live.gauges.record(cluster, url, found);
+            }
             // A read of the named metric finds no gauge to log, but ends a refusal: the
             // next one is logged again.
-            live.gauges.forget_refusal(url);
-            Some(waiting)
+            None if matches!(read.queue, Read::Sample(_)) => live.gauges.forget_refusal(url),
+            None => {}
         }
-        Read::Found(gauge, waiting) => {
-            live.gauges.record(cluster, url, Found::Gauge(gauge));
-            Some(waiting)
-        }
-        Read::NoKnownGauge => {
-            live.gauges.record(cluster, url, Found::None);
-            None
-        }
-        Read::Refused(status, keyed) => {
-            live.gauges
-                .record(cluster, url, Found::Refused(status, keyed));
-            None
-        }
+    }
+    let waiting = match read.queue {
+        Read::Sample(waiting) | Read::Found(_, waiting) => Some(waiting),
+        Read::Unreadable | Read::NoKnownGauge | Read::Refused(..) => None,
     };
     // Samples of endpoints that stay across a reload are shared with the new grid, so
     // recording on the view the read started from is recording on the live one.
@@ -380,6 +404,8 @@ fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: EndpointRea
 pub(crate) struct EndpointRead {
     queue: Read,
     slots: SlotsRead,
+    /// The generation of the grid the read started under.
+    generation: u64,
 }
 
 /// What one poll of an endpoint learnt of its slots.
@@ -696,7 +722,29 @@ vllm:num_requests_waiting 1
             "a change: logged"
         );
         // A reload leaves only the second endpoint; the first comes back later.
-        gauges.keep_endpoints_of(&grid_of(&["http://127.0.0.1:2"]).view());
+        let reloaded = grid_of(&["http://127.0.0.1:2"]);
+        reloaded
+            .reconfigure(
+                &GridSpec::new([
+                    SiteSpec::new("west").with_clusters([ClusterSpec::new("west-a")
+                        .with_models(["m"])
+                        .with_endpoints(["http://127.0.0.1:2"])]),
+                ]),
+                GridSettings::default(),
+            )
+            .unwrap();
+        assert!(
+            gauges.is_current(view.generation()),
+            "nothing pruned past it yet"
+        );
+        gauges.keep_endpoints_of(&reloaded.view());
+        // A read of the first endpoint that began before the reload ends after it: it is
+        // not written back (record_read asks is_current first).
+        assert!(
+            !gauges.is_current(view.generation()),
+            "began before the reload"
+        );
+        assert!(gauges.is_current(reloaded.view().generation()));
         assert!(!gauges.record(cluster, &two, llama), "kept: quiet");
         assert!(
             gauges.record(cluster, &one, llama),
