@@ -38,7 +38,7 @@ struct Serving {
     log: std::path::PathBuf,
     listen: u16,
     admin: u16,
-    _scratch: tempfile::TempDir,
+    scratch: tempfile::TempDir,
 }
 
 impl Serving {
@@ -67,7 +67,7 @@ impl Serving {
             log,
             listen,
             admin,
-            _scratch: scratch,
+            scratch,
         }
     }
 
@@ -76,7 +76,7 @@ impl Serving {
     /// reload in all).
     async fn reload(&self, rest_of_config: &str, applied: usize) {
         std::fs::write(
-            self._scratch.path().join("gateway.yaml"),
+            self.scratch.path().join("gateway.yaml"),
             format!(
                 "listen: 127.0.0.1:{}\nadmin_listen: 127.0.0.1:{}\n{rest_of_config}",
                 self.listen, self.admin
