@@ -11,16 +11,11 @@
 //!
 //! Nothing is retried once a byte of the request may have reached an engine: only
 //! connect failures are retried (hyper-util's pool already resends a request whose
-//! reused connection closed before it was written). A streamed body is retried only
-//! while untouched: it sits in a [`BodySlot`] that the first read empties, and a retry
-//! sends it again only if the failed attempt never took it (the engine client reads the
-//! body only after connecting, so a connect failure leaves it in its slot). A body held
-//! whole ([`BufferedBody`]: keying read it) is sent again from its bytes even after an
-//! attempt read it: the engine client reads it, and ends in a connect failure, only
-//! when every connection it went out on was closed before the engine answered, which it
-//! takes as read by no engine and resends itself
-//! (`upstream::client::send_through_closing_connections`), until a new connection is
-//! refused: the engine died as the request arrived.
+//! reused connection closed before it was written), and only while the body is
+//! untouched. The body sits in a [`BodySlot`] that the first read empties; a retry sends
+//! the same body again only if the failed attempt never took it. A buffered body (keying
+//! read it whole) and a streamed one are treated alike: the engine client reads the body
+//! only after connecting, so a connect failure leaves either in its slot.
 
 use std::fmt;
 use std::future::Future;
@@ -33,9 +28,7 @@ use axum::body::Body;
 use grid_route_layer::confirm::Verdict;
 use grid_route_layer::grid::{ClusterId, Grid, GridView};
 use grid_route_layer::index::PrefixIndex;
-use grid_route_layer::route::{
-    BoxError, BufferedBody, Candidates, DispatchError, Pinned, Prompt, find_source,
-};
+use grid_route_layer::route::{BoxError, Candidates, DispatchError, Pinned, Prompt, find_source};
 use http::{Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tower::{Layer, Service, ServiceExt};
@@ -119,21 +112,11 @@ impl RetryLayer {
     {
         let (parts, body) = request.into_parts();
         let slot = BodySlot::new(body);
-        // A body held whole can be sent again after an attempt read it (see the module
-        // docs); a streamed one only while no attempt has.
-        let buffered = parts
-            .extensions
-            .get::<BufferedBody>()
-            .map(|b| b.bytes().clone());
         let mut failed: Vec<ClusterId> = Vec::new();
         let mut candidates: Option<Candidates> = None;
         let mut attempt = 1;
         loop {
-            let body = match &buffered {
-                Some(bytes) if !slot.untouched() => Body::from(bytes.clone()),
-                _ => slot.body(),
-            };
-            let mut request = Request::new(body);
+            let mut request = Request::new(slot.body());
             *request.method_mut() = parts.method.clone();
             *request.uri_mut() = parts.uri.clone();
             *request.version_mut() = parts.version;
@@ -151,7 +134,7 @@ impl RetryLayer {
             };
             if attempt >= self.max_attempts
                 || find_source::<ConnectFailed>(&*error).is_none()
-                || !(slot.untouched() || buffered.is_some())
+                || !slot.untouched()
             {
                 return Err(error);
             }
