@@ -237,6 +237,16 @@ def read_stream(answer: http.client.HTTPResponse, slow: bool) -> tuple[bytes, bo
     return data, b"[DONE]" in data or b"message_stop" in data
 
 
+def gateway_error(data: bytes) -> str:
+    """The message of an OpenAI-style error answer (`{"error": {"message": ...}}`), or
+    the start of the body when it is not one."""
+    try:
+        message = json.loads(data)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return data[:200].decode(errors="replace")
+    return str(message)[:200]
+
+
 def send(port: int, kind: str, path: str, body: dict, *, stream: bool = False,
          slow_body: bool = False, slow_read: bool = False,
          pinned_to: str | None = None) -> tuple[Outcome, dict | None]:
@@ -265,6 +275,8 @@ def send(port: int, kind: str, path: str, body: dict, *, stream: bool = False,
             data = answer.read()
             if answer.status == 200:
                 parsed = json.loads(data)
+            else:
+                outcome.error = gateway_error(data)
     except socket.timeout:
         outcome.status, outcome.gave_up, outcome.error = None, True, "client gave up"
     except (OSError, http.client.HTTPException, ValueError) as error:
@@ -360,8 +372,8 @@ def overlaps(outcome: Outcome, window: Window, slack: float = 0.5) -> bool:
 def classify(outcome: Outcome, windows: list[Window]) -> str:
     """One of: ok; engine error passed through (the failing engine's own 500 or 429, which
     the contract never retries once a byte reached an engine); lost with the killed engine
-    (in flight at the moment it was killed, pinned to it while it was down, or a follow-up
-    whose stored response died with it); waited on the wedged engine (gave up, or 504, on a
+    (in flight at the moment it was killed, written to it as it died, pinned to it while
+    it was down, or a follow-up whose stored response died with it); waited on the wedged engine (gave up, or 504, on a
     request in flight while the wedge lasted); misrouted (a pinned follow-up answered by
     another cluster); could have been served (anything else: another cluster was there to
     serve it)."""
@@ -379,6 +391,14 @@ def classify(outcome: Outcome, windows: list[Window]) -> str:
         if killed_in_flight and outcome.engine in (None, window.site):
             return "lost with the killed engine"
         if pinned_while_down and outcome.engine is None:
+            return "lost with the killed engine"
+        reached_it = (outcome.status == 502 and outcome.engine is None
+                      and outcome.error.startswith(f"backend cluster {window.site}/"))
+        if reached_it and overlaps(outcome, window):
+            # Written to the engine as it died (its connection closed unanswered): the
+            # gateway answers 502 naming that cluster only when a byte of the request may
+            # have reached it, which it never retries; a connect it could not make goes
+            # to the next cluster.
             return "lost with the killed engine"
         if (outcome.pinned_to == window.site and outcome.engine == window.site
                 and outcome.status == 404 and outcome.started >= window.end):

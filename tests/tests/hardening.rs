@@ -385,6 +385,114 @@ async fn a_cluster_that_cannot_connect_hands_the_request_to_the_next_one() {
     );
 }
 
+/// An engine that dies the moment a request reaches it: it answers `/metrics` (an empty
+/// vLLM queue) until the first POST, which it reads the head of and drops with the
+/// connection, and then it stops listening, so any later connection is refused. Its URL.
+async fn engine_that_dies_on_the_first_request() -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (died, mut dead) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = tokio::select! {
+                accepted = listener.accept() => accepted.unwrap(),
+                _ = dead.wait_for(|dead| *dead) => return,
+            };
+            let (died, mut gone) = (died.clone(), dead.clone());
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buffer = [0_u8; 4096];
+                loop {
+                    // A killed process closes every connection, not only its listener.
+                    let n = tokio::select! {
+                        read = socket.read(&mut buffer) => match read {
+                            Ok(n @ 1..) => n,
+                            _ => return,
+                        },
+                        _ = gone.wait_for(|dead| *dead) => return,
+                    };
+                    head.extend_from_slice(&buffer[..n]);
+                    if !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        continue;
+                    }
+                    if !head.starts_with(b"GET ") {
+                        // Gone with the request unanswered, and the port closed after it.
+                        died.send_replace(true);
+                        return;
+                    }
+                    let page = "vllm:num_requests_waiting 0\n";
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{page}",
+                        page.len()
+                    );
+                    if socket.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    head.clear();
+                }
+            });
+        }
+    });
+    url
+}
+
+/// The engine the request was sticky to dies as the request reaches it: the engine
+/// closed the connection unanswered, the gateway's one resend on a new connection is
+/// refused, and the request is not sent to another cluster, since a byte of it may have
+/// reached an engine (the contract retries only where none did): 502 naming the cluster.
+/// The next request goes to the other cluster.
+#[tokio::test]
+async fn a_request_whose_engine_dies_as_it_arrives_is_not_sent_to_another_cluster() {
+    let east = engine_that_dies_on_the_first_request().await;
+    let west = engine("west-a").await;
+    // East is preferred (a shorter queue) and its samples last after it is gone.
+    let yaml = yaml_of(
+        &[
+            ("east", "east-a", vec![east.clone()]),
+            ("west", "west-a", vec![west.url()]),
+        ],
+        "",
+    )
+    .replace("window_secs: 1", "window_secs: 30");
+    let gateway = gateway(&yaml).await;
+    set_queue(&west, 5).await;
+    eventually("both measured, west deeper", || async {
+        let view = gateway.grid().view();
+        let now = Instant::now();
+        let depth = |name: &str| {
+            view.clusters()
+                .iter()
+                .find(|c| c.id().name() == name)
+                .unwrap()
+                .load()
+                .queue_depth(now)
+        };
+        depth("east-a") == 0.0 && depth("west-a") == 5.0
+    })
+    .await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let answer = send(Method::POST, &url, chat("to the engine that dies")).await;
+    assert_eq!(answer.status, StatusCode::BAD_GATEWAY, "{}", answer.text());
+    assert_eq!(answer.error_code(), "backend_unreachable");
+    assert!(
+        answer
+            .text()
+            .contains("backend cluster east/east-a failed before answering"),
+        "{}",
+        answer.text()
+    );
+    assert_eq!(
+        engine_requests(&west),
+        0,
+        "sent again after it may have reached east"
+    );
+    assert_eq!(endpoint_healthy(&gateway, "east-a", &east), Some(false));
+    let next = send(Method::POST, &url, chat("after east died")).await;
+    assert_eq!(next.status, StatusCode::OK, "{}", next.text());
+    assert_eq!(next.engine(), Some("west-a"));
+}
+
 #[tokio::test]
 async fn retries_stop_at_max_attempts() {
     let (first, second) = (dead_url(), dead_url());
