@@ -410,22 +410,35 @@ fn log_lines(raw: &str, message: &str) -> Vec<Value> {
 async fn an_endpoint_removed_while_its_page_was_read_is_logged_again_when_it_comes_back() {
     use std::sync::atomic::AtomicBool;
 
-    // A page without a known gauge that takes 300 ms to serve: at any moment a read of it
-    // is in flight.
-    let (reading, reads) = (
+    // A page without a known gauge. While `hold` is set, a read of it waits (up to 1.5 s,
+    // under the poller's 2 s timeout) for `release`: the test holds one across a reload.
+    let (hold, holding, reads) = (
+        Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicUsize::new(0)),
     );
-    let (now_reading, counted) = (Arc::clone(&reading), Arc::clone(&reads));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let page = (
+        Arc::clone(&hold),
+        Arc::clone(&holding),
+        Arc::clone(&reads),
+        Arc::clone(&release),
+    );
     let slow = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
-            now_reading.store(true, Ordering::SeqCst);
-            let (now_reading, counted) = (Arc::clone(&now_reading), Arc::clone(&counted));
+            let (hold, holding, reads, release) = page.clone();
             async move {
-                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-                counted.fetch_add(1, Ordering::SeqCst);
-                now_reading.store(false, Ordering::SeqCst);
+                if hold.swap(false, Ordering::SeqCst) {
+                    holding.store(true, Ordering::SeqCst);
+                    let _ = tokio::time::timeout(
+                        std::time::Duration::from_millis(1500),
+                        release.notified(),
+                    )
+                    .await;
+                    holding.store(false, Ordering::SeqCst);
+                }
+                reads.fetch_add(1, Ordering::SeqCst);
                 "process_cpu_seconds_total 1\n"
             }
         }),
@@ -451,22 +464,23 @@ async fn an_endpoint_removed_while_its_page_was_read_is_logged_again_when_it_com
         serving.lines(warning).len() == 1
     })
     .await;
-    // Removed while a read of it runs (reads follow each other within a poll), ...
-    eventually_within(
-        "a read of the slow page in flight",
-        PROCESS_WAIT,
-        || async { reading.load(Ordering::SeqCst) },
-    )
-    .await;
-    let before = reads.load(Ordering::SeqCst);
-    serving.reload(&config(&other.url()), 1).await;
-    // ... which ends after the reload; then no read of it runs any more.
-    eventually_within("the read in flight ends", PROCESS_WAIT, || async {
-        reads.load(Ordering::SeqCst) > before && !reading.load(Ordering::SeqCst)
+    // Removed while a read of it is holding, ...
+    hold.store(true, Ordering::SeqCst);
+    eventually_within("a read of the page held", PROCESS_WAIT, || async {
+        holding.load(Ordering::SeqCst)
     })
     .await;
+    serving.reload(&config(&other.url()), 1).await;
+    // ... and ends once the poller has moved to the new endpoints (it reads the new one
+    // only after pruning its log to them); then no read of it runs any more.
     eventually_within("the new endpoint is read", PROCESS_WAIT, || async {
         !serving.lines("queue gauge found").is_empty()
+    })
+    .await;
+    let before = reads.load(Ordering::SeqCst);
+    release.notify_one();
+    eventually_within("the held read ends", PROCESS_WAIT, || async {
+        reads.load(Ordering::SeqCst) > before
     })
     .await;
     // Added again: logged again, after that reload (the read that ended after the

@@ -76,6 +76,10 @@ pub const MAX_METRICS_BYTES: usize = 8 * 1024 * 1024;
 pub const SLOTS_REFRESH: Duration = Duration::from_secs(60);
 /// The largest `/props` page read (llama.cpp's holds the chat template: some KiB).
 pub const MAX_PROPS_BYTES: usize = 1024 * 1024;
+/// How long the poller remembers that a reload removed an endpoint: longer than any read
+/// of it that began before (its `/metrics`, then its `/props`, each within
+/// [`POLL_TIMEOUT`]) can last.
+const REMOVED_MEMORY: Duration = Duration::from_secs(4 * POLL_TIMEOUT.as_secs());
 
 /// Polls every endpoint until `stop` turns true (or its sender is dropped).
 ///
@@ -176,6 +180,11 @@ pub(crate) struct FoundGauges {
 struct FoundByUrl {
     /// The generation of the grid whose endpoints `by_url` was last pruned to.
     pruned_to: Option<u64>,
+    /// That grid's endpoints.
+    configured: HashSet<Arc<str>>,
+    /// Endpoints a reload removed, lately: the generation that removed each, and when it
+    /// was pruned to (see [`FoundGauges::is_current`]).
+    removed: HashMap<Arc<str>, (u64, Instant)>,
     by_url: HashMap<Arc<str>, Found>,
     /// Of llama.cpp endpoints: when `/props` was last read for their slots (what it said
     /// is the cluster's: `ClusterLoad::endpoint_slots`).
@@ -229,12 +238,16 @@ impl FoundGauges {
         true
     }
 
-    /// Whether a read that started under the grid of `generation` may write to the log's
-    /// memory: no reload newer than it has been pruned to
-    /// ([`keep_endpoints_of`](Self::keep_endpoints_of)).
-    fn is_current(&self, generation: u64) -> bool {
+    /// Whether a read of `url` that started under the grid of `generation` may write to
+    /// the log's memory and log: no reload after that generation removed `url` (as
+    /// [`keep_endpoints_of`](Self::keep_endpoints_of) found). A reload that kept the
+    /// endpoint does not stop its read, however often reloads come.
+    fn is_current(&self, url: &str, generation: u64) -> bool {
         let found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
-        found.pruned_to.is_none_or(|pruned| generation >= pruned)
+        found
+            .removed
+            .get(url)
+            .is_none_or(|&(removed_at, _)| generation >= removed_at)
     }
 
     /// Forgets that `url` refused its last logged read, if it did.
@@ -253,19 +266,31 @@ impl FoundGauges {
         if found.pruned_to == Some(view.generation()) {
             return;
         }
-        let current: HashSet<&str> = view
+        let current: HashSet<Arc<str>> = view
             .clusters()
             .iter()
-            .flat_map(|c| c.endpoints().iter().map(|url| &**url))
+            .flat_map(|c| c.endpoints().iter().cloned())
             .collect();
+        let now = Instant::now();
+        let generation = view.generation();
+        let gone: Vec<Arc<str>> = found.configured.difference(&current).cloned().collect();
+        for url in gone {
+            found.removed.insert(url, (generation, now));
+        }
+        // No read lasts longer than its two pages' timeouts: a mark older than that has
+        // no read left to stop.
+        found
+            .removed
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < REMOVED_MEMORY);
         // A refusal is logged again after a reload: it may have brought the key (or a
         // new one) that the next read is refused with, which the old line's hint would
         // not say.
         found
             .by_url
-            .retain(|url, found| current.contains(&**url) && !matches!(found, Found::Refused(..)));
-        found.slots_read.retain(|url, _| current.contains(&**url));
-        found.pruned_to = Some(view.generation());
+            .retain(|url, found| current.contains(url) && !matches!(found, Found::Refused(..)));
+        found.slots_read.retain(|url, _| current.contains(url));
+        found.configured = current;
+        found.pruned_to = Some(generation);
     }
 
     /// Whether a read of `url`'s page at `now` should also read its slots, if the page is
@@ -344,13 +369,13 @@ fn record_slots(cluster: &Cluster, url: &Arc<str>, slots: Option<usize>) -> bool
 
 /// Records what a read of `cluster`'s endpoint at `url` gave.
 ///
-/// A read that began before a reload the poller has since pruned its log to may be of an
-/// endpoint the reload removed: its sample and slots go to its cluster's load as usual
-/// (the cluster's, shared with the new grid when the endpoint stayed, unused otherwise),
-/// but what it found is not written to the log's memory, where it would outlive the
-/// endpoint and keep the same endpoint, added again by a later reload, from being logged.
+/// A read that began before a reload removed its endpoint ([`FoundGauges::is_current`])
+/// gives its sample and slots to its cluster's load as usual (unused: the new grid does
+/// not have the endpoint), but neither logs nor writes what it found to the log's
+/// memory, where it would outlive the endpoint and keep the same endpoint, added again
+/// by a later reload, from being logged.
 fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: EndpointRead) {
-    let current = live.gauges.is_current(read.generation);
+    let current = live.gauges.is_current(url, read.generation);
     match read.slots {
         SlotsRead::NotDue => {}
         SlotsRead::NoSlots => {
@@ -359,11 +384,13 @@ fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: EndpointRea
             }
             cluster.load().record_slots(url, None);
         }
-        SlotsRead::Read(slots) => {
-            if current {
-                live.gauges.slots_read(url, Some(Instant::now()));
-            }
+        SlotsRead::Read(slots) if current => {
+            live.gauges.slots_read(url, Some(Instant::now()));
             record_slots(cluster, url, slots);
+        }
+        // Unlogged: the endpoint is gone.
+        SlotsRead::Read(slots) => {
+            cluster.load().record_slots(url, slots);
         }
     }
     let found = match read.queue {
@@ -390,7 +417,8 @@ fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: EndpointRea
     // Samples of endpoints that stay across a reload are shared with the new grid, so
     // recording on the view the read started from is recording on the live one.
     cluster.load().record_queue(url, waiting, Instant::now());
-    if waiting.is_some()
+    if current
+        && waiting.is_some()
         && cluster.load().endpoint_healthy(url) == Some(false)
         && !live.outliers.is_out(cluster.id(), url, Instant::now())
     {
@@ -733,18 +761,21 @@ vllm:num_requests_waiting 1
                 GridSettings::default(),
             )
             .unwrap();
+        gauges.keep_endpoints_of(&view);
         assert!(
-            gauges.is_current(view.generation()),
-            "nothing pruned past it yet"
+            gauges.is_current(&one, view.generation()),
+            "nothing removed yet"
         );
         gauges.keep_endpoints_of(&reloaded.view());
         // A read of the first endpoint that began before the reload ends after it: it is
-        // not written back (record_read asks is_current first).
+        // not written back (record_read asks is_current first). The second endpoint was
+        // kept: its read counts.
         assert!(
-            !gauges.is_current(view.generation()),
-            "began before the reload"
+            !gauges.is_current(&one, view.generation()),
+            "removed since it began"
         );
-        assert!(gauges.is_current(reloaded.view().generation()));
+        assert!(gauges.is_current(&two, view.generation()), "kept");
+        assert!(gauges.is_current(&one, reloaded.view().generation()));
         assert!(!gauges.record(cluster, &two, llama), "kept: quiet");
         assert!(
             gauges.record(cluster, &one, llama),
