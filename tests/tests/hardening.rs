@@ -336,6 +336,27 @@ async fn a_refused_connection_is_retried_on_another_endpoint_of_the_cluster() {
     panic!("the dead endpoint was never tried");
 }
 
+/// Gives `west` a queue of 5 and waits until the gateway has read it and east's empty
+/// one: east, the shorter, is where a request goes (with window_secs 30, its samples
+/// last after it is gone).
+async fn east_preferred(gateway: &Gateway, west: &MockEngine) {
+    set_queue(west, 5).await;
+    eventually("both measured, west deeper", || async {
+        let view = gateway.grid().view();
+        let now = Instant::now();
+        let depth = |name: &str| {
+            view.clusters()
+                .iter()
+                .find(|c| c.id().name() == name)
+                .unwrap()
+                .load()
+                .queue_depth(now)
+        };
+        depth("east-a") == 0.0 && depth("west-a") == 5.0
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_cluster_that_cannot_connect_hands_the_request_to_the_next_one() {
     let east = engine("east-a").await;
@@ -351,22 +372,8 @@ async fn a_cluster_that_cannot_connect_hands_the_request_to_the_next_one() {
     .replace("window_secs: 1", "window_secs: 30");
     let gateway = gateway(&yaml).await;
     let url = format!("{}/v1/chat/completions", gateway.url());
-    set_queue(&west, 5).await;
     let east_id = cluster_id(&gateway, "east-a");
-    eventually("both measured, west deeper", || async {
-        let view = gateway.grid().view();
-        let now = Instant::now();
-        let depth = |name: &str| {
-            view.clusters()
-                .iter()
-                .find(|c| c.id().name() == name)
-                .unwrap()
-                .load()
-                .queue_depth(now)
-        };
-        depth("east-a") == 0.0 && depth("west-a") == 5.0
-    })
-    .await;
+    east_preferred(&gateway, &west).await;
     let prompt = chat(&"a long shared system prompt ".repeat(400));
     let first = send(Method::POST, &url, prompt.clone()).await;
     assert_eq!(first.engine(), Some("east-a"));
@@ -456,21 +463,7 @@ async fn a_request_whose_engine_dies_as_it_arrives_is_not_sent_to_another_cluste
     )
     .replace("window_secs: 1", "window_secs: 30");
     let gateway = gateway(&yaml).await;
-    set_queue(&west, 5).await;
-    eventually("both measured, west deeper", || async {
-        let view = gateway.grid().view();
-        let now = Instant::now();
-        let depth = |name: &str| {
-            view.clusters()
-                .iter()
-                .find(|c| c.id().name() == name)
-                .unwrap()
-                .load()
-                .queue_depth(now)
-        };
-        depth("east-a") == 0.0 && depth("west-a") == 5.0
-    })
-    .await;
+    east_preferred(&gateway, &west).await;
     let url = format!("{}/v1/chat/completions", gateway.url());
     let answer = send(Method::POST, &url, chat("to the engine that dies")).await;
     assert_eq!(answer.status, StatusCode::BAD_GATEWAY, "{}", answer.text());

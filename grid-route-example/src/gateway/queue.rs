@@ -644,7 +644,22 @@ pub fn queue_sample(text: &str, metric: &str) -> Option<f64> {
 // Tests compare sums of small integers: exactly representable.
 #[allow(clippy::float_cmp)]
 mod tests {
+    use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+
     use super::*;
+
+    /// One site, `west`, of one cluster, `west-a`, serving `m` at `endpoints`.
+    fn west_spec(endpoints: &[&str]) -> GridSpec {
+        GridSpec::new([
+            SiteSpec::new("west").with_clusters([ClusterSpec::new("west-a")
+                .with_models(["m"])
+                .with_endpoints(endpoints.iter().copied())]),
+        ])
+    }
+
+    fn west_grid(endpoints: &[&str]) -> Grid {
+        Grid::new(&west_spec(endpoints), GridSettings::default()).unwrap()
+    }
 
     const VLLM: &str = "vllm:num_requests_waiting";
 
@@ -720,20 +735,7 @@ vllm:num_requests_waiting 1
 
     #[test]
     fn an_endpoint_removed_and_added_again_has_its_gauge_logged_again() {
-        use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
-
-        let grid_of = |endpoints: &[&str]| {
-            Grid::new(
-                &GridSpec::new([
-                    SiteSpec::new("west").with_clusters([ClusterSpec::new("west-a")
-                        .with_models(["m"])
-                        .with_endpoints(endpoints.iter().copied())]),
-                ]),
-                GridSettings::default(),
-            )
-            .unwrap()
-        };
-        let both = grid_of(&["http://127.0.0.1:1", "http://127.0.0.1:2"]);
+        let both = west_grid(&["http://127.0.0.1:1", "http://127.0.0.1:2"]);
         let view = both.view();
         let cluster = &view.clusters()[0];
         let [one, two] = [0, 1].map(|i| Arc::clone(&cluster.endpoints()[i]));
@@ -750,16 +752,9 @@ vllm:num_requests_waiting 1
             "a change: logged"
         );
         // A reload leaves only the second endpoint; the first comes back later.
-        let reloaded = grid_of(&["http://127.0.0.1:2"]);
+        let reloaded = west_grid(&["http://127.0.0.1:2"]);
         reloaded
-            .reconfigure(
-                &GridSpec::new([
-                    SiteSpec::new("west").with_clusters([ClusterSpec::new("west-a")
-                        .with_models(["m"])
-                        .with_endpoints(["http://127.0.0.1:2"])]),
-                ]),
-                GridSettings::default(),
-            )
+            .reconfigure(&west_spec(&["http://127.0.0.1:2"]), GridSettings::default())
             .unwrap();
         gauges.keep_endpoints_of(&view);
         assert!(
@@ -785,17 +780,7 @@ vllm:num_requests_waiting 1
 
     #[test]
     fn a_refusal_is_logged_once_and_again_after_a_success_a_change_or_a_reload() {
-        use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
-
-        let grid = Grid::new(
-            &GridSpec::new([
-                SiteSpec::new("west").with_clusters([ClusterSpec::new("west-a")
-                    .with_models(["m"])
-                    .with_endpoints(["http://127.0.0.1:1"])]),
-            ]),
-            GridSettings::default(),
-        )
-        .unwrap();
+        let grid = west_grid(&["http://127.0.0.1:1"]);
         let view = grid.view();
         let cluster = &view.clusters()[0];
         let url = Arc::clone(&cluster.endpoints()[0]);
@@ -836,15 +821,8 @@ vllm:num_requests_waiting 1
         gauges.keep_endpoints_of(&view);
         assert!(!gauges.record(cluster, &url, keyed), "no reload: quiet");
         // A reload (a new generation, the endpoint kept) forgets the refusal, not a gauge.
-        grid.reconfigure(
-            &GridSpec::new([
-                SiteSpec::new("west").with_clusters([ClusterSpec::new("west-a")
-                    .with_models(["m"])
-                    .with_endpoints(["http://127.0.0.1:1"])]),
-            ]),
-            GridSettings::default(),
-        )
-        .unwrap();
+        grid.reconfigure(&west_spec(&["http://127.0.0.1:1"]), GridSettings::default())
+            .unwrap();
         gauges.keep_endpoints_of(&grid.view());
         assert!(
             gauges.record(cluster, &url, keyed),
@@ -865,17 +843,7 @@ vllm:num_requests_waiting 1
 
     #[test]
     fn slots_are_logged_when_they_change_and_a_page_not_llamas_reads_them_at_once_again() {
-        use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
-
-        let grid = Grid::new(
-            &GridSpec::new([
-                SiteSpec::new("west").with_clusters([ClusterSpec::new("west-a")
-                    .with_models(["m"])
-                    .with_endpoints(["http://127.0.0.1:1"])]),
-            ]),
-            GridSettings::default(),
-        )
-        .unwrap();
+        let grid = west_grid(&["http://127.0.0.1:1"]);
         let view = grid.view();
         let cluster = &view.clusters()[0];
         let url = Arc::clone(&cluster.endpoints()[0]);
