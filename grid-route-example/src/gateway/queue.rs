@@ -16,8 +16,9 @@
 //! | llama.cpp (`--metrics`) | `llamacpp:requests_deferred` |
 //!
 //! The gauge an endpoint is found serving is logged at `info` when it is first found,
-//! changes, or is found again after the page was refused; an endpoint whose page serves none of them is logged once at `warn` (until it
-//! serves one). An endpoint a reload removed and a later one added back is new again.
+//! changes, or is found again after the page was refused; an endpoint whose page serves
+//! none of them is logged once at `warn` (until it serves one). An endpoint a reload
+//! removed and a later one added back is new again.
 //!
 //! An endpoint whose page is llama.cpp's (it serves `llamacpp:requests_deferred`, found or
 //! named) runs a few requests at once, one a slot. The poller reads how many from the
@@ -393,27 +394,24 @@ fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: EndpointRea
             cluster.load().record_slots(url, slots);
         }
     }
-    let found = match read.queue {
-        Read::Unreadable | Read::Sample(_) => None,
-        Read::Found(gauge, _) => Some(Found::Gauge(gauge)),
-        Read::NoKnownGauge => Some(Found::None),
-        Read::Refused(status, keyed) => Some(Found::Refused(status, keyed)),
+    let (found, waiting) = match read.queue {
+        Read::Unreadable => (None, None),
+        Read::Sample(waiting) => (None, Some(waiting)),
+        Read::Found(gauge, waiting) => (Some(Found::Gauge(gauge)), Some(waiting)),
+        Read::NoKnownGauge => (Some(Found::None), None),
+        Read::Refused(status, keyed) => (Some(Found::Refused(status, keyed)), None),
     };
     if current {
         match found {
             Some(found) => {
                 live.gauges.record(cluster, url, found);
             }
-            // A read of the named metric finds no gauge to log, but ends a refusal: the
+            // A sample of the named metric has no gauge to log, but ends a refusal: the
             // next one is logged again.
-            None if matches!(read.queue, Read::Sample(_)) => live.gauges.forget_refusal(url),
+            None if waiting.is_some() => live.gauges.forget_refusal(url),
             None => {}
         }
     }
-    let waiting = match read.queue {
-        Read::Sample(waiting) | Read::Found(_, waiting) => Some(waiting),
-        Read::Unreadable | Read::NoKnownGauge | Read::Refused(..) => None,
-    };
     // Samples of endpoints that stay across a reload are shared with the new grid, so
     // recording on the view the read started from is recording on the live one.
     cluster.load().record_queue(url, waiting, Instant::now());
@@ -486,12 +484,7 @@ async fn read_slots(
     base: &str,
     credential: Option<&PollCredential>,
 ) -> Option<usize> {
-    let page = Page {
-        path: "/props",
-        accept: "application/json",
-        max_bytes: MAX_PROPS_BYTES,
-    };
-    let body = get_page(client, base, page, credential).await.ok()?;
+    let body = get_page(client, base, PROPS_PAGE, credential).await.ok()?;
     total_slots(&body)
 }
 
@@ -502,6 +495,20 @@ struct Page {
     accept: &'static str,
     max_bytes: usize,
 }
+
+/// The queue gauge's page.
+const METRICS_PAGE: Page = Page {
+    path: "/metrics",
+    accept: "text/plain",
+    max_bytes: MAX_METRICS_BYTES,
+};
+
+/// llama.cpp's page of its settings, slots among them.
+const PROPS_PAGE: Page = Page {
+    path: "/props",
+    accept: "application/json",
+    max_bytes: MAX_PROPS_BYTES,
+};
 
 /// The body of `GET {base}{path}`, whole, asked with `credential` when there is one.
 /// `Err(Some(status))` when the engine answered with a status that is not 2xx;
@@ -566,12 +573,7 @@ async fn read_queue(
     metric: Option<&str>,
     credential: Option<&PollCredential>,
 ) -> Read {
-    let page = Page {
-        path: "/metrics",
-        accept: "text/plain",
-        max_bytes: MAX_METRICS_BYTES,
-    };
-    let body = match get_page(client, base, page, credential).await {
+    let body = match get_page(client, base, METRICS_PAGE, credential).await {
         Ok(body) => Some(body),
         Err(Some(status)) => return Read::Refused(status, credential.is_some()),
         Err(None) => None,

@@ -233,9 +233,8 @@ impl Affinity {
     /// otherwise bring its prices back, and the cluster, added again, would start from them
     /// instead of the priors. The index ignores such an answer's confirmation for the same
     /// reason. (Both read the index under the prices' lock, so a reload running beside
-    /// this cannot be missed.) An answer
-    /// whose cluster was removed and added again while it ran still teaches it: it came
-    /// from that cluster's engines.
+    /// this cannot be missed.) An answer whose cluster was removed and added again while it
+    /// ran still teaches it: it came from that cluster's engines.
     pub fn learn(&self, cluster: &ClusterId, answer: AnswerTiming) -> Learned {
         let priors = self.settings().price_priors();
         if !(priors.learn_prefill || priors.learn_queued) {
