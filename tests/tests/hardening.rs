@@ -17,7 +17,7 @@ use grid_route_example::gateway::{Gateway, MIN_HEAD_SAMPLES};
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use grid_route_tests::{
     ClusterYaml, MODEL, WAIT, chat, client, cluster, cluster_id, config_yaml, engine,
-    engine_requests, eventually, gateway, metric, send, set_queue, try_send_with,
+    engine_requests, engine_serving, eventually, gateway, metric, send, set_queue, try_send_with,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -484,6 +484,44 @@ async fn a_request_whose_engine_dies_as_it_arrives_is_not_sent_to_another_cluste
     let next = send(Method::POST, &url, chat("after east died")).await;
     assert_eq!(next.status, StatusCode::OK, "{}", next.text());
     assert_eq!(next.engine(), Some("west-a"));
+}
+
+/// A request whose body is over the keying limit carries no prompt, only the model its
+/// first bytes name. When its cluster cannot be reached, the retry goes only to clusters
+/// serving that model: none here, so 502, and the cluster serving another model is never
+/// sent it.
+#[tokio::test]
+async fn a_retry_goes_only_to_clusters_serving_the_request_model() {
+    let west = engine_serving("west-b", &["other-model"]).await;
+    let yaml = config_yaml(
+        &[
+            ("east", vec![cluster("east-a", &[]).at(vec![dead_url()])]),
+            (
+                "west",
+                vec![cluster("west-b", &[&west]).serving(&["other-model"])],
+            ),
+        ],
+        "max_body_bytes: 1024\n",
+    );
+    let gateway = gateway(&yaml).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // The model first, as clients write it, so the gateway's scan of the first bytes finds it.
+    let over_limit = |model: &str| {
+        let content = "x ".repeat(1500);
+        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"{content}"}}]}}"#)
+    };
+    let answer = send(Method::POST, &url, over_limit(MODEL)).await;
+    assert_eq!(answer.status, StatusCode::BAD_GATEWAY, "{}", answer.text());
+    assert_eq!(answer.error_code(), "backend_unreachable");
+    assert_eq!(
+        engine_requests(&west),
+        0,
+        "sent to a cluster without {MODEL}"
+    );
+    // The same request for west's model reaches it: the limit did not hide the model.
+    let answer = send(Method::POST, &url, over_limit("other-model")).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert_eq!(answer.engine(), Some("west-b"));
 }
 
 #[tokio::test]

@@ -28,7 +28,9 @@ use axum::body::Body;
 use grid_route_layer::confirm::Verdict;
 use grid_route_layer::grid::{ClusterId, Grid, GridView};
 use grid_route_layer::index::PrefixIndex;
-use grid_route_layer::route::{BoxError, Candidates, DispatchError, Pinned, Prompt, find_source};
+use grid_route_layer::route::{
+    BoxError, Candidates, DispatchError, Pinned, Prompt, RequestModel, find_source,
+};
 use http::{Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tower::{Layer, Service, ServiceExt};
@@ -193,7 +195,9 @@ fn next_candidates(
     if !others.is_empty() {
         return Candidates::new(others);
     }
-    let model = extensions.get::<Prompt>().and_then(Prompt::model);
+    // The model the request names, keyed or not: a body over the keying limit or an
+    // unkeyed API still names one, and only clusters serving it may take the request.
+    let model = RequestModel::of(extensions);
     let serving: Vec<ClusterId> = view
         .candidates(model)
         .iter()
