@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use grid_route_example::gateway::Gateway;
 use grid_route_example::prometheus;
-use grid_route_mock_engine::{MockEngine, MockEngineConfig};
+use grid_route_mock_engine::{CachedTokens, MockEngine, MockEngineConfig};
 use grid_route_tests::{
     Answer, ClusterYaml, Conversation, MODEL, chat, client, cluster, cluster_id, config_yaml,
     engine, engine_serving, eventually, measured_gateway, metric, other, parse, scratch_dir, send,
@@ -499,6 +499,68 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
     assert_eq!(gateway.affinity().queued_request_seconds(&id), 2.0);
     assert_eq!(metric(&gateway.admin_url(), prefill).await, Some(10_000.0));
     assert_eq!(metric(&gateway.admin_url(), queued).await, Some(2.0));
+}
+
+/// vLLM and SGLang at their defaults count no cached tokens in their usage, so an answer
+/// does not say how much of its prompt was prefilled: a cluster of such engines learns no
+/// prices (its gauges stay unset, the priors in force). vLLM with
+/// `--enable-prompt-tokens-details` leaves only a count of 0 out: once its engine has
+/// counted, its answers teach as any engine's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_that_never_count_cached_tokens_teach_no_prices() {
+    for (cached_tokens, teaches) in [
+        (CachedTokens::Never, false),
+        (CachedTokens::UnlessNone, true),
+    ] {
+        let name = format!("{}-a", if teaches { "counts" } else { "silent" });
+        let config = MockEngineConfig {
+            models: vec![MODEL.to_owned()],
+            prefill_tokens_per_second: 100_000,
+            cached_tokens,
+            ..MockEngineConfig::named(&name)
+        };
+        let engine = MockEngine::start("127.0.0.1:0", config).await.unwrap();
+        let site = &name[..name.len() - 2];
+        let yaml = priced_yaml(
+            &[(site, vec![cluster(&name, &[&engine])])],
+            "grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n",
+        );
+        let gateway = measured_gateway(&yaml).await;
+        let prefill =
+            format!("grid_route_prefill_tokens_per_second{{site=\"{site}\",cluster=\"{name}\"}}");
+        let url = format!("{}/v1/chat/completions", gateway.url());
+        let streamed = |topic: &str| {
+            serde_json::to_vec(&json!({
+                "model": MODEL, "stream": true, "stream_options": {"include_usage": true},
+                "messages": [{"role": "user", "content": text(topic, 40 * 1024)}],
+            }))
+            .unwrap()
+        };
+        // A prompt twice (the second served from cache: a count even from UnlessNone),
+        // then new prompts, none of them cached.
+        for topic in [
+            "again", "again", "new0", "new1", "new2", "new3", "new4", "new5",
+        ] {
+            let answer = send(Method::POST, &url, streamed(topic)).await;
+            assert_eq!(answer.status, StatusCode::OK);
+        }
+        let id = cluster_id(&gateway, &name);
+        if teaches {
+            eventually("a learned prefill speed", || async {
+                metric(&gateway.admin_url(), &prefill).await.is_some()
+            })
+            .await;
+            let rate = gateway.affinity().prefill_rate(&id);
+            assert!((30_000.0..=150_000.0).contains(&rate), "{rate}");
+        } else {
+            // Usage is counted when the gateway drops the answer's body, just after the
+            // client read its end: give a (wrong) lesson the time to land.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert_eq!(metric(&gateway.admin_url(), &prefill).await, None);
+            assert_eq!(gateway.affinity().prefill_rate(&id), 10_000.0);
+            assert_eq!(gateway.affinity().queued_request_seconds(&id), 2.0);
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

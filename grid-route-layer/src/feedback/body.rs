@@ -1,7 +1,8 @@
 //! [`FeedbackBody`]: the response body after `FeedbackLayer`.
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -31,9 +32,59 @@ pin_project! {
     }
 }
 
+/// Which clusters' engines count cached prompt tokens in their answers; shared by the
+/// clones of one [`FeedbackLayer`](super::FeedbackLayer).
+///
+/// An answer's usage may leave the count out for two reasons. vLLM started with
+/// `--enable-prompt-tokens-details` leaves it out when it is 0; without the flag (its
+/// default) it leaves it out of every answer, as SGLang does without
+/// `--enable-cache-report`. So a missing count is 0 at a cluster whose engines have counted
+/// before, and unknown at one whose engines never have. An unknown count teaches nothing:
+/// read as 0, it would make every sticky answer look evicted and the index forget the
+/// cluster, and every prompt look prefilled whole to the learned prices. The first such
+/// answer of a cluster is logged at `warn`, once.
+#[derive(Debug, Default)]
+pub(super) struct CachedCounts {
+    // A plain mutex: one short map operation per answer with a usage. `true`: the
+    // cluster's engines count cached tokens; `false`: they have not yet, which was logged.
+    clusters: Mutex<HashMap<ClusterId, bool>>,
+}
+
+impl CachedCounts {
+    /// The prompt tokens `cluster`'s engine served from cache by `usage`: its count, 0 when
+    /// it gave none but the cluster's engines have counted before, else `None`.
+    pub(super) fn cached_tokens(&self, cluster: &ClusterId, usage: PromptUsage) -> Option<u64> {
+        let mut clusters = self.clusters.lock().unwrap_or_else(PoisonError::into_inner);
+        let counts = clusters.get_mut(cluster);
+        match (usage.cached_tokens, counts) {
+            (Some(cached), Some(counts)) => {
+                *counts = true;
+                Some(cached)
+            }
+            (Some(cached), None) => {
+                clusters.insert(cluster.clone(), true);
+                Some(cached)
+            }
+            (None, Some(&mut counts)) => counts.then_some(0),
+            (None, None) => {
+                clusters.insert(cluster.clone(), false);
+                drop(clusters);
+                tracing::warn!(
+                    cluster = %cluster,
+                    "engine answers do not count cached prompt tokens: the cluster's prices \
+                     stay at their priors and engine feedback is off for it until they do \
+                     (vLLM: --enable-prompt-tokens-details; SGLang: --enable-cache-report)"
+                );
+                None
+            }
+        }
+    }
+}
+
 /// The reader of one answer and the cluster it counts for.
 struct Tally {
     reader: Option<UsageReader>,
+    counts: Arc<CachedCounts>,
     cluster: ClusterId,
     prediction: Option<Prediction>,
     prefill: Option<PrefillTiming>,
@@ -80,17 +131,21 @@ impl Drop for Tally {
             CLUSTER_LABEL => Arc::clone(&cluster)
         )
         .increment(usage.prompt_tokens);
+        // Without a cached count the answer says nothing about the cache (see CachedCounts).
+        let Some(cached) = self.counts.cached_tokens(&self.cluster, usage) else {
+            return;
+        };
         metrics::counter!(
             CACHED_PROMPT_TOKENS_TOTAL,
             SITE_LABEL => Arc::clone(&site),
             CLUSTER_LABEL => Arc::clone(&cluster)
         )
-        .increment(usage.cached_tokens);
+        .increment(cached);
         if let Some(timing) = self.prefill.take()
             && let Some(started) = timing.started
         {
             let answer = AnswerTiming {
-                uncached_tokens: usage.prompt_tokens.saturating_sub(usage.cached_tokens),
+                uncached_tokens: usage.prompt_tokens.saturating_sub(cached),
                 load: timing.load,
                 started,
                 first_token: timing.event_stream,
@@ -106,8 +161,8 @@ impl Drop for Tally {
             )
             .increment(predicted_tokens(prediction.matched.covered_bytes()));
             metrics::counter!(DELIVERED_CACHED_TOKENS_TOTAL, SITE_LABEL => site, CLUSTER_LABEL => cluster)
-                .increment(usage.cached_tokens);
-            prediction.weigh(&self.cluster, usage);
+                .increment(cached);
+            prediction.weigh(&self.cluster, cached);
         }
     }
 }
@@ -118,7 +173,7 @@ impl Prediction {
     ///
     /// Runs when the answer's body is done, after confirmation refreshed the prompt at the
     /// response head, so the prompt itself (which the engine now holds) stays.
-    fn weigh(self, cluster: &ClusterId, usage: PromptUsage) {
+    fn weigh(self, cluster: &ClusterId, cached_tokens: u64) {
         // Checked again here: a reload may have turned feedback off while the answer ran.
         let Some(teach) = self
             .teach
@@ -129,7 +184,7 @@ impl Prediction {
         let index = teach.affinity.index();
         let Some(forgotten) = teach
             .marks
-            .weigh(index, cluster, self.matched, usage.cached_tokens)
+            .weigh(index, cluster, self.matched, cached_tokens)
         else {
             return;
         };
@@ -142,7 +197,7 @@ impl Prediction {
         tracing::debug!(
             cluster = %cluster,
             predicted_depth = self.matched.depth(),
-            cached_tokens = usage.cached_tokens,
+            cached_tokens,
             forgotten,
             "engine feedback: forgot what the engine evicted"
         );
@@ -156,10 +211,11 @@ impl<B> FeedbackBody<B> {
     }
 
     /// `body` read by `reader` for `cluster`, weighed against `prediction` when affinity
-    /// predicted a match.
+    /// predicted a match; `counts` says whether a missing cached count means 0.
     pub(super) fn read(
         body: B,
         reader: UsageReader,
+        counts: Arc<CachedCounts>,
         cluster: ClusterId,
         prediction: Option<Prediction>,
         prefill: Option<PrefillTiming>,
@@ -168,6 +224,7 @@ impl<B> FeedbackBody<B> {
             body,
             tally: Some(Tally {
                 reader: Some(reader),
+                counts,
                 cluster,
                 prediction,
                 prefill,

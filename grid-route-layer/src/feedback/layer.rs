@@ -1,7 +1,10 @@
 //! [`FeedbackLayer`].
 
+use std::sync::Arc;
+
 use tower::Layer;
 
+use super::body::CachedCounts;
 use super::service::FeedbackService;
 use crate::affinity::Affinity;
 
@@ -9,6 +12,8 @@ use crate::affinity::Affinity;
 #[derive(Debug, Clone, Default)]
 pub struct FeedbackLayer {
     teach: Option<Affinity>,
+    /// Which clusters' engines count cached tokens, shared by every service it wraps.
+    counts: Arc<CachedCounts>,
 }
 
 impl FeedbackLayer {
@@ -57,9 +62,10 @@ impl<S> Layer<S> for FeedbackLayer {
     type Service = FeedbackService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        match &self.teach {
+        let service = match &self.teach {
             Some(affinity) => FeedbackService::with_affinity(inner, affinity.clone()),
             None => FeedbackService::new(inner),
-        }
+        };
+        service.sharing(Arc::clone(&self.counts))
     }
 }

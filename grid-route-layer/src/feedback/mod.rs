@@ -32,7 +32,11 @@
 //! engine that no longer holds them.
 //!
 //! Answers without a usage (a stream without `stream_options.include_usage`, an
-//! embedding, an error) count nothing; nothing is logged, and no prompt text is kept.
+//! embedding, an error) count nothing; nothing is logged, and no prompt text is kept. A
+//! usage without a cached count is 0 cached at a cluster whose engines have counted before
+//! (vLLM leaves a 0 out) and unknown at one whose engines never have (vLLM and SGLang at
+//! their defaults): it then counts its prompt tokens and teaches nothing, and the first
+//! one of each cluster is logged at `warn`.
 //!
 //! ```
 //! use grid_route_layer::feedback::PromptUsage;
@@ -41,7 +45,7 @@
 //! // Anthropic counts cache reads apart from the (uncached) input tokens.
 //! let answer = json!({"usage": {"input_tokens": 10, "cache_read_input_tokens": 90}});
 //! let usage = PromptUsage::of(&answer).unwrap();
-//! assert_eq!((usage.prompt_tokens, usage.cached_tokens), (100, 90));
+//! assert_eq!((usage.prompt_tokens, usage.cached_tokens), (100, Some(90)));
 //! ```
 
 mod body;

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
@@ -10,7 +11,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use super::body::{FeedbackBody, Prediction, PrefillTiming, Teach};
+use super::body::{CachedCounts, FeedbackBody, Prediction, PrefillTiming, Teach};
 use super::forget::EvictionMarks;
 use super::usage::UsageReader;
 use crate::affinity::Affinity;
@@ -22,6 +23,7 @@ use crate::route::{Candidates, PredictedMatch, Prompt, Served};
 pub struct FeedbackService<S> {
     inner: S,
     teach: Option<Affinity>,
+    counts: Arc<CachedCounts>,
 }
 
 impl<S> FeedbackService<S> {
@@ -52,7 +54,11 @@ impl<S> FeedbackService<S> {
     /// # });
     /// ```
     pub fn new(inner: S) -> Self {
-        Self { inner, teach: None }
+        Self {
+            inner,
+            teach: None,
+            counts: Arc::default(),
+        }
     }
 
     /// Wraps `inner`; an engine that reports far less cached than `affinity`'s index
@@ -62,7 +68,14 @@ impl<S> FeedbackService<S> {
         Self {
             inner,
             teach: Some(affinity),
+            counts: Arc::default(),
         }
+    }
+
+    /// Shares `counts` with the services of the same layer.
+    pub(super) fn sharing(mut self, counts: Arc<CachedCounts>) -> Self {
+        self.counts = counts;
+        self
     }
 
     /// The name [`with_affinity`](Self::with_affinity) had.
@@ -113,6 +126,7 @@ where
         let prediction = self.prediction(&request, now);
         ResponseFuture {
             inner: self.inner.call(request),
+            counts: Arc::clone(&self.counts),
             prediction,
             learn: self.teach.clone().map(|affinity| (affinity, now)),
         }
@@ -124,6 +138,7 @@ pin_project! {
     pub struct ResponseFuture<F> {
         #[pin]
         inner: F,
+        counts: Arc<CachedCounts>,
         prediction: Option<Prediction>,
         // The affinity that learns prefill speeds, and when this layer was called (the
         // time to first token starts there when the answer does not say when it was sent).
@@ -164,6 +179,7 @@ where
             Some((cluster, load, sent)) => FeedbackBody::read(
                 body,
                 UsageReader::new(event_stream),
+                Arc::clone(this.counts),
                 cluster,
                 this.prediction.take(),
                 this.learn.take().map(|(affinity, called)| {

@@ -18,10 +18,7 @@ use crate::test_support::{TestRecorder, poll_once};
 
 #[allow(clippy::unnecessary_wraps)] // Compared with what the readers return.
 fn usage(prompt_tokens: u64, cached_tokens: u64) -> Option<PromptUsage> {
-    Some(PromptUsage {
-        prompt_tokens,
-        cached_tokens,
-    })
+    Some(PromptUsage::new(prompt_tokens, cached_tokens))
 }
 
 /// `bytes` read in chunks of `size`.
@@ -60,11 +57,19 @@ fn each_apis_usage_fields_give_the_prompt_and_its_cached_part() {
         "input_tokens_details": {"cached_tokens": 64}}});
     let anthropic = json!({"content": [], "usage": {"input_tokens": 16,
         "cache_read_input_tokens": 64, "cache_creation_input_tokens": 8, "output_tokens": 3}});
+    // No cached count (vLLM and SGLang at their defaults): unknown, not 0.
     let no_details = json!({"usage": {"prompt_tokens": 7, "completion_tokens": 1}});
+    let no_details_responses = json!({"usage": {"input_tokens": 7, "output_tokens": 1}});
+    let null_details = json!({"usage": {"prompt_tokens": 7, "prompt_tokens_details": null}});
     assert_eq!(PromptUsage::of(&chat), usage(120, 96));
     assert_eq!(PromptUsage::of(&responses), usage(80, 64));
     assert_eq!(PromptUsage::of(&anthropic), usage(88, 64));
-    assert_eq!(PromptUsage::of(&no_details), usage(7, 0));
+    for unsaid in [no_details, no_details_responses, null_details] {
+        assert_eq!(
+            PromptUsage::of(&unsaid),
+            Some(PromptUsage::without_cached(7))
+        );
+    }
     // An output-only usage (Anthropic's message_delta) or none at all says nothing.
     assert_eq!(
         PromptUsage::of(&json!({"usage": {"output_tokens": 3}})),
@@ -161,7 +166,10 @@ fn a_stream_without_usage_or_with_an_endless_line_counts_nothing() {
     assert_eq!(read(true, &long, 65536), None);
     // The line after the skipped one is read again.
     long.extend_from_slice(b"data: {\"usage\": {\"prompt_tokens\": 3}}\n\n");
-    assert_eq!(read(true, &long, 65536), usage(3, 0));
+    assert_eq!(
+        read(true, &long, 65536),
+        Some(PromptUsage::without_cached(3))
+    );
 }
 
 /// A body that yields its chunks one frame at a time.
@@ -460,9 +468,14 @@ mod teaching {
 
         /// [`send`](Self::send) through `feedback`.
         fn send_through(&self, feedback: &FeedbackLayer, cached_tokens: u64) -> (usize, usize) {
-            let answer = json!({"usage": {"prompt_tokens": 4000,
-                "prompt_tokens_details": {"cached_tokens": cached_tokens}}})
-            .to_string();
+            let usage = json!({"prompt_tokens": 4000,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens}});
+            self.send_usage(feedback, &usage)
+        }
+
+        /// [`send_through`](Self::send_through) with the answer's `usage` as given.
+        fn send_usage(&self, feedback: &FeedbackLayer, usage: &Value) -> (usize, usize) {
+            let answer = json!({ "usage": usage }).to_string();
             let engine = tower::service_fn(move |req: Request<()>| {
                 let cluster = req.extensions().get::<Candidates>().unwrap().as_slice()[0].clone();
                 let mut response =
@@ -491,6 +504,47 @@ mod teaching {
             drop(body);
             (at_head, self.depth("east-a"))
         }
+    }
+
+    /// vLLM and SGLang at their defaults count no cached tokens. Such an answer is not
+    /// taken for an eviction while the cluster's engines have never counted; once they
+    /// have (vLLM with `--enable-prompt-tokens-details`, which leaves a count of 0 out),
+    /// a missing count is 0 and the index forgets as for a reported 0.
+    #[test]
+    fn a_missing_cached_count_is_an_eviction_only_where_the_engines_count() {
+        let f = fixture(true);
+        f.confirm_ago(&f.other, "east-a", 60);
+        f.confirm_ago(&f.prompt, "east-a", 40);
+        let other = f.other.keys().unwrap().len();
+        let feedback = FeedbackLayer::new().with_affinity(f.affinity.clone());
+        let unsaid = json!({"prompt_tokens": 4000, "completion_tokens": 5});
+        let recorder = TestRecorder::default();
+        let labels = "cluster=east-a,site=east";
+        metrics::with_local_recorder(&recorder, || {
+            for _ in 0..3 {
+                f.send_usage(&feedback, &unsaid);
+            }
+        });
+        assert_eq!(f.depth_of(&f.other, "east-a"), other, "nothing forgotten");
+        assert_eq!(recorder.counter(PROMPT_TOKENS_TOTAL, labels), 12_000);
+        assert_eq!(recorder.counter(CACHED_PROMPT_TOKENS_TOTAL, labels), 0);
+        assert_eq!(
+            recorder.counter(DELIVERED_CACHED_TOKENS_TOTAL, labels),
+            0,
+            "nothing delivered counted"
+        );
+        // The engines count (the whole prompt cached), then leave a count of 0 out.
+        f.send_through(&feedback, 4000);
+        assert_eq!(f.depth_of(&f.other, "east-a"), other);
+        f.send_usage(&feedback, &unsaid);
+        assert_eq!(f.depth_of(&f.other, "east-a"), 0, "forgotten as for a 0");
+        // Another layer (another gateway) has not seen east-a count: it forgets nothing.
+        f.confirm_ago(&f.other, "east-a", 60);
+        f.send_usage(
+            &FeedbackLayer::new().with_affinity(f.affinity.clone()),
+            &json!({"prompt_tokens": 4000}),
+        );
+        assert_eq!(f.depth_of(&f.other, "east-a"), other);
     }
 
     #[test]

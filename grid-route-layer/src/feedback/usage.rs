@@ -16,14 +16,16 @@ pub const MAX_PROMPT_TOKENS: u64 = 1 << 30;
 /// What an engine said about a request's prompt.
 ///
 /// `#[non_exhaustive]`, so that a count engines add later is not a breaking change: build
-/// it with [`PromptUsage::new`].
+/// it with [`PromptUsage::new`] or [`PromptUsage::without_cached`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PromptUsage {
     /// Every token of the prompt, cached or not.
     pub prompt_tokens: u64,
-    /// The prompt tokens the engine served from its cache.
-    pub cached_tokens: u64,
+    /// The prompt tokens the engine served from its cache; `None` when the answer did not
+    /// say. vLLM counts them only when started with `--enable-prompt-tokens-details`, and
+    /// then leaves the count out when it is 0; SGLang only with `--enable-cache-report`.
+    pub cached_tokens: Option<u64>,
 }
 
 impl PromptUsage {
@@ -36,6 +38,8 @@ impl PromptUsage {
     /// - Anthropic: `input_tokens` counts only the uncached part, so the prompt is
     ///   `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`, and
     ///   `cache_read_input_tokens` is what was cached.
+    ///
+    /// A missing cached count is `None`, not 0: the engine did not say.
     pub fn of(answer: &Value) -> Option<Self> {
         let usage = [
             &answer["usage"],
@@ -47,16 +51,18 @@ impl PromptUsage {
         let count = |field: &str| usage.get(field).and_then(Value::as_u64);
         if let Some(prompt_tokens) = count("prompt_tokens") {
             let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64();
-            return Some(Self::new(prompt_tokens, cached.unwrap_or(0)));
+            return Some(Self::counted(prompt_tokens, cached));
         }
         let input = count("input_tokens")?;
         if let Some(cached) = usage["input_tokens_details"]["cached_tokens"].as_u64() {
             return Some(Self::new(input, cached));
         }
-        let read = count("cache_read_input_tokens").unwrap_or(0);
+        let read = count("cache_read_input_tokens");
         let created = count("cache_creation_input_tokens").unwrap_or(0);
-        Some(Self::new(
-            input.saturating_add(read).saturating_add(created),
+        Some(Self::counted(
+            input
+                .saturating_add(read.unwrap_or(0))
+                .saturating_add(created),
             read,
         ))
     }
@@ -65,10 +71,20 @@ impl PromptUsage {
     /// cache; the prompt is capped at [`MAX_PROMPT_TOKENS`] and the cached count at the
     /// prompt's.
     pub fn new(prompt_tokens: u64, cached_tokens: u64) -> Self {
+        Self::counted(prompt_tokens, Some(cached_tokens))
+    }
+
+    /// A prompt of `prompt_tokens` whose engine did not say how many were cached (capped
+    /// as [`new`](Self::new) caps).
+    pub fn without_cached(prompt_tokens: u64) -> Self {
+        Self::counted(prompt_tokens, None)
+    }
+
+    fn counted(prompt_tokens: u64, cached_tokens: Option<u64>) -> Self {
         let prompt_tokens = prompt_tokens.min(MAX_PROMPT_TOKENS);
         Self {
             prompt_tokens,
-            cached_tokens: cached_tokens.min(prompt_tokens),
+            cached_tokens: cached_tokens.map(|cached| cached.min(prompt_tokens)),
         }
     }
 }

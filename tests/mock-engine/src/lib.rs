@@ -149,6 +149,22 @@ pub struct MockEngineConfig {
     pub block_bytes: usize,
     /// The largest request body accepted (413 beyond). Default 64 MiB.
     pub max_body_bytes: usize,
+    /// When Chat and Completions usage carries `prompt_tokens_details.cached_tokens`.
+    /// Default [`CachedTokens::Always`].
+    pub cached_tokens: CachedTokens,
+}
+
+/// When an engine's Chat and Completions usage counts the prompt tokens it served from
+/// cache (`prompt_tokens_details.cached_tokens`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CachedTokens {
+    /// In every usage, as llama.cpp's server and OpenAI do.
+    #[default]
+    Always,
+    /// Only when some were cached: vLLM started with `--enable-prompt-tokens-details`.
+    UnlessNone,
+    /// Never: vLLM at its defaults, and SGLang without `--enable-cache-report`.
+    Never,
 }
 
 impl Default for MockEngineConfig {
@@ -162,6 +178,7 @@ impl Default for MockEngineConfig {
             cache_blocks: 4096,
             block_bytes: 256,
             max_body_bytes: 64 << 20,
+            cached_tokens: CachedTokens::Always,
         }
     }
 }

@@ -12,19 +12,28 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use super::CachedTokens;
 use super::engine::{Engine, PromptUsage};
 use super::error::ApiError;
 use super::prompt::{render_chat, render_completion};
 use super::request::{Generation, parse_object};
 use super::sse::{Gone, SseSender, sse_response};
 
-fn usage(prompt: PromptUsage, completion_tokens: u64) -> Value {
-    json!({
+fn usage(engine: &Engine, prompt: PromptUsage, completion_tokens: u64) -> Value {
+    let mut usage = json!({
         "prompt_tokens": prompt.prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt.prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": prompt.cached_tokens},
-    })
+    });
+    let counted = match engine.config.cached_tokens {
+        CachedTokens::Always => true,
+        CachedTokens::UnlessNone => prompt.cached_tokens > 0,
+        CachedTokens::Never => false,
+    };
+    if counted {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": prompt.cached_tokens});
+    }
+    usage
 }
 
 fn finish_reason(generation: &Generation) -> &'static str {
@@ -139,7 +148,7 @@ async fn generate(
         "created": generation.created,
         "model": generation.job.model,
         "choices": [api.choice(Some(&text), Some(finish_reason(&generation)), false)],
-        "usage": usage(running.usage, generation.completion_tokens()),
+        "usage": usage(&engine, running.usage, generation.completion_tokens()),
         "system_fingerprint": null,
     }))
     .into_response())
@@ -189,7 +198,7 @@ async fn stream(
     events.data(&chunk(vec![finish])).await?;
     if include_usage {
         let mut last = chunk(Vec::new());
-        last["usage"] = usage(running.usage, generation.completion_tokens());
+        last["usage"] = usage(&engine, running.usage, generation.completion_tokens());
         events.data(&last).await?;
     }
     events.done().await
