@@ -35,7 +35,7 @@
 //!
 //! | endpoint | answers |
 //! | --- | --- |
-//! | `POST /v1/chat/completions` | `chat.completion` (`chatcmpl-…`), or `chat.completion.chunk` events ending `data: [DONE]`; usage in the last chunk only with `stream_options.include_usage`, as in OpenAI |
+//! | `POST /v1/chat/completions` | `chat.completion` (`chatcmpl-…`), or `chat.completion.chunk` events ending `data: [DONE]`; usage in the last chunk only with `stream_options.include_usage`, as in OpenAI; `prompt_tokens_details.cached_tokens` as [`MockEngineConfig::cached_tokens`] says |
 //! | `POST /v1/completions` | `text_completion` (`cmpl-…`), streamed alike |
 //! | `POST /v1/messages` | Anthropic `message` (`msg_…`) with `usage.cache_read_input_tokens`, or its event sequence |
 //! | `POST /v1/responses` | `response` (`resp_…`) with `input_tokens_details.cached_tokens`, or its event sequence; `previous_response_id`, `conversation`, `store`, `background` |
