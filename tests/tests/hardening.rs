@@ -445,8 +445,8 @@ async fn engine_that_dies_on_the_first_request() -> String {
 }
 
 /// The engine the request was sticky to dies as the request reaches it: the engine
-/// closed the connection unanswered, the gateway's one resend on a new connection is
-/// refused, and the request is not sent to another cluster, since a byte of it may have
+/// closed the connection unanswered (when that connection was a reused one, the gateway's
+/// resend on a new connection is refused), and the request is not sent to another cluster, since a byte of it may have
 /// reached an engine (the contract retries only where none did): 502 naming the cluster.
 /// The next request goes to the other cluster.
 #[tokio::test]
@@ -484,6 +484,64 @@ async fn a_request_whose_engine_dies_as_it_arrives_is_not_sent_to_another_cluste
     let next = send(Method::POST, &url, chat("after east died")).await;
     assert_eq!(next.status, StatusCode::OK, "{}", next.text());
     assert_eq!(next.engine(), Some("west-a"));
+}
+
+/// An engine that reads a whole request on the connection opened for it, works on it for
+/// 200 ms and closes the connection unanswered (a crash mid-prefill, or a pod behind a
+/// load balancer's address dying) may have acted on it: the gateway does not send it again
+/// (it does only on a reused connection, which llama.cpp closes after a stream before
+/// reading what comes next). 502, and the engine saw the request once.
+#[tokio::test]
+async fn a_request_an_engine_read_before_closing_its_new_connection_is_not_sent_again() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let posts = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&posts);
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut read = Vec::new();
+                let mut buffer = [0_u8; 4096];
+                while !read.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buffer).await {
+                        Ok(n @ 1..) => read.extend_from_slice(&buffer[..n]),
+                        _ => return,
+                    }
+                }
+                if read.starts_with(b"POST") {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                } else {
+                    // The poller's reads: answered, each on its own connection.
+                    let text = "vllm:num_requests_waiting 0\n";
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{text}",
+                        text.len()
+                    );
+                    let _ = socket.write_all(answer.as_bytes()).await;
+                }
+            });
+        }
+    });
+    let gateway = gateway(&yaml_of(&[("east", "east-a", vec![url])], "")).await;
+    let answer = send(
+        Method::POST,
+        &format!("{}/v1/chat/completions", gateway.url()),
+        chat("read, then the engine died"),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::BAD_GATEWAY, "{}", answer.text());
+    assert_eq!(answer.error_code(), "backend_unreachable");
+    assert_eq!(
+        posts.load(Ordering::SeqCst),
+        1,
+        "sent again after it was read"
+    );
 }
 
 /// A request whose body is over the keying limit carries no prompt, only the model its

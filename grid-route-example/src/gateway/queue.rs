@@ -64,7 +64,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::Live;
-use super::upstream::HttpClient;
+use super::upstream::{HttpClient, send};
 use crate::config::{KNOWN_QUEUE_METRICS, LLAMACPP_QUEUE_METRIC, PollCredential};
 
 /// How long one read of an endpoint's metrics may take.
@@ -527,7 +527,7 @@ async fn get_page(
     }
     let request = request.body(Body::empty()).map_err(|_| None)?;
     let read = async {
-        let response = client.request(request).await.map_err(|_| None)?;
+        let response = send(client, request).await.map_err(|_| None)?;
         if !response.status().is_success() {
             return Err(Some(response.status()));
         }

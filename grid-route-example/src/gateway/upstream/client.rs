@@ -1,14 +1,22 @@
 //! The pooled HTTP client that reaches every engine, and sending a buffered request again
 //! when the engine closed the pooled connection before answering.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
 use grid_route_layer::route::BufferedBody;
-use http::{Request, Response};
+use http::{Request, Response, Uri};
+use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use pin_project_lite::pin_project;
+use tokio::net::TcpStream;
 
 /// How long connecting to an engine may take by default (`timeouts.upstream_connect_ms`).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -22,8 +30,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// `llama-server` also closes a connection right after each streamed answer, whatever
 /// its headers say; the engine client sends a buffered request again in that case.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
-/// The pooled HTTP client that reaches every engine.
-pub(crate) type HttpClient = Client<HttpConnector, Body>;
+/// The pooled HTTP client that reaches every engine. Send through [`send`], which marks
+/// each connection that has answered.
+pub(crate) type HttpClient = Client<EngineConnector, Body>;
 
 /// Builds the gateway's engine client, connecting within `connect_timeout`.
 pub(crate) fn http_client(connect_timeout: Duration) -> HttpClient {
@@ -32,7 +41,109 @@ pub(crate) fn http_client(connect_timeout: Duration) -> HttpClient {
     connector.set_nodelay(true);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .build(connector)
+        .build(EngineConnector(connector))
+}
+
+/// Set on a connection once an answer's head came back on it. The pool reuses a
+/// connection only after an answer on it ended, so a request that fails unanswered on a
+/// marked connection went out on a reused one, and one on an unmarked connection went out
+/// on the connection opened for it.
+#[derive(Debug, Clone, Default)]
+struct Answered(Arc<AtomicBool>);
+
+/// hyper-util's TCP connector, with every connection it opens carrying an [`Answered`]
+/// mark (through [`Connected::extra`], which hyper-util copies into each answer's
+/// extensions and into the connect info of each error). Hand-written: hyper-util has no
+/// way to tell a reused connection from a fresh one after a request on it failed.
+#[derive(Debug, Clone)]
+pub(crate) struct EngineConnector(HttpConnector);
+
+impl tower::Service<Uri> for EngineConnector {
+    type Response = MarkedIo;
+    type Error = <HttpConnector as tower::Service<Uri>>::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<MarkedIo, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.0.call(uri);
+        Box::pin(async move {
+            Ok(MarkedIo {
+                io: connecting.await?,
+                answered: Answered::default(),
+            })
+        })
+    }
+}
+
+pin_project! {
+    /// A connection to an engine and its [`Answered`] mark; reads and writes pass through.
+    pub(crate) struct MarkedIo {
+        #[pin]
+        io: TokioIo<TcpStream>,
+        answered: Answered,
+    }
+}
+
+impl Connection for MarkedIo {
+    fn connected(&self) -> Connected {
+        self.io.connected().extra(self.answered.clone())
+    }
+}
+
+impl Read for MarkedIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.project().io.poll_read(cx, buf)
+    }
+}
+
+impl Write for MarkedIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.project().io.poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().io.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().io.poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        self.project().io.poll_write_vectored(cx, bufs)
+    }
+}
+
+/// Sends `request` through `client` and marks the connection that answered it
+/// ([`Answered`]). Every request to an engine goes through here.
+pub(crate) async fn send(
+    client: &HttpClient,
+    request: Request<Body>,
+) -> Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
+    let response = client.request(request).await?;
+    if let Some(Answered(answered)) = response.extensions().get::<Answered>() {
+        answered.store(true, Ordering::Relaxed);
+    }
+    Ok(response)
 }
 
 /// How many times a request is sent in all when the engine keeps closing the pooled
@@ -40,8 +151,11 @@ pub(crate) fn http_client(connect_timeout: Duration) -> HttpClient {
 const CLOSED_CONNECTION_ATTEMPTS: usize = 3;
 
 /// Sends `request`, and sends it again on another connection when the engine closed the
-/// pooled one before answering, if the body is held whole ([`BufferedBody`]: every keyed
-/// request) — at most [`CLOSED_CONNECTION_ATTEMPTS`] times in all.
+/// reused connection it went out on before answering, if the body is held whole
+/// ([`BufferedBody`]: every keyed request) — at most [`CLOSED_CONNECTION_ATTEMPTS`] times
+/// in all. A connection opened for the request and closed unanswered is not resent: the
+/// engine may have read the request and died on it, and the contract retries only where no
+/// byte reached an engine.
 ///
 /// Why: llama.cpp's `llama-server` closes the connection after every streamed answer
 /// while its headers promise keep-alive (`Keep-Alive: timeout=5, max=100`, no
@@ -58,7 +172,7 @@ pub(super) async fn send_through_closing_connections(
     let (parts, body) = request.into_parts();
     let again = (parts.extensions.get::<BufferedBody>())
         .map(|buffered| (parts.clone(), buffered.bytes().clone()));
-    let mut result = client.request(Request::from_parts(parts, body)).await;
+    let mut result = send(client, Request::from_parts(parts, body)).await;
     let Some((parts, bytes)) = again else {
         return result;
     };
@@ -75,15 +189,17 @@ pub(super) async fn send_through_closing_connections(
             _ => return result,
         }
         let request = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
-        result = client.request(request).await;
+        result = send(client, request).await;
     }
     result
 }
 
-/// Whether `error` says the connection closed (or was reset) after the request went out
-/// and before any of the answer came back, rather than a failure to connect.
+/// Whether `error` says a reused connection closed (or was reset) after the request went
+/// out and before any of the answer came back: the engine closing a kept-alive
+/// connection, not failing to connect, and not closing the connection opened for this
+/// request (which it may have read the request from first: see [`Answered`]).
 fn closed_before_answering(error: &hyper_util::client::legacy::Error) -> bool {
-    if error.is_connect() {
+    if error.is_connect() || !went_out_on_reused_connection(error) {
         return false;
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(error);
@@ -106,6 +222,18 @@ fn closed_before_answering(error: &hyper_util::client::legacy::Error) -> bool {
         source = cause.source();
     }
     false
+}
+
+/// Whether the connection `error` happened on had answered before ([`Answered`]).
+fn went_out_on_reused_connection(error: &hyper_util::client::legacy::Error) -> bool {
+    let Some(connected) = error.connect_info() else {
+        return false;
+    };
+    let mut extras = http::Extensions::new();
+    connected.get_extras(&mut extras);
+    extras
+        .get::<Answered>()
+        .is_some_and(|Answered(answered)| answered.load(Ordering::Relaxed))
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ use tower::discover::ServiceList;
 use tower::load::{CompleteOnResponse, PendingRequests};
 
 pub use client::{CONNECT_TIMEOUT, POOL_IDLE_TIMEOUT};
-pub(crate) use client::{HttpClient, http_client};
+pub(crate) use client::{HttpClient, http_client, send};
 pub(crate) use endpoint::{ConnectFailed, Endpoint, UpstreamTimeout};
 
 use super::outlier::Outliers;
