@@ -501,6 +501,37 @@ async fn at_the_defaults_each_cluster_learns_its_prices_from_its_answers_and_exp
     assert_eq!(metric(&gateway.admin_url(), queued).await, Some(2.0));
 }
 
+/// A Responses stream opens with `response.created` and `response.in_progress` before the
+/// engine prefills: its time to first token is taken at its first output, so it teaches
+/// the engine's prefill speed as a Chat stream does, not one many times faster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_streams_teach_the_prefill_speed_from_their_first_output() {
+    let (_engine, _yaml, gateway) = one_learning_cluster(
+        "opener",
+        "opener-a",
+        MockEngineConfig::default().decode_delay_per_token,
+    )
+    .await;
+    let url = format!("{}/v1/responses", gateway.url());
+    for i in 0..10 {
+        let body = serde_json::to_vec(&json!({
+            "model": MODEL, "stream": true, "input": text(&format!("open{i}"), 40 * 1024),
+        }))
+        .unwrap();
+        let answer = send(Method::POST, &url, body).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        assert!(answer.text().starts_with("event: response.created"));
+    }
+    let id = cluster_id(&gateway, "opener-a");
+    eventually("a learned prefill speed", || async {
+        gateway.affinity().prefill_rate(&id) != 10_000.0
+    })
+    .await;
+    // The engine's 100,000 tokens a second, less what the network and the mock add.
+    let rate = gateway.affinity().prefill_rate(&id);
+    assert!((30_000.0..=150_000.0).contains(&rate), "{rate}");
+}
+
 /// vLLM and SGLang at their defaults count no cached tokens in their usage, so an answer
 /// does not say how much of its prompt was prefilled: a cluster of such engines learns no
 /// prices (its gauges stay unset, the priors in force). vLLM with

@@ -20,6 +20,7 @@ use crate::metrics::{
     record_learned_prices,
 };
 use crate::route::PredictedMatch;
+use crate::select::carries_output;
 
 pin_project! {
     /// The inner service's body, frame for frame and unchanged, while a copy of its data
@@ -99,8 +100,9 @@ pub(super) struct PrefillTiming {
     /// Whether the answer is an event stream, whose first data is its first token.
     pub(super) event_stream: bool,
     /// From dispatch to the answer's start: its head for a JSON answer (which an engine
-    /// sends once it has generated the whole answer), its first data for an event stream
-    /// (whose head vLLM and llama.cpp send before prefilling). `None` until then.
+    /// sends once it has generated the whole answer), its first output for an event
+    /// stream (whose head vLLM and llama.cpp send before prefilling, and a Responses
+    /// stream its opening events: [`carries_output`]). `None` until then.
     pub(super) started: Option<Duration>,
 }
 
@@ -257,6 +259,7 @@ where
             reader.feed(data);
             if let Some(timing) = tally.prefill.as_mut()
                 && timing.started.is_none()
+                && carries_output(data)
             {
                 timing.started = Some(timing.dispatched.elapsed());
             }

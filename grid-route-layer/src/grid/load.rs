@@ -339,6 +339,11 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// Whether [`first_token`](Self::first_token) was called.
+    pub fn has_first_token(&self) -> bool {
+        self.streams
+    }
+
     /// The answer's first token came: from now until the guard is dropped the request
     /// counts as a stream ([`ClusterLoad::streaming`]). Once; later calls change nothing.
     pub fn first_token(&mut self) {

@@ -14,8 +14,8 @@ pin_project! {
     /// request counted in its cluster's
     /// [`in_flight`](crate::grid::ClusterLoad::in_flight) until the body ends: its last
     /// frame, an error, or the body being dropped (a client that left). From its first
-    /// data frame (an event stream's first token) it counts as a stream
-    /// ([`InFlight::first_token`]).
+    /// data frame that [`carries_output`] (an event stream's first token) it counts as a
+    /// stream ([`InFlight::first_token`]).
     ///
     /// Why the end and not the head: vLLM, SGLang and llama.cpp send a stream's head
     /// before they prefill, so a request that counted only until its head stopped
@@ -52,7 +52,11 @@ impl<B> InFlightBody<B> {
     }
 }
 
-impl<B: Body> Body for InFlightBody<B> {
+impl<B> Body for InFlightBody<B>
+where
+    B: Body,
+    B::Data: AsRef<[u8]>,
+{
     type Data = B::Data;
     type Error = B::Error;
 
@@ -62,8 +66,10 @@ impl<B: Body> Body for InFlightBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let mut this = self.project();
         let frame = ready!(this.body.as_mut().poll_frame(cx));
-        if let (Some(Ok(data)), Some(in_flight)) = (&frame, this.in_flight.as_mut())
-            && data.is_data()
+        if let (Some(Ok(frame)), Some(in_flight)) = (&frame, this.in_flight.as_mut())
+            && !in_flight.has_first_token()
+            && let Some(data) = frame.data_ref()
+            && carries_output(data.as_ref())
         {
             in_flight.first_token();
         }
@@ -81,6 +87,50 @@ impl<B: Body> Body for InFlightBody<B> {
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
     }
+}
+
+/// The events a Responses API stream opens with before the engine has generated anything
+/// (OpenAI's and vLLM's `response.created` and `response.in_progress`, and
+/// `response.queued`).
+const OPENING_EVENTS: [&[u8]; 3] = [
+    b"response.created",
+    b"response.in_progress",
+    b"response.queued",
+];
+
+/// Whether a chunk of an answer's body carries some of its output: any line but a blank
+/// one, an SSE comment, `id:`, `retry:`, or an `event:` or `data:` line naming one of the
+/// events a Responses stream opens with before prefilling. Those
+/// come as soon as the engine takes the request, so taking them for the first token would
+/// count a stream, and time its first token, before the engine prefilled anything. A JSON
+/// answer and every other stream carry output from their first chunk.
+///
+/// Only the chunks before the first that carries output are scanned. An opening event split
+/// across two chunks makes the second count as output: early, as every chunk was before.
+pub(crate) fn carries_output(chunk: &[u8]) -> bool {
+    for line in chunk.split(|&b| b == b'\n') {
+        let line = line.trim_ascii();
+        let named = if let Some(value) = line.strip_prefix(b"event:") {
+            value
+        } else if let Some(value) = line.strip_prefix(b"data:") {
+            value
+        } else if line.is_empty()
+            || line.starts_with(b":")
+            || line.starts_with(b"id:")
+            || line.starts_with(b"retry:")
+        {
+            continue;
+        } else {
+            return true;
+        };
+        let names_opening = OPENING_EVENTS
+            .iter()
+            .any(|event| named.windows(event.len()).any(|w| w == *event));
+        if !names_opening {
+            return true;
+        }
+    }
+    false
 }
 
 impl<B: fmt::Debug> fmt::Debug for InFlightBody<B> {

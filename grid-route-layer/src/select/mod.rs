@@ -21,8 +21,8 @@
 //!   cluster of the grid serves the request's model, else with a 503.
 //! - `poll_ready` is always ready; the response future waits for the chosen cluster's
 //!   service. The request counts in flight until its answer's body ends, as a stream
-//!   from its first data ([`InFlightBody`]): engines send a stream's head before they
-//!   prefill it.
+//!   from its first output ([`InFlightBody`]): engines send a stream's head, and a
+//!   Responses stream's opening events, before they prefill it.
 //!
 //! # Example: p2c over each cluster's endpoints
 //!
@@ -107,6 +107,7 @@ mod pick;
 mod service;
 
 pub use body::InFlightBody;
+pub(crate) use body::carries_output;
 pub use future::ResponseFuture;
 pub use pick::least_loaded;
 pub(crate) use pick::load_rank;

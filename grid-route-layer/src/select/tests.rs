@@ -383,6 +383,56 @@ fn a_stream_counts_in_flight_through_every_frame_until_its_end_or_error_and_as_a
     }
 }
 
+/// A Responses stream opens with `response.created` and `response.in_progress` as soon as
+/// the engine takes the request: the request counts as a stream only from its first output.
+#[test]
+fn a_responses_stream_counts_as_a_stream_from_its_first_output_not_its_opening_events() {
+    let f = three_clusters();
+    let cluster = f.cluster("east-a");
+    let frames = Frames {
+        frames: [
+            "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0}\n\n",
+            ": keep-alive\n\nevent: response.in_progress\ndata: {\"type\": \"response.in_progress\"}\n\n",
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n",
+        ]
+        .into(),
+        fails: false,
+    };
+    let mut body = InFlightBody::new(frames, cluster.load().start_request());
+    for streaming in [0, 0, 1] {
+        assert!(matches!(
+            poll_once(&mut body.frame()),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert_eq!(cluster.load().streaming(), streaming);
+    }
+}
+
+#[test]
+fn what_carries_output_and_what_only_opens_a_responses_stream() {
+    use super::carries_output;
+    for opening in [
+        &b"event: response.created\ndata: {\"type\":\"response.created\"}\n\n"[..],
+        b"data: {\"type\":\"response.queued\"}\n\nid: 3\nretry: 10\n",
+        b": ping\n\n",
+        b"",
+    ] {
+        assert!(
+            !carries_output(opening),
+            "{}",
+            String::from_utf8_lossy(opening)
+        );
+    }
+    for output in [
+        &b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"[..],
+        b"data: {\"type\":\"response.in_progress\"}\n\ndata: {\"type\":\"response.output_text.delta\"}\n\n",
+        b"{\"id\":\"chatcmpl-1\",\"choices\":[]}",
+        b"event: content_block_delta\ndata: {}\n\n",
+    ] {
+        assert!(carries_output(output), "{}", String::from_utf8_lossy(output));
+    }
+}
+
 #[test]
 fn a_failed_connection_is_a_dispatch_error_naming_the_cluster() {
     let mut f = three_clusters();
