@@ -82,6 +82,7 @@ pub struct Prompt {
     model: Option<Arc<str>>,
     keys: Result<PrefixKeys, NoKeys>,
     session: Option<SessionKey>,
+    streamed: bool,
 }
 
 impl Prompt {
@@ -91,6 +92,7 @@ impl Prompt {
             model,
             keys,
             session: None,
+            streamed: false,
         }
     }
 
@@ -99,6 +101,35 @@ impl Prompt {
     pub fn with_session(mut self, session: Option<SessionKey>) -> Self {
         self.session = session;
         self
+    }
+
+    /// The same prompt, its answer asked for as an event stream (`"stream": true`) or not.
+    #[must_use]
+    pub fn with_streamed(mut self, streamed: bool) -> Self {
+        self.streamed = streamed;
+        self
+    }
+
+    /// Whether the request asked for its answer as an event stream (a top-level
+    /// `"stream": true` read before keying stopped), whose head engines send before they
+    /// prefill; `false` for a whole answer, whose head comes once it is generated.
+    ///
+    /// ```
+    /// use grid_route_layer::keying::{Api, KeySeed, key_body};
+    ///
+    /// let seed = KeySeed::random();
+    /// let streamed = |body: &str| {
+    ///     key_body(&seed, Api::ChatCompletions, body.as_bytes()).unwrap().streamed()
+    /// };
+    /// assert!(streamed(r#"{"model":"m","stream":true,"messages":[]}"#));
+    /// assert!(!streamed(r#"{"model":"m","stream":false,"messages":[]}"#));
+    /// assert!(!streamed(r#"{"model":"m","stream":"true","messages":[]}"#));
+    /// assert!(!streamed(r#"{"model":"m","messages":[]}"#));
+    /// // The last one given counts, as a JSON parser reads it.
+    /// assert!(streamed(r#"{"stream":false,"model":"m","messages":[],"stream":true}"#));
+    /// ```
+    pub fn streamed(&self) -> bool {
+        self.streamed
     }
 
     /// The session the client named (`prompt_cache_key`, Anthropic `metadata.user_id`, a
@@ -132,6 +163,7 @@ impl fmt::Debug for Prompt {
             Err(reason) => d.field("no_keys", reason),
         };
         d.field("session", &self.session.is_some());
+        d.field("streamed", &self.streamed);
         d.finish()
     }
 }

@@ -803,6 +803,54 @@ async fn two_sites_that_answered() -> (MockEngine, MockEngine, Gateway, String) 
 
 /// An engine that takes requests and never answers them while its `/metrics` says its
 /// queue is empty (a hung worker behind a live HTTP server), at the gateway's defaults.
+/// A whole (non-streamed) answer's head comes only once the engine generated it, long
+/// after a stream's. On a grid that has seen only streams it is not taken for a wedge:
+/// whole answers are held to whole answers' heads, and to none until the grid has seen
+/// enough of them. The engine stays in, and its answer comes.
+#[tokio::test]
+async fn a_long_whole_answer_on_a_grid_of_streams_does_not_eject_its_engine() {
+    let config = MockEngineConfig {
+        prefill_tokens_per_second: 0,
+        decode_delay_per_token: Duration::from_millis(600),
+        ..MockEngineConfig::named("east-a")
+    };
+    let east = MockEngine::start("127.0.0.1:0", config).await.unwrap();
+    // A 1 s stall mark: the streams' heads take milliseconds.
+    let gateway = gateway(&yaml_of(
+        &[("east", "east-a", vec![east.url()])],
+        "outlier: { stall_min_secs: 1 }\n",
+    ))
+    .await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let body = |stream: bool, max_tokens: u32, content: &str| {
+        serde_json::json!({"model": MODEL, "stream": stream, "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": content}]})
+        .to_string()
+    };
+    let mut warm = tokio::task::JoinSet::new();
+    for i in 0..MIN_HEAD_SAMPLES {
+        let (url, body) = (url.clone(), body(true, 1, &format!("warm {i}")));
+        warm.spawn(async move { send(Method::POST, &url, body).await.status });
+    }
+    while let Some(status) = warm.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::OK);
+    }
+    // Four tokens at 600 ms: the head comes after about 2.4 s.
+    let whole = tokio::spawn({
+        let (url, body) = (url.clone(), body(false, 4, "a whole answer"));
+        async move { send(Method::POST, &url, body).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    assert_eq!(
+        endpoint_healthy(&gateway, "east-a", &east.url()),
+        Some(true)
+    );
+    let answer = whole.await.unwrap();
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let ejections = r#"grid_route_ejections_total{site="east",cluster="east-a"}"#;
+    assert_eq!(metric(&gateway.admin_url(), ejections).await, None);
+}
+
 #[tokio::test]
 async fn a_wedged_engine_costs_at_most_one_request_at_the_defaults() {
     let (east, _west, gateway, url) = two_sites_that_answered().await;

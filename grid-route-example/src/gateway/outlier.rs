@@ -16,8 +16,9 @@
 //!   nothing comes out, and its `/metrics` may still say the queue is empty): a request
 //!   whose whole body was sent (a buffered one) and that has waited for its answer's head
 //!   longer than [`Outliers::stall_after`] — 8× the slowest of the grid's last
-//!   [`HEAD_SAMPLES`] answer heads, at least `outlier.stall_min_secs` (5 s), and only once
-//!   the grid has seen [`MIN_HEAD_SAMPLES`] heads — ejects its endpoint at once, as a
+//!   [`HEAD_SAMPLES`] answer heads of its kind, at least `outlier.stall_min_secs` (5 s),
+//!   and only once the grid has seen [`MIN_HEAD_SAMPLES`] of them — ejects its endpoint at
+//!   once, as a
 //!   burst of failures would. Not when the endpoint sent any head since the request went
 //!   out (it is slow with this one, not wedged), nor when its own queue gauge read a
 //!   waiting request in the queue window (its queue explains the wait; the load gate deals
@@ -217,13 +218,26 @@ fn longest_ejection(settings: OutlierSettings) -> Duration {
     settings.ejection.saturating_mul(MAX_EJECTION_FACTOR)
 }
 
+/// Which of two kinds an answer is, for how long its head takes: an event stream's head
+/// comes before the engine prefills, a whole answer's once it has generated everything
+/// (many times longer). Each kind's stall threshold is taken from its own heads, so a
+/// whole answer on a grid of streams is not taken for a wedge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AnswerKind {
+    /// The request asked for an event stream (`"stream": true`).
+    Stream,
+    /// Anything else: its head comes with the whole answer.
+    Whole,
+}
+
 /// Every endpoint's [`Record`], shared by the engine client and the queue poller, and the
-/// grid's latest answer-head times.
+/// grid's latest answer-head times of each [`AnswerKind`].
 #[derive(Debug)]
 pub(crate) struct Outliers {
     settings: Mutex<OutlierSettings>,
     records: Mutex<HashMap<(ClusterId, Arc<str>), Record>>,
-    heads: Mutex<VecDeque<Duration>>,
+    /// Stream heads, then whole-answer heads.
+    heads: [Mutex<VecDeque<Duration>>; 2],
 }
 
 impl Outliers {
@@ -231,7 +245,7 @@ impl Outliers {
         Self {
             settings: Mutex::new(settings),
             records: Mutex::new(HashMap::new()),
-            heads: Mutex::new(VecDeque::with_capacity(HEAD_SAMPLES)),
+            heads: [(); 2].map(|()| Mutex::new(VecDeque::with_capacity(HEAD_SAMPLES))),
         }
     }
 
@@ -297,33 +311,39 @@ impl Outliers {
         (record.record(Event::Stalled, now, settings), epoch)
     }
 
-    /// Notes that an answer's head came `took` after its request was sent.
-    pub(crate) fn head_took(&self, took: Duration) {
-        let mut heads = self.heads.lock().unwrap_or_else(PoisonError::into_inner);
+    /// Notes that an answer of `kind` had its head `took` after its request was sent.
+    pub(crate) fn head_took(&self, kind: AnswerKind, took: Duration) {
+        let mut heads = self.heads(kind);
         if heads.len() == HEAD_SAMPLES {
             heads.pop_front();
         }
         heads.push_back(took);
     }
 
-    /// How long a request may wait for its head before its endpoint counts as wedged:
-    /// [`STALL_FACTOR`] × the slowest of the last [`HEAD_SAMPLES`] heads, at least
-    /// `outlier.stall_min_secs`. `None` while the grid has seen fewer than
-    /// [`MIN_HEAD_SAMPLES`] heads, or when that is not before `first_byte` (the request's
-    /// own timeout then comes first).
-    pub(crate) fn stall_after(&self, first_byte: Duration) -> Option<Duration> {
+    /// How long a request for an answer of `kind` may wait for its head before its
+    /// endpoint counts as wedged: [`STALL_FACTOR`] × the slowest of the last
+    /// [`HEAD_SAMPLES`] heads of that kind, at least `outlier.stall_min_secs`. `None` while
+    /// the grid has seen fewer than [`MIN_HEAD_SAMPLES`] of them, or when that is not before
+    /// `first_byte` (the request's own timeout then comes first).
+    pub(crate) fn stall_after(&self, kind: AnswerKind, first_byte: Duration) -> Option<Duration> {
         let stall_min = self
             .settings
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .stall_min;
-        let heads = self.heads.lock().unwrap_or_else(PoisonError::into_inner);
+        let heads = self.heads(kind);
         if heads.len() < MIN_HEAD_SAMPLES {
             return None;
         }
         let slowest = heads.iter().copied().max().unwrap_or_default();
         let after = slowest.saturating_mul(STALL_FACTOR).max(stall_min);
         (after < first_byte).then_some(after)
+    }
+
+    fn heads(&self, kind: AnswerKind) -> std::sync::MutexGuard<'_, VecDeque<Duration>> {
+        self.heads[kind as usize]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -511,30 +531,49 @@ mod tests {
     fn the_stall_threshold_is_eight_times_the_slowest_recent_head_within_its_bounds() {
         let outliers = Outliers::new(settings());
         let first_byte = Duration::from_secs(600);
+        let stream = |took| outliers.head_took(AnswerKind::Stream, took);
+        let after = || outliers.stall_after(AnswerKind::Stream, first_byte);
         // Nothing seen yet: no request can stall.
         for _ in 1..MIN_HEAD_SAMPLES {
-            outliers.head_took(Duration::from_millis(300));
-            assert_eq!(outliers.stall_after(first_byte), None);
+            stream(Duration::from_millis(300));
+            assert_eq!(after(), None);
         }
-        outliers.head_took(Duration::from_millis(300));
-        assert_eq!(
-            outliers.stall_after(first_byte),
-            Some(Duration::from_secs(10))
-        );
-        outliers.head_took(Duration::from_secs(5));
-        assert_eq!(
-            outliers.stall_after(first_byte),
-            Some(Duration::from_secs(40))
-        );
+        stream(Duration::from_millis(300));
+        assert_eq!(after(), Some(Duration::from_secs(10)));
+        stream(Duration::from_secs(5));
+        assert_eq!(after(), Some(Duration::from_secs(40)));
         // Not before the request's own timeout: that comes first.
-        assert_eq!(outliers.stall_after(Duration::from_secs(40)), None);
+        assert_eq!(
+            outliers.stall_after(AnswerKind::Stream, Duration::from_secs(40)),
+            None
+        );
         // Only the last HEAD_SAMPLES count: the slow one ages out.
         for _ in 0..HEAD_SAMPLES {
-            outliers.head_took(Duration::from_secs(2));
+            stream(Duration::from_secs(2));
+        }
+        assert_eq!(after(), Some(Duration::from_secs(16)));
+    }
+
+    #[test]
+    fn a_whole_answer_is_held_to_whole_answers_heads_not_to_streams() {
+        let outliers = Outliers::new(settings());
+        let first_byte = Duration::from_secs(600);
+        for _ in 0..HEAD_SAMPLES {
+            outliers.head_took(AnswerKind::Stream, Duration::from_millis(50));
+        }
+        // Streams alone say nothing of how long a whole answer takes.
+        assert_eq!(outliers.stall_after(AnswerKind::Whole, first_byte), None);
+        for _ in 0..MIN_HEAD_SAMPLES {
+            outliers.head_took(AnswerKind::Whole, Duration::from_secs(9));
         }
         assert_eq!(
-            outliers.stall_after(first_byte),
-            Some(Duration::from_secs(16))
+            outliers.stall_after(AnswerKind::Whole, first_byte),
+            Some(Duration::from_secs(72))
+        );
+        // The streams' own threshold is untouched by the whole answers: the floor.
+        assert_eq!(
+            outliers.stall_after(AnswerKind::Stream, first_byte),
+            Some(Duration::from_secs(10))
         );
     }
 

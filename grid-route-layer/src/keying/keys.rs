@@ -395,6 +395,8 @@ enum Preamble {
 /// What a top-level field is to one API.
 enum Field {
     Model,
+    /// `stream`: whether the answer comes as an event stream.
+    Stream,
     CacheSalt,
     /// `prompt_cache_key`: the session id itself.
     Session,
@@ -417,6 +419,7 @@ fn classify(api: Api, key: &[u8]) -> Field {
     };
     match (api, key) {
         (_, b"model") => Field::Model,
+        (_, b"stream") => Field::Stream,
         (_, b"cache_salt") => Field::CacheSalt,
         (Api::ChatCompletions | Api::Completions | Api::Responses, b"prompt_cache_key") => {
             Field::Session
@@ -444,6 +447,8 @@ fn classify(api: Api, key: &[u8]) -> Field {
 #[derive(Default)]
 struct TopLevel {
     model: Option<Span>,
+    /// The last `stream` value given.
+    stream: Option<Span>,
     salt: Option<Span>,
     /// The session id's string value (the last given, as JSON parsers read duplicates).
     session: Option<Span>,
@@ -513,7 +518,12 @@ pub(crate) fn key_request(
         Ok(()) => finish_keys(seed, body, &top, model.as_deref(), &turns),
     };
     let session = session_key(seed, body, &top, model.as_deref(), header_session);
-    Ok(Prompt::new(model_arc, keys).with_session(session))
+    let streamed = top
+        .stream
+        .is_some_and(|span| &body[span.range()] == b"true");
+    Ok(Prompt::new(model_arc, keys)
+        .with_session(session)
+        .with_streamed(streamed))
 }
 
 /// The request's session key: the body's id if it gave a non-empty string, else the
@@ -633,6 +643,7 @@ fn read_top_level(
         }
         match classify(api, &key) {
             Field::Model => top.model = Some(s.skip_value()?),
+            Field::Stream => top.stream = Some(s.skip_value()?),
             Field::CacheSalt => top.salt = Some(s.skip_value()?),
             Field::Session => top.session = Some(s.skip_value()?),
             Field::Metadata => {

@@ -11,13 +11,13 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use grid_route_layer::grid::Cluster;
-use grid_route_layer::route::{BoxError, BufferedBody};
+use grid_route_layer::route::{BoxError, BufferedBody, Prompt};
 use http::{Request, Response};
 use tokio::time::Sleep;
 use tower::Service;
 
 use super::super::idle_body::IdleTimeoutBody;
-use super::super::outlier::Event;
+use super::super::outlier::{AnswerKind, Event};
 use super::client::send_through_closing_connections;
 use super::request::{BaseUrl, strip_hop_by_hop, to_engine};
 use super::watch::{EndpointWatch, StallGuard, WatchedBody};
@@ -102,9 +102,21 @@ impl Service<Request<Body>> for Endpoint {
             // Only a request whose body is held whole can be judged by its head's delay: a
             // streamed body may be a slow upload.
             let buffered = request.extensions().get::<BufferedBody>().is_some();
+            let kind = if request
+                .extensions()
+                .get::<Prompt>()
+                .is_some_and(Prompt::streamed)
+            {
+                AnswerKind::Stream
+            } else {
+                AnswerKind::Whole
+            };
             let request = to_engine(request, &base)?;
             let first_byte = timeouts.upstream_first_byte;
-            let stall_after = watch.outliers.stall_after(first_byte).filter(|_| buffered);
+            let stall_after = watch
+                .outliers
+                .stall_after(kind, first_byte)
+                .filter(|_| buffered);
             let sent_at = Instant::now();
             let send = send_through_closing_connections(&client, request, &base.url);
             // Past `stall_after` without a head, and with no queue at the engine to explain
@@ -140,7 +152,7 @@ impl Service<Request<Body>> for Endpoint {
                     let status = response.status();
                     // A stalled request's head says how long a wedge lasted, not how long
                     // answers take: it is not one of the grid's heads.
-                    let took = (!was_stalled).then(|| sent_at.elapsed());
+                    let took = (!was_stalled).then(|| (kind, sent_at.elapsed()));
                     watch.report_head(status, response.headers(), took);
                     let (mut parts, body) = response.into_parts();
                     strip_hop_by_hop(&mut parts.headers);

@@ -15,7 +15,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::super::outlier::{Change, Event, Outliers};
+use super::super::outlier::{AnswerKind, Change, Event, Outliers};
 use super::super::telemetry::EJECTIONS_TOTAL;
 
 /// Where an endpoint's failures are reported: its outlier record, its health in the
@@ -94,21 +94,21 @@ impl EndpointWatch {
 
     /// Reports what an answer's head says about the endpoint: it answered (which ends a
     /// stall), 5xx a failure, 429 with a `Retry-After` a hold; anything else waits for the
-    /// body's end. `took` is the time from sending the request, when it counts among the
-    /// grid's heads.
+    /// body's end. `took` is the answer's kind and the time from sending the request, when
+    /// it counts among the grid's heads.
     pub(super) fn report_head(
         &self,
         status: StatusCode,
         headers: &HeaderMap,
-        took: Option<Duration>,
+        took: Option<(AnswerKind, Duration)>,
     ) {
         self.report(Event::Answered);
         if status.is_server_error() {
             self.report(Event::Failure);
             return;
         }
-        if let Some(took) = took.filter(|_| !status.is_client_error()) {
-            self.outliers.head_took(took);
+        if let Some((kind, took)) = took.filter(|_| !status.is_client_error()) {
+            self.outliers.head_took(kind, took);
         }
         if status == StatusCode::TOO_MANY_REQUESTS
             && let Some(wait) = headers
