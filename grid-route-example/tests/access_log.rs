@@ -11,8 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use grid_route_tests::{
-    PROCESS_WAIT, REQUEST_DEADLINE, eventually_within, exit_within, free_port, signal,
-    try_send_with,
+    PROCESS_WAIT, REQUEST_DEADLINE, exit_within, free_port, signal, try_send_with,
 };
 use hyper::{Method, StatusCode};
 use serde_json::Value;
@@ -84,10 +83,29 @@ impl Serving {
         )
         .unwrap();
         signal(self.child.id(), "-HUP");
-        eventually_within("serve applies the reload", PROCESS_WAIT, || async {
+        self.eventually("serve applies the reload", || async {
             self.lines("config reload applied").len() >= applied
         })
         .await;
+    }
+
+    /// Waits up to [`PROCESS_WAIT`] for `done`; on timeout fails with `what` and serve's
+    /// log so far, which says why when serve could not start (its port taken between
+    /// [`free_port`] and its bind) or stopped.
+    async fn eventually<F, Fut>(&self, what: &str, done: F)
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = std::time::Instant::now() + PROCESS_WAIT;
+        while !done().await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for: {what}; serve's log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 
     /// The JSON lines of its log so far whose message is `message`.
@@ -127,12 +145,13 @@ async fn serve_two_requests(engine: &MockEngine) -> String {
         "trace",
     );
     let health = format!("http://127.0.0.1:{}/healthz", serving.admin);
-    eventually_within("serve answers", PROCESS_WAIT, || async {
-        send_with_credentials(Method::GET, &health, "")
-            .await
-            .is_some()
-    })
-    .await;
+    serving
+        .eventually("serve answers", || async {
+            send_with_credentials(Method::GET, &health, "")
+                .await
+                .is_some()
+        })
+        .await;
 
     let body = format!(
         r#"{{"model":"demo-model","prompt_cache_key":"{BODY_SESSION}","messages":[{{"role":"user","content":"{PROMPT}"}}]}}"#
@@ -241,10 +260,11 @@ async fn a_metrics_page_without_a_known_gauge_is_logged_once() {
         "info",
     );
     // Ten reads of the page at least, each of which finds no known gauge.
-    eventually_within("serve reads the page ten times", PROCESS_WAIT, || async {
-        reads.load(Ordering::Relaxed) >= 10
-    })
-    .await;
+    serving
+        .eventually("serve reads the page ten times", || async {
+            reads.load(Ordering::Relaxed) >= 10
+        })
+        .await;
     let raw = serving.stop().await;
     let warned: Vec<Value> = raw
         .lines()
@@ -335,10 +355,11 @@ async fn an_engine_that_wants_its_api_key_is_read_with_it_and_warned_about_witho
         &format!("queue: {{ poll_interval_ms: 20 }}\n{sites}"),
         "info",
     );
-    eventually_within("serve reads the page ten times", PROCESS_WAIT, || async {
-        refused.load(Ordering::Relaxed) >= 10
-    })
-    .await;
+    serving
+        .eventually("serve reads the page ten times", || async {
+            refused.load(Ordering::Relaxed) >= 10
+        })
+        .await;
     let raw = serving.stop().await;
     let warned = lines(&raw, "metrics page refused; unmeasured");
     assert_eq!(warned.len(), 1, "{raw}");
@@ -366,12 +387,11 @@ async fn an_engine_that_wants_its_api_key_is_read_with_it_and_warned_about_witho
         ),
         "trace",
     );
-    eventually_within(
-        "serve reads the page ten times with the key",
-        PROCESS_WAIT,
-        || async { allowed.load(Ordering::Relaxed) >= 10 },
-    )
-    .await;
+    serving
+        .eventually("serve reads the page ten times with the key", || async {
+            allowed.load(Ordering::Relaxed) >= 10
+        })
+        .await;
     let raw = serving.stop().await;
     assert_eq!(
         refused.load(Ordering::Relaxed),
@@ -460,36 +480,41 @@ async fn an_endpoint_removed_while_its_page_was_read_is_logged_again_when_it_com
         "metrics page serves no known queue gauge; unmeasured (set queue.metric to name one)";
 
     let serving = Serving::start(&config(&slow_url), "info");
-    eventually_within("the slow page is logged", PROCESS_WAIT, || async {
-        serving.lines(warning).len() == 1
-    })
-    .await;
+    serving
+        .eventually("the slow page is logged", || async {
+            serving.lines(warning).len() == 1
+        })
+        .await;
     // Removed while a read of it is holding, ...
     hold.store(true, Ordering::SeqCst);
-    eventually_within("a read of the page held", PROCESS_WAIT, || async {
-        holding.load(Ordering::SeqCst)
-    })
-    .await;
+    serving
+        .eventually("a read of the page held", || async {
+            holding.load(Ordering::SeqCst)
+        })
+        .await;
     serving.reload(&config(&other.url()), 1).await;
     // ... and ends once the poller has moved to the new endpoints (it reads the new one
     // only after pruning its log to them); then no read of it runs any more.
-    eventually_within("the new endpoint is read", PROCESS_WAIT, || async {
-        !serving.lines("queue gauge found").is_empty()
-    })
-    .await;
+    serving
+        .eventually("the new endpoint is read", || async {
+            !serving.lines("queue gauge found").is_empty()
+        })
+        .await;
     let before = reads.load(Ordering::SeqCst);
     release.notify_one();
-    eventually_within("the held read ends", PROCESS_WAIT, || async {
-        reads.load(Ordering::SeqCst) > before
-    })
-    .await;
+    serving
+        .eventually("the held read ends", || async {
+            reads.load(Ordering::SeqCst) > before
+        })
+        .await;
     // Added again: logged again, after that reload (the read that ended after the
     // first reload wrote nothing, so neither logged then nor kept the endpoint known).
     serving.reload(&config(&slow_url), 2).await;
-    eventually_within("the slow page is logged again", PROCESS_WAIT, || async {
-        serving.lines(warning).len() >= 2
-    })
-    .await;
+    serving
+        .eventually("the slow page is logged again", || async {
+            serving.lines(warning).len() >= 2
+        })
+        .await;
     let raw = serving.stop().await;
     let order: Vec<&str> = raw
         .lines()
