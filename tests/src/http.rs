@@ -2,6 +2,7 @@
 //! and requests that fail the test when they take longer than [`REQUEST_DEADLINE`].
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -160,12 +161,51 @@ pub async fn send(method: Method, url: &str, body: impl Into<Bytes>) -> Answer {
 }
 
 /// A port free on 127.0.0.1 a moment ago, for a process that must be told its port.
+///
+/// It is taken under the kernel's ephemeral range (Linux's `ip_local_port_range`,
+/// 32768–60999 by default), from which every `bind` to port 0 and every outgoing
+/// connection of the tests draw theirs: a port handed out from inside that range can be
+/// taken by one of them before the process told to use it binds it, and that process then
+/// fails to start. Each test process walks the range from its own offset and never hands
+/// out a port twice, so parallel test binaries rarely meet, and a port one of them has
+/// bound fails the other's check. On a machine whose ephemeral range leaves no room under
+/// it, the port comes from the range as before.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    /// The lowest port handed out: above the well-known and most registered services.
+    const FIRST: u16 = 10_000;
+    static HANDED_OUT: AtomicUsize = AtomicUsize::new(0);
+    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    let below = ephemeral_range_start().min(32_768);
+    if below <= FIRST + 1_000 {
+        return std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+    }
+    let span = usize::from(below - FIRST);
+    static OFFSET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let offset = *OFFSET.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.subsec_nanos() as usize);
+        (std::process::id() as usize)
+            .wrapping_mul(7_919)
+            .wrapping_add(nanos)
+    }) % span;
+    (0..span)
+        .map(|_| HANDED_OUT.fetch_add(1, Ordering::Relaxed))
+        .map(|n| FIRST + ((offset + n) % span) as u16)
+        .find(|&port| free(port))
+        .expect("a free port under the ephemeral range")
+}
+
+/// The first port of Linux's ephemeral range; 32768 where it cannot be read.
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// The workspace root, where the README's commands and the scripts run.
@@ -183,4 +223,23 @@ pub fn scratch_dir(name: &str) -> tempfile::TempDir {
         .prefix(&format!("grid-route-{name}-"))
         .tempdir()
         .unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_under_the_ephemeral_range() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
+        let distinct: std::collections::BTreeSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        let below = ephemeral_range_start().min(32_768);
+        for port in ports {
+            if below > 11_000 {
+                assert!((10_000..below).contains(&port), "{port}");
+            }
+            std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        }
+    }
 }

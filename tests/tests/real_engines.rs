@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use grid_route_example::config::GatewayConfig;
 use grid_route_example::gateway::Gateway;
-use grid_route_tests::{Answer, SITES, try_send, try_send_with, workspace_root};
+use grid_route_tests::{Answer, SITES, free_port, try_send, try_send_with, workspace_root};
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -108,11 +108,7 @@ impl Engine {
         extra: &[&str],
     ) -> Result<Self, String> {
         // The port is free when asked for; llama-server binds it moments later.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let log = std::env::temp_dir().join(format!(
             "grid-route-llama-{}-{name}-{port}.log",
             std::process::id()
