@@ -174,6 +174,7 @@ pub fn free_port() -> u16 {
     /// The lowest port handed out: above the well-known and most registered services.
     const FIRST: u16 = 10_000;
     static HANDED_OUT: AtomicUsize = AtomicUsize::new(0);
+    static OFFSET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
     let below = ephemeral_range_start().min(32_768);
     if below <= FIRST + 1_000 {
@@ -184,7 +185,6 @@ pub fn free_port() -> u16 {
             .port();
     }
     let span = usize::from(below - FIRST);
-    static OFFSET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let offset = *OFFSET.get_or_init(|| {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
