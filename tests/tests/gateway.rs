@@ -1639,16 +1639,18 @@ async fn the_engines_prompt_and_cached_tokens_are_counted_per_cluster() {
         StatusCode::OK
     );
     let responses = json!({"model": MODEL, "instructions": system, "input": "hello",
-        "store": false});
-    assert_eq!(
-        post(&gateway, "/v1/responses", responses.to_string())
-            .await
-            .status,
-        StatusCode::OK
-    );
+        "store": true});
+    let made = post(&gateway, "/v1/responses", responses.to_string()).await;
+    assert_eq!(made.status, StatusCode::OK);
+    // Read back, the stored response carries the usage of the request that made it, which
+    // is not counted twice.
+    let id = made.json()["id"].as_str().unwrap().to_owned();
+    let stored = get(format!("{}/v1/responses/{id}", gateway.url())).await;
+    assert_eq!(stored.status, StatusCode::OK);
+    assert!(stored.json()["usage"]["input_tokens"].as_u64().unwrap() > 0);
 
-    // Every answer's usage was read, whatever its API and framing: the counters hold what
-    // the engine itself tallied.
+    // Every answer's usage was read once, whatever its API and framing: the counters hold
+    // what the engine itself tallied.
     let stats = engine.stats();
     let labels = r#"{site="usage",cluster="usage-a"}"#;
     let prompt = scraped(&gateway, &format!("grid_route_prompt_tokens_total{labels}")).await;

@@ -4,7 +4,8 @@
 //! of it it really served from its KV cache. Every answer of the Chat, Completions,
 //! Responses and Anthropic APIs says so in its `usage` ([`PromptUsage::of`] lists the
 //! fields). [`FeedbackLayer`] sits right outside the balancer, where answers carry
-//! [`Served`](crate::route::Served), and reads that usage from every 2xx answer as its
+//! [`Served`](crate::route::Served), and reads that usage from every 2xx answer to a
+//! `POST` of one of those APIs ([`Api::from_path`](crate::keying::Api::from_path)) as its
 //! body passes, without holding any of it back: a copy of a JSON answer (up to
 //! [`MAX_JSON_BYTES`]) is parsed when the body ends, and each `data:` line of a
 //! server-sent event stream (up to [`MAX_EVENT_LINE_BYTES`]) as it completes, the last
@@ -32,7 +33,9 @@
 //! engine that no longer holds them.
 //!
 //! Answers without a usage (a stream without `stream_options.include_usage`, an
-//! embedding, an error) count nothing; nothing is logged, and no prompt text is kept. A
+//! embedding, an error) count nothing, and neither does a stored response read back or
+//! cancelled (`GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`), whose usage
+//! is that of the request that made it; nothing is logged, and no prompt text is kept. A
 //! usage without a cached count is 0 cached at a cluster whose engines have counted before
 //! (vLLM leaves a 0 out) and unknown at one whose engines never have (vLLM and SGLang at
 //! their defaults): it then counts its prompt tokens and teaches nothing, and the first

@@ -7,7 +7,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
 use http::header::CONTENT_TYPE;
-use http::{Request, Response};
+use http::{Method, Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
 
@@ -15,9 +15,10 @@ use super::body::{CachedCounts, FeedbackBody, Prediction, PrefillTiming, Teach};
 use super::forget::EvictionMarks;
 use super::usage::UsageReader;
 use crate::affinity::Affinity;
+use crate::keying::Api;
 use crate::route::{Candidates, PredictedMatch, Prompt, Served};
 
-/// Reads the engine's usage from every successful answer. See the
+/// Reads the engine's usage from every successful answer to a prompt. See the
 /// [module docs](super).
 #[derive(Debug, Clone)]
 pub struct FeedbackService<S> {
@@ -37,7 +38,7 @@ impl<S> FeedbackService<S> {
     /// use grid_route_layer::feedback::FeedbackService;
     /// use grid_route_layer::grid::{ClusterId, SiteName};
     /// use grid_route_layer::route::Served;
-    /// use http::{Request, Response};
+    /// use http::{Method, Request, Response};
     /// use http_body_util::{BodyExt, Full};
     /// use tower::{ServiceExt, service_fn};
     ///
@@ -123,14 +124,32 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let now = Instant::now();
+        if !generates(&request) {
+            return ResponseFuture {
+                inner: self.inner.call(request),
+                counts: Arc::clone(&self.counts),
+                generates: false,
+                prediction: None,
+                learn: None,
+            };
+        }
         let prediction = self.prediction(&request, now);
         ResponseFuture {
             inner: self.inner.call(request),
             counts: Arc::clone(&self.counts),
+            generates: true,
             prediction,
             learn: self.teach.clone().map(|affinity| (affinity, now)),
         }
     }
+}
+
+/// Whether `request` asks an engine to prefill its prompt: a `POST` to one of the keyed
+/// APIs ([`Api::from_path`]). Other answers can carry a usage too, but not one the engine
+/// just served: `GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel` return a
+/// stored response with the usage of the request that made it, which was counted then.
+fn generates<B>(request: &Request<B>) -> bool {
+    request.method() == Method::POST && Api::from_path(request.uri().path()).is_some()
 }
 
 pin_project! {
@@ -139,6 +158,8 @@ pin_project! {
         #[pin]
         inner: F,
         counts: Arc<CachedCounts>,
+        // Whether the request asked for a prompt to be prefilled: only its answer counts.
+        generates: bool,
         prediction: Option<Prediction>,
         // The affinity that learns prefill speeds, and when this layer was called (the
         // time to first token starts there when the answer does not say when it was sent).
@@ -168,7 +189,7 @@ where
         let cluster = response
             .extensions()
             .get::<Served>()
-            .filter(|_| response.status().is_success())
+            .filter(|_| *this.generates && response.status().is_success())
             .map(|served| (served.cluster().clone(), served.load(), served.sent()));
         let event_stream = response
             .headers()

@@ -187,10 +187,26 @@ impl Body for Chunks {
     }
 }
 
-/// Sends a request through `FeedbackLayer` to a service answering `status` with `body`
-/// in chunks of 5 bytes, from east-a when `served`; reads the body to its end and
+/// A `POST /v1/chat/completions` without a body: a request whose answer counts.
+fn chat_request() -> Request<()> {
+    Request::post("/v1/chat/completions").body(()).unwrap()
+}
+
+/// Sends a chat request through `FeedbackLayer` to a service answering `status` with
+/// `body` in chunks of 5 bytes, from east-a when `served`; reads the body to its end and
 /// returns what it carried and whether it was read.
 fn through_the_layer(
+    status: StatusCode,
+    body: &[u8],
+    event_stream: bool,
+    served: bool,
+) -> (Vec<u8>, bool) {
+    through_the_layer_as(chat_request(), status, body, event_stream, served)
+}
+
+/// [`through_the_layer`] with `request`.
+fn through_the_layer_as(
+    request: Request<()>,
     status: StatusCode,
     body: &[u8],
     event_stream: bool,
@@ -213,7 +229,7 @@ fn through_the_layer(
         }
         std::future::ready(Ok::<_, Infallible>(response))
     }));
-    let mut future = service.call(Request::new(()));
+    let mut future = service.call(request);
     let Poll::Ready(Ok(response)) = poll_once(&mut future) else {
         panic!("answered at once");
     };
@@ -270,6 +286,42 @@ fn the_layer_forwards_every_byte_and_counts_the_usage_per_cluster() {
     assert_eq!(recorder.total(PROMPT_TOKENS_TOTAL), 50);
 }
 
+#[test]
+fn a_stored_response_read_back_or_cancelled_is_not_counted_again() {
+    let answer = json!({"id": "resp_1", "object": "response", "usage": {"input_tokens": 70,
+        "input_tokens_details": {"cached_tokens": 60}, "output_tokens": 5}})
+    .to_string();
+    let stored = [
+        Request::get("/v1/responses/resp_1").body(()).unwrap(),
+        Request::get("/v1/responses/resp_1?stream=true")
+            .body(())
+            .unwrap(),
+        Request::post("/v1/responses/resp_1/cancel")
+            .body(())
+            .unwrap(),
+        Request::get("/v1/chat/completions/chatcmpl_1")
+            .body(())
+            .unwrap(),
+    ];
+    let recorder = TestRecorder::default();
+    metrics::with_local_recorder(&recorder, || {
+        for request in stored {
+            assert_eq!(
+                through_the_layer_as(request, StatusCode::OK, answer.as_bytes(), false, true),
+                (answer.clone().into_bytes(), false)
+            );
+        }
+        // The answer that made it counts.
+        let made = Request::post("/v1/responses").body(()).unwrap();
+        assert_eq!(
+            through_the_layer_as(made, StatusCode::OK, answer.as_bytes(), false, true),
+            (answer.clone().into_bytes(), true)
+        );
+    });
+    assert_eq!(recorder.total(PROMPT_TOKENS_TOTAL), 70);
+    assert_eq!(recorder.total(CACHED_PROMPT_TOKENS_TOTAL), 60);
+}
+
 /// The prefill speed east-a learns from one JSON answer (4,000 tokens, none cached) that
 /// the service below the layer gives only after `failed_attempt`, stamped `sent` at the
 /// answering attempt or not at all. The queued-request price is fixed, so the answer's
@@ -309,7 +361,7 @@ fn prefill_learned_after(failed_attempt: std::time::Duration, stamped: bool) -> 
                 response.extensions_mut().insert(sent);
                 std::future::ready(Ok::<_, Infallible>(response))
             }));
-    let mut future = service.call(Request::new(()));
+    let mut future = service.call(chat_request());
     let Poll::Ready(Ok(response)) = poll_once(&mut future) else {
         panic!("answered at once");
     };
@@ -487,7 +539,7 @@ mod teaching {
                 AffinityLayer::new(self.grid.clone(), self.affinity.clone())
                     .layer(feedback.layer(engine)),
             );
-            let mut request = Request::new(());
+            let mut request = chat_request();
             request.extensions_mut().insert(self.prompt.clone());
             let mut future = stack.call(request);
             let Poll::Ready(Ok(response)) = poll_once(&mut future) else {
