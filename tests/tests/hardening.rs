@@ -809,18 +809,39 @@ async fn two_sites_that_answered() -> (MockEngine, MockEngine, Gateway, String) 
 /// enough of them. The engine stays in, and its answer comes.
 #[tokio::test]
 async fn a_long_whole_answer_on_a_grid_of_streams_does_not_eject_its_engine() {
+    long_whole_answer_on_a_grid_of_streams(true).await;
+}
+
+/// The same with prefix affinity off, where keying reads the model alone: it still tells
+/// streams from whole answers.
+#[tokio::test]
+async fn a_long_whole_answer_on_a_grid_of_streams_does_not_eject_its_engine_without_affinity() {
+    long_whole_answer_on_a_grid_of_streams(false).await;
+}
+
+/// Warms a one-engine grid with streams, then sends a whole answer whose head comes after
+/// the stall mark, with prefix affinity on or off.
+async fn long_whole_answer_on_a_grid_of_streams(affinity: bool) {
+    // A cluster of its own: ejections are counted process-wide, and other tests here eject
+    // east-a.
+    let name = if affinity { "whole-a" } else { "whole-off-a" };
     let config = MockEngineConfig {
         prefill_tokens_per_second: 0,
         decode_delay_per_token: Duration::from_millis(600),
-        ..MockEngineConfig::named("east-a")
+        ..MockEngineConfig::named(name)
     };
     let east = MockEngine::start("127.0.0.1:0", config).await.unwrap();
     // A 1 s stall mark: the streams' heads take milliseconds.
-    let gateway = gateway(&yaml_of(
-        &[("east", "east-a", vec![east.url()])],
+    let mut yaml = yaml_of(
+        &[("east", name, vec![east.url()])],
         "outlier: { stall_min_secs: 1 }\n",
-    ))
-    .await;
+    );
+    if !affinity {
+        let on = "prefix_affinity: { exploration: 0.0 }";
+        assert!(yaml.contains(on), "{yaml}");
+        yaml = yaml.replace(on, "prefix_affinity: { enabled: false }");
+    }
+    let gateway = gateway(&yaml).await;
     let url = format!("{}/v1/chat/completions", gateway.url());
     let body = |stream: bool, max_tokens: u32, content: &str| {
         serde_json::json!({"model": MODEL, "stream": stream, "max_tokens": max_tokens,
@@ -841,14 +862,11 @@ async fn a_long_whole_answer_on_a_grid_of_streams_does_not_eject_its_engine() {
         async move { send(Method::POST, &url, body).await }
     });
     tokio::time::sleep(Duration::from_millis(1_600)).await;
-    assert_eq!(
-        endpoint_healthy(&gateway, "east-a", &east.url()),
-        Some(true)
-    );
+    assert_eq!(endpoint_healthy(&gateway, name, &east.url()), Some(true));
     let answer = whole.await.unwrap();
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
-    let ejections = r#"grid_route_ejections_total{site="east",cluster="east-a"}"#;
-    assert_eq!(metric(&gateway.admin_url(), ejections).await, None);
+    let ejections = format!(r#"grid_route_ejections_total{{site="east",cluster="{name}"}}"#);
+    assert_eq!(metric(&gateway.admin_url(), &ejections).await, None);
 }
 
 #[tokio::test]

@@ -550,10 +550,20 @@ fn session_key(
 }
 
 /// Reads only a request's `model` (and refuses duplicated routing fields), for when prefix
-/// affinity is switched off: routing still needs the model, but no prompt is read.
+/// affinity is switched off: routing still needs the model, but no prompt is read. A
+/// top-level `"stream": true` is recorded as [`Prompt::streamed`], as [`key_body`] does.
+///
+/// ```
+/// use grid_route_layer::keying::read_model;
+///
+/// let prompt = read_model(br#"{"model":"m","stream":true,"messages":[]}"#).unwrap();
+/// assert_eq!(prompt.model(), Some("m"));
+/// assert!(prompt.streamed());
+/// assert!(!read_model(br#"{"model":"m","stream":"true"}"#).unwrap().streamed());
+/// ```
 pub fn read_model(body: &[u8]) -> Result<Prompt, DuplicateField> {
-    let model = top_level_model(body, &ROUTING_FIELDS)?;
-    Ok(Prompt::new(model, Err(NoKeys::Disabled)))
+    let top = top_level(body, &ROUTING_FIELDS)?;
+    Ok(Prompt::new(top.model, Err(NoKeys::Disabled)).with_streamed(top.streamed))
 }
 
 /// Reads the top-level `model` of a JSON body that keying does not otherwise read
@@ -574,20 +584,25 @@ pub fn read_model(body: &[u8]) -> Result<Prompt, DuplicateField> {
 /// assert!(scan_model(br#"{"model":"a","model":"b"}"#).is_err());
 /// ```
 pub fn scan_model(body: &[u8]) -> Result<Option<Arc<str>>, DuplicateField> {
-    top_level_model(body, &["model"])
+    Ok(top_level(body, &["model"])?.model)
 }
 
-/// The top-level `model` as a string, read until the first value that is cut off or not
-/// JSON; any field of `checked` given twice is a [`DuplicateField`]. A field's name is
-/// checked before its value is read, as `key_body` does, so a duplicate followed by an
-/// unreadable value is refused too.
-fn top_level_model(
-    body: &[u8],
-    checked: &[&'static str],
-) -> Result<Option<Arc<str>>, DuplicateField> {
+/// What [`top_level`] reads of a body.
+struct ModelAndStream {
+    /// The top-level `model`, when it is a string.
+    model: Option<Arc<str>>,
+    /// Whether the last top-level `stream` given is `true`.
+    streamed: bool,
+}
+
+/// The top-level `model` as a string and whether `stream` is `true`, read until the first
+/// value that is cut off or not JSON; any field of `checked` given twice is a
+/// [`DuplicateField`]. A field's name is checked before its value is read, as `key_body`
+/// does, so a duplicate followed by an unreadable value is refused too.
+fn top_level(body: &[u8], checked: &[&'static str]) -> Result<ModelAndStream, DuplicateField> {
     let mut s = Scanner::new(body);
     let mut given = vec![false; checked.len()];
-    let mut model = None;
+    let (mut model, mut stream) = (None, None);
     let read = (|| -> Result<(), Stop> {
         let mut fields = s.begin_object()?;
         while let Some(key) = s.next_key(&mut fields)? {
@@ -598,8 +613,10 @@ fn top_level_model(
                 given[i] = true;
             }
             let span = s.skip_value()?;
-            if &*key == b"model" {
-                model = Some(span);
+            match &*key {
+                b"model" => model = Some(span),
+                b"stream" => stream = Some(span),
+                _ => {}
             }
         }
         Ok(())
@@ -607,10 +624,13 @@ fn top_level_model(
     if let Err(Stop::Duplicate(field)) = read {
         return Err(DuplicateField { field });
     }
-    Ok(model
-        .and_then(|span| decode(body, span))
-        .and_then(|m| String::from_utf8(m).ok())
-        .map(Arc::from))
+    Ok(ModelAndStream {
+        model: model
+            .and_then(|span| decode(body, span))
+            .and_then(|m| String::from_utf8(m).ok())
+            .map(Arc::from),
+        streamed: stream.is_some_and(|span| &body[span.range()] == b"true"),
+    })
 }
 
 enum Stop {
