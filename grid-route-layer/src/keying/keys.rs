@@ -283,7 +283,8 @@ pub enum NoKeys {
     UnknownType {
         /// Which kind of thing had the unknown type.
         place: &'static str,
-        /// The type's name (clipped).
+        /// The type's name when it reads as one (at most 40 ASCII letters, digits and
+        /// `_ - . /`), else its length: it is client text.
         name: Box<str>,
     },
     /// A Responses request that continues stored state the gateway cannot see.

@@ -47,7 +47,10 @@ pub(super) fn system_blocks(
     let mut items = s.begin_array()?;
     while s.next_item(&mut items)? {
         if block(seed, s, out)? != BlockKind::Text {
-            return Err(unknown("system block", Some(b"(not text)")));
+            return Err(NoKeys::UnknownType {
+                place: "system block",
+                name: "(not text)".into(),
+            });
         }
     }
     Ok(())

@@ -330,11 +330,22 @@ pub(crate) fn media(
     Ok(())
 }
 
-/// A reason naming an unknown `type` value. The name is clipped: it is client text.
+/// A reason naming an unknown `type` value. The name is client text, which may be logged
+/// (at `debug`): it is shown only when it reads as a type name, at most 40 ASCII letters,
+/// digits and `_ - . /`, and otherwise as its length alone, so no prose can reach a log
+/// through it.
 pub(crate) fn unknown(place: &'static str, name: Option<&[u8]>) -> NoKeys {
     const SHOWN: usize = 40;
     let name = name.unwrap_or_default();
-    let name = String::from_utf8_lossy(&name[..name.len().min(SHOWN)]).into_owned();
+    let type_name = name.len() <= SHOWN
+        && name
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'/'));
+    let name = if type_name {
+        String::from_utf8_lossy(name).into_owned()
+    } else {
+        format!("({} bytes, not a type name)", name.len())
+    };
     NoKeys::UnknownType {
         place,
         name: name.into(),
@@ -344,6 +355,27 @@ pub(crate) fn unknown(place: &'static str, name: Option<&[u8]>) -> NoKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_type_is_named_only_when_it_reads_as_a_type_name() {
+        let shown = |name: &[u8]| unknown("content part", Some(name)).to_string();
+        assert_eq!(
+            shown(b"input_audio"),
+            r#"unknown content part type "input_audio""#
+        );
+        assert_eq!(
+            shown(b"my secret prompt text"),
+            r#"unknown content part type "(21 bytes, not a type name)""#
+        );
+        assert_eq!(
+            shown(&[b'a'; 41]),
+            r#"unknown content part type "(41 bytes, not a type name)""#
+        );
+        assert_eq!(
+            unknown("input item", None).to_string(),
+            r#"unknown input item type """#
+        );
+    }
 
     #[test]
     fn deferred_text_reads_back_whole_whatever_the_run_sizes() {
