@@ -415,6 +415,48 @@ async fn an_engine_that_wants_its_api_key_is_read_with_it_and_warned_about_witho
     assert!(!raw.contains(KEY), "the engines' key reached the log");
 }
 
+/// A llama.cpp engine whose `/props` cannot be read (here a proxy in front serves only
+/// `/metrics`) runs without its slots known, which changes how its load counts: `serve`
+/// says so once at `warn`, naming the endpoint, not read after read at `debug`.
+#[tokio::test]
+async fn a_llama_engine_whose_slots_cannot_be_read_is_warned_about_once() {
+    let reads = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&reads);
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+            async { "llamacpp:requests_deferred 0\n" }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let serving = Serving::start(
+        &format!(
+            "queue: {{ poll_interval_ms: 20 }}\nsites:\n  - name: east\n    clusters:\n\
+             \x20     - {{ name: east-a, models: [demo-model], endpoints: [{endpoint}] }}\n"
+        ),
+        "info",
+    );
+    serving
+        .eventually("serve reads the page ten times", || async {
+            reads.load(Ordering::Relaxed) >= 10
+        })
+        .await;
+    let raw = serving.stop().await;
+    let warned = log_lines(
+        &raw,
+        "engine slots unknown: llama.cpp's /props unreadable or without total_slots; \
+         its streams count at half, as on an engine that batches",
+    );
+    assert_eq!(warned.len(), 1, "{raw}");
+    assert_eq!(warned[0]["level"], "WARN");
+    assert_eq!(warned[0]["fields"]["cluster"], "east/east-a");
+    assert_eq!(warned[0]["fields"]["endpoint"], endpoint.as_str());
+    assert_eq!(warned[0]["fields"]["read_again_secs"], 60);
+}
+
 /// The JSON lines of `raw` whose message is `message`.
 fn log_lines(raw: &str, message: &str) -> Vec<Value> {
     raw.lines()

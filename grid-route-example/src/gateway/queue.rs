@@ -27,8 +27,8 @@
 //! [`ClusterLoad::record_slots`]: while a cluster's slots are full its streams count whole
 //! in its routing load, since a request sent there waits for one of them to end. What it
 //! finds is logged at `info` when new or changed; a `/props` page that cannot be read or
-//! does not say is logged at `debug`, and the endpoint counts as having no slots until a
-//! later read says (its streams count at half, as on an engine that batches). An endpoint
+//! does not say is logged at `warn` on the first read and when the slots it said before
+//! are lost, and the endpoint counts as having no slots until a later read says (its streams count at half, as on an engine that batches). An endpoint
 //! whose page stops being llama.cpp's has no slots from that read on.
 //!
 //! Every read carries `Authorization: Bearer KEY` when `queue.api_key_path` names the
@@ -42,8 +42,8 @@
 //! 2xx (401 for a missing or wrong API key, llama.cpp's 501 without `--metrics`, 503
 //! while it loads) is logged at `warn` with the status, whether the key was sent, and
 //! what to do: once, and again when it answers another status, after a read that finds a
-//! sample (or a page without a known gauge), and after a reload. The other failures, and
-//! a refused `/props`, are logged at `debug`, read after read. A successful read also marks
+//! sample (or a page without a known gauge), and after a reload. The other failures are
+//! logged at `debug`, read after read. A successful read also marks
 //! the endpoint healthy again (a failed connection marks it unhealthy, see
 //! [`upstream`](super::upstream)); a failed read does not mark it unhealthy — unmeasured
 //! is not down.
@@ -304,6 +304,12 @@ impl FoundGauges {
             .is_none_or(|at| now.saturating_duration_since(*at) >= SLOTS_REFRESH)
     }
 
+    /// Whether `url`'s slots were never read since its page became llama.cpp's.
+    fn never_read_slots(&self, url: &str) -> bool {
+        let found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
+        !found.slots_read.contains_key(url)
+    }
+
     /// Notes that `url`'s slots were read at `now`, or with `None` forgets when: its page
     /// is not llama.cpp's (any longer), so they are due as soon as it is again.
     fn slots_read(&self, url: &Arc<str>, now: Option<Instant>) {
@@ -344,11 +350,12 @@ fn refusal_hint(status: StatusCode, keyed: bool) -> &'static str {
 }
 
 /// Tells `cluster` what a read of `url`'s `/props` said of its slots, and logs it when it
-/// differs from what the cluster had. Returns whether it did.
-fn record_slots(cluster: &Cluster, url: &Arc<str>, slots: Option<usize>) -> bool {
+/// differs from what the cluster had, or when the `first` read since the page became
+/// llama.cpp's finds none. Returns whether it logged.
+fn record_slots(cluster: &Cluster, url: &Arc<str>, slots: Option<usize>, first: bool) -> bool {
     let previous = cluster.load().endpoint_slots(url);
     cluster.load().record_slots(url, slots);
-    if previous == slots {
+    if previous == slots && !(first && slots.is_none()) {
         return false;
     }
     if let Some(slots) = slots {
@@ -359,10 +366,12 @@ fn record_slots(cluster: &Cluster, url: &Arc<str>, slots: Option<usize>) -> bool
             "engine slots found: its streams count whole while they fill them"
         );
     } else {
-        tracing::debug!(
+        tracing::warn!(
             cluster = %cluster.id(),
             endpoint = %url,
-            "llama.cpp /props unreadable or without total_slots; counted without slots"
+            read_again_secs = SLOTS_REFRESH.as_secs(),
+            "engine slots unknown: llama.cpp's /props unreadable or without total_slots; \
+             its streams count at half, as on an engine that batches"
         );
     }
     true
@@ -386,8 +395,9 @@ fn record_read(live: &Live, cluster: &Cluster, url: &Arc<str>, read: EndpointRea
             cluster.load().record_slots(url, None);
         }
         SlotsRead::Read(slots) if current => {
+            let first = live.gauges.never_read_slots(url);
             live.gauges.slots_read(url, Some(Instant::now()));
-            record_slots(cluster, url, slots);
+            record_slots(cluster, url, slots, first);
         }
         // Unlogged: the endpoint is gone.
         SlotsRead::Read(slots) => {
@@ -849,19 +859,33 @@ vllm:num_requests_waiting 1
         let view = grid.view();
         let cluster = &view.clusters()[0];
         let url = Arc::clone(&cluster.endpoints()[0]);
-        assert!(record_slots(cluster, &url, Some(2)), "new: logged");
+        assert!(record_slots(cluster, &url, Some(2), true), "new: logged");
         assert_eq!(cluster.load().endpoint_slots(&url), Some(2));
         assert!(
-            !record_slots(cluster, &url, Some(2)),
+            !record_slots(cluster, &url, Some(2), false),
             "the same again: quiet"
         );
-        assert!(record_slots(cluster, &url, None), "unreadable: logged");
+        assert!(record_slots(cluster, &url, None, false), "lost: logged");
         assert_eq!(cluster.load().slots(), None);
+        assert!(
+            !record_slots(cluster, &url, None, false),
+            "still unknown: quiet"
+        );
+        let other_grid = west_grid(&["http://127.0.0.1:2"]);
+        let other_view = other_grid.view();
+        let other = &other_view.clusters()[0];
+        let other_url = Arc::clone(&other.endpoints()[0]);
+        assert!(
+            record_slots(other, &other_url, None, true),
+            "unknown at the first read: logged"
+        );
 
         let gauges = FoundGauges::default();
         let t0 = Instant::now();
         assert!(gauges.slots_due(&url, t0), "never read");
+        assert!(gauges.never_read_slots(&url));
         gauges.slots_read(&url, Some(t0));
+        assert!(!gauges.never_read_slots(&url));
         assert!(!gauges.slots_due(&url, t0 + SLOTS_REFRESH / 2));
         assert!(gauges.slots_due(&url, t0 + SLOTS_REFRESH));
         gauges.slots_read(&url, None);
