@@ -49,7 +49,8 @@ pub const PREFIX_AFFINITY_TOTAL: &str = "grid_route_prefix_affinity_total";
 pub const PIN_TOTAL: &str = "grid_route_pin_total";
 /// Requests dispatched, by site and cluster.
 pub const DECISIONS_TOTAL: &str = "grid_route_decisions_total";
-/// Prompt tokens of 2xx answers, as the engines counted them, by site and cluster.
+/// Prompt tokens of 2xx answers to a prompt (a `POST` of a keyed API), as the engines
+/// counted them, by site and cluster.
 pub const PROMPT_TOKENS_TOTAL: &str = "grid_route_prompt_tokens_total";
 /// The part of [`PROMPT_TOKENS_TOTAL`] the engines served from their cache.
 pub const CACHED_PROMPT_TOKENS_TOTAL: &str = "grid_route_cached_prompt_tokens_total";
@@ -117,14 +118,14 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         PROMPT_TOKENS_TOTAL,
         Unit::Count,
-        "Prompt tokens of the 2xx answers of each backend cluster, as its engines reported \
-         them in the answers' usage."
+        "Prompt tokens of the 2xx answers of each backend cluster to a chat, completions, \
+         messages or responses POST, as its engines reported them in the answers' usage."
     );
     metrics::describe_counter!(
         CACHED_PROMPT_TOKENS_TOTAL,
         Unit::Count,
-        "Prompt tokens of the 2xx answers of each backend cluster that its engines reported \
-         serving from their prefix cache."
+        "Prompt tokens of the same answers that the cluster's engines reported serving from \
+         their prefix cache."
     );
     metrics::describe_counter!(
         PREDICTED_CACHED_TOKENS_TOTAL,

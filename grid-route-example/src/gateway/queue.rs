@@ -28,8 +28,9 @@
 //! in its routing load, since a request sent there waits for one of them to end. What it
 //! finds is logged at `info` when new or changed; a `/props` page that cannot be read or
 //! does not say is logged at `warn` on the first read and when the slots it said before
-//! are lost, and the endpoint counts as having no slots until a later read says (its streams count at half, as on an engine that batches). An endpoint
-//! whose page stops being llama.cpp's has no slots from that read on.
+//! are lost, and the endpoint counts as having no slots until a later read says (its
+//! streams count at half, as on an engine that batches). An endpoint whose page stops
+//! being llama.cpp's has no slots from that read on.
 //!
 //! Every read carries `Authorization: Bearer KEY` when `queue.api_key_path` names the
 //! engines' API key: llama.cpp's server started with `--api-key` answers `/metrics` and

@@ -33,7 +33,7 @@ impl FeedbackLayer {
     /// engine has just prefilled it and holds it again.
     ///
     /// With [`learns_prices`](crate::affinity::AffinitySettings::learns_prices) on (the
-    /// default), each answer also teaches `affinity` its cluster's prices
+    /// default), each answer it reads also teaches `affinity` its cluster's prices
     /// ([`Affinity::learn`]), exported as `grid_route_prefill_tokens_per_second` and
     /// `grid_route_queued_request_seconds`. The answer's time to first token is counted
     /// from when the balancer sent the attempt that answered

@@ -32,10 +32,13 @@
 //! and conversations whose prefixes are gone route by load instead of piling onto an
 //! engine that no longer holds them.
 //!
-//! Answers without a usage (a stream without `stream_options.include_usage`, an
-//! embedding, an error) count nothing, and neither does a stored response read back or
-//! cancelled (`GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`), whose usage
-//! is that of the request that made it; nothing is logged, and no prompt text is kept. A
+//! Answers without a usage (a stream without `stream_options.include_usage`, an error)
+//! count nothing, and neither do answers to other requests: embeddings, paths added with
+//! `forward_paths`, or a stored response read back or cancelled (`GET
+//! /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`), whose usage is that of the
+//! request that made it. So a background response (`"background": true`), whose `POST`
+//! answers before the engine has counted anything, is counted only when that `POST`
+//! streams; nothing is logged, and no prompt text is kept. A
 //! usage without a cached count is 0 cached at a cluster whose engines have counted before
 //! (vLLM leaves a 0 out) and unknown at one whose engines never have (vLLM and SGLang at
 //! their defaults): it then counts its prompt tokens and teaches nothing, and the first

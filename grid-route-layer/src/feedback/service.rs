@@ -38,7 +38,7 @@ impl<S> FeedbackService<S> {
     /// use grid_route_layer::feedback::FeedbackService;
     /// use grid_route_layer::grid::{ClusterId, SiteName};
     /// use grid_route_layer::route::Served;
-    /// use http::{Method, Request, Response};
+    /// use http::{Request, Response};
     /// use http_body_util::{BodyExt, Full};
     /// use tower::{ServiceExt, service_fn};
     ///
@@ -50,7 +50,8 @@ impl<S> FeedbackService<S> {
     ///     async move { Ok::<_, Infallible>(response) }
     /// });
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-    /// let response = FeedbackService::new(inner).oneshot(Request::new(())).await.unwrap();
+    /// let request = Request::post("/v1/chat/completions").body(()).unwrap();
+    /// let response = FeedbackService::new(inner).oneshot(request).await.unwrap();
     /// assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), ANSWER);
     /// # });
     /// ```

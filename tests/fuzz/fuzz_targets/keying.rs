@@ -40,7 +40,10 @@ fuzz_target!(|body: &[u8]| {
             // `key_body` refuses a 0xFF byte before reading anything; `read_model` does not
             // look for it.
             match (&first, &model_only) {
-                (Ok(keyed), Ok(read)) => assert_eq!(keyed.model(), read.model()),
+                (Ok(keyed), Ok(read)) => {
+                    assert_eq!(keyed.model(), read.model());
+                    assert_eq!(keyed.streamed(), read.streamed());
+                }
                 (Err(a), Err(b)) => assert_eq!(a, b),
                 (a, b) => panic!("key_body ({a:?}) and read_model ({b:?}) disagree"),
             }
