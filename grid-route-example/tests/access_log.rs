@@ -234,23 +234,22 @@ async fn the_request_log_has_one_line_per_request_and_never_a_credential_even_at
     assert!(!raw.contains("secret-query"), "the query reached the log");
 }
 
-/// An endpoint whose `/metrics` serves no known queue gauge: `serve` says so once at
-/// `warn`, however often it reads the page, and keeps reading it.
-#[tokio::test]
-async fn a_metrics_page_without_a_known_gauge_is_logged_once() {
+/// An engine serving only `/metrics`, with `page` as its text, polled every 20 ms by a
+/// `serve` of one cluster (east/east-a) in front of it at `RUST_LOG=info`, until the page
+/// was read ten times. Returns the engine's URL and `serve`'s log.
+async fn serve_polling_a_metrics_page(page: &'static str) -> (String, String) {
     let reads = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&reads);
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
             counted.fetch_add(1, Ordering::Relaxed);
-            async { "# a page of other metrics\nprocess_cpu_seconds_total 1.5\n" }
+            async move { page }
         }),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
-
     let serving = Serving::start(
         &format!(
             "queue: {{ poll_interval_ms: 20 }}\n\
@@ -259,13 +258,22 @@ async fn a_metrics_page_without_a_known_gauge_is_logged_once() {
         ),
         "info",
     );
-    // Ten reads of the page at least, each of which finds no known gauge.
     serving
         .eventually("serve reads the page ten times", || async {
             reads.load(Ordering::Relaxed) >= 10
         })
         .await;
-    let raw = serving.stop().await;
+    (endpoint, serving.stop().await)
+}
+
+/// An endpoint whose `/metrics` serves no known queue gauge: `serve` says so once at
+/// `warn`, however often it reads the page, and keeps reading it.
+#[tokio::test]
+async fn a_metrics_page_without_a_known_gauge_is_logged_once() {
+    // Ten reads of the page at least, each of which finds no known gauge.
+    let (_, raw) =
+        serve_polling_a_metrics_page("# a page of other metrics\nprocess_cpu_seconds_total 1.5\n")
+            .await;
     let warned: Vec<Value> = raw
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
@@ -420,31 +428,7 @@ async fn an_engine_that_wants_its_api_key_is_read_with_it_and_warned_about_witho
 /// says so once at `warn`, naming the endpoint, not read after read at `debug`.
 #[tokio::test]
 async fn a_llama_engine_whose_slots_cannot_be_read_is_warned_about_once() {
-    let reads = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&reads);
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            counted.fetch_add(1, Ordering::Relaxed);
-            async { "llamacpp:requests_deferred 0\n" }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let serving = Serving::start(
-        &format!(
-            "queue: {{ poll_interval_ms: 20 }}\nsites:\n  - name: east\n    clusters:\n\
-             \x20     - {{ name: east-a, models: [demo-model], endpoints: [{endpoint}] }}\n"
-        ),
-        "info",
-    );
-    serving
-        .eventually("serve reads the page ten times", || async {
-            reads.load(Ordering::Relaxed) >= 10
-        })
-        .await;
-    let raw = serving.stop().await;
+    let (endpoint, raw) = serve_polling_a_metrics_page("llamacpp:requests_deferred 0\n").await;
     let warned = log_lines(
         &raw,
         "engine slots unknown: llama.cpp's /props unreadable or without total_slots; \
