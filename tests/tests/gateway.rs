@@ -532,6 +532,124 @@ async fn responses_streams_teach_the_prefill_speed_from_their_first_output() {
     assert!((30_000.0..=150_000.0).contains(&rate), "{rate}");
 }
 
+/// An engine on a raw socket that streams Responses answers as a real one may reach the
+/// gateway: its `response.created` event echoes long instructions and comes in two
+/// pieces, 20 ms apart, and its first output only after `prefill`. Every answer counts
+/// 20,000 prompt tokens, none cached. It answers `/metrics` with an empty vLLM queue.
+async fn engine_splitting_its_opening_event(prefill: Duration) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let chunk = |text: &str| format!("{:x}\r\n{text}\r\n", text.len());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut read = Vec::new();
+                let mut buffer = [0_u8; 16 * 1024];
+                loop {
+                    // One whole request: its head, then its content-length's bytes.
+                    let head_end = loop {
+                        if let Some(at) = read.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break at + 4;
+                        }
+                        match socket.read(&mut buffer).await {
+                            Ok(n @ 1..) => read.extend_from_slice(&buffer[..n]),
+                            _ => return,
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&read[..head_end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|line| line.strip_prefix("content-length:"))
+                        .map_or(0, |value| value.trim().parse().unwrap());
+                    while read.len() < head_end + length {
+                        match socket.read(&mut buffer).await {
+                            Ok(n @ 1..) => read.extend_from_slice(&buffer[..n]),
+                            _ => return,
+                        }
+                    }
+                    read.drain(..head_end + length);
+                    if head.starts_with("get ") {
+                        let page = "vllm:num_requests_waiting 0\n";
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{page}",
+                            page.len()
+                        );
+                        if socket.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let instructions = "Answer briefly. ".repeat(2_000);
+                    let created = format!(
+                        "event: response.created\ndata: {{\"type\":\"response.created\",\
+                         \"response\":{{\"instructions\":\"{instructions}\"}}}}\n\n"
+                    );
+                    let (first, rest) = created.split_at(created.len() / 2);
+                    let output = "event: response.output_text.delta\ndata: \
+                        {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n\
+                        event: response.completed\ndata: {\"type\":\"response.completed\",\
+                        \"response\":{\"usage\":{\"input_tokens\":20000,\
+                        \"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":1}}}\n\n";
+                    let pieces = [
+                        (
+                            format!(
+                                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                                 transfer-encoding: chunked\r\n\r\n{}",
+                                chunk(first)
+                            ),
+                            Duration::from_millis(20),
+                        ),
+                        (chunk(rest), prefill),
+                        (format!("{}0\r\n\r\n", chunk(output)), Duration::ZERO),
+                    ];
+                    for (piece, then) in pieces {
+                        if socket.write_all(piece.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(then).await;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// The same with the opening event cut in two, as a long one reaches the gateway: the
+/// second piece is not taken for the first output, so the learned speed is the engine's
+/// (20,000 tokens in 300 ms), not one of the 20 ms between the pieces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_stream_whose_opening_event_is_split_teaches_the_engines_speed() {
+    let engine = engine_splitting_its_opening_event(Duration::from_millis(300)).await;
+    let yaml = priced_yaml(
+        &[(
+            "splitter",
+            vec![cluster("splitter-a", &[]).at(vec![engine])],
+        )],
+        "grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n",
+    );
+    let gateway = measured_gateway(&yaml).await;
+    let url = format!("{}/v1/responses", gateway.url());
+    for i in 0..10 {
+        let body = serde_json::to_vec(&json!({
+            "model": MODEL, "stream": true, "input": text(&format!("split{i}"), 4 * 1024),
+        }))
+        .unwrap();
+        let answer = send(Method::POST, &url, body).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        assert!(answer.text().ends_with("\"output_tokens\":1}}}\n\n"));
+    }
+    let id = cluster_id(&gateway, "splitter-a");
+    eventually("a learned prefill speed", || async {
+        gateway.affinity().prefill_rate(&id) != 10_000.0
+    })
+    .await;
+    // 20,000 tokens in 300 ms is 67,000 a second; taken at the second piece, 1,000,000.
+    let rate = gateway.affinity().prefill_rate(&id);
+    assert!((30_000.0..=80_000.0).contains(&rate), "{rate}");
+}
+
 /// vLLM and SGLang at their defaults count no cached tokens in their usage, so an answer
 /// does not say how much of its prompt was prefilled: a cluster of such engines learns no
 /// prices (its gauges stay unset, the priors in force). vLLM with

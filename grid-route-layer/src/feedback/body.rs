@@ -20,7 +20,7 @@ use crate::metrics::{
     record_learned_prices,
 };
 use crate::route::PredictedMatch;
-use crate::select::carries_output;
+use crate::select::OutputScan;
 
 pin_project! {
     /// The inner service's body, frame for frame and unchanged, while a copy of its data
@@ -102,8 +102,10 @@ pub(super) struct PrefillTiming {
     /// From dispatch to the answer's start: its head for a JSON answer (which an engine
     /// sends once it has generated the whole answer), its first output for an event
     /// stream (whose head vLLM and llama.cpp send before prefilling, and a Responses
-    /// stream its opening events: [`carries_output`]). `None` until then.
+    /// stream its opening events: [`OutputScan`]). `None` until then.
     pub(super) started: Option<Duration>,
+    /// Where the event stream's first output is.
+    pub(super) output: OutputScan,
 }
 
 /// A sticky or session request's predicted match, weighed against the engine's report.
@@ -259,7 +261,7 @@ where
             reader.feed(data);
             if let Some(timing) = tally.prefill.as_mut()
                 && timing.started.is_none()
-                && carries_output(data)
+                && timing.output.feed(data)
             {
                 timing.started = Some(timing.dispatched.elapsed());
             }

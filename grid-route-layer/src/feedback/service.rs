@@ -215,6 +215,7 @@ where
                         load,
                         event_stream,
                         started: (!event_stream).then(|| dispatched.elapsed()),
+                        output: crate::select::OutputScan::default(),
                     }
                 }),
             ),

@@ -107,7 +107,7 @@ mod pick;
 mod service;
 
 pub use body::InFlightBody;
-pub(crate) use body::carries_output;
+pub(crate) use body::OutputScan;
 pub use future::ResponseFuture;
 pub use pick::least_loaded;
 pub(crate) use pick::load_rank;

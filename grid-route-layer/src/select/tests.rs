@@ -408,14 +408,25 @@ fn a_responses_stream_counts_as_a_stream_from_its_first_output_not_its_opening_e
     }
 }
 
+/// Whether `chunk`, the whole body so far, carries output.
+fn carries_output(chunk: &[u8]) -> bool {
+    super::OutputScan::default().feed(chunk)
+}
+
 #[test]
 fn what_carries_output_and_what_only_opens_a_responses_stream() {
-    use super::carries_output;
     for opening in [
         &b"event: response.created\ndata: {\"type\":\"response.created\"}\n\n"[..],
         b"data: {\"type\":\"response.queued\"}\n\nid: 3\nretry: 10\n",
         b": ping\n\n",
         b"",
+        // vLLM's events may name their type last, after the response they echo.
+        b"event: response.created\ndata: {\"response\":{\"id\":\"resp_1\"},\"type\":\"response.created\"}\r\n\r\n",
+        // The event line names it; its data need not.
+        b"event: response.in_progress\ndata: {\"response\":{}}\n\n",
+        // A line not yet ended is not output yet.
+        b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}",
+        b"dat",
     ] {
         assert!(
             !carries_output(opening),
@@ -428,8 +439,56 @@ fn what_carries_output_and_what_only_opens_a_responses_stream() {
         b"data: {\"type\":\"response.in_progress\"}\n\ndata: {\"type\":\"response.output_text.delta\"}\n\n",
         b"{\"id\":\"chatcmpl-1\",\"choices\":[]}",
         b"event: content_block_delta\ndata: {}\n\n",
+        b"{",
     ] {
         assert!(carries_output(output), "{}", String::from_utf8_lossy(output));
+    }
+}
+
+/// A Responses stream whose opening events are long (they echo the instructions), read
+/// in chunks of every size from 1 byte up: the output is found in the chunk where the
+/// first output event's `event:` line ends, never earlier, wherever the chunks split the
+/// opening events' lines and names. The same for a Chat stream and a JSON answer.
+#[test]
+fn the_first_output_is_found_however_the_body_is_chunked() {
+    let instructions = "You are a careful assistant. ".repeat(40);
+    let responses = format!(
+        "event: response.created\ndata: {{\"type\":\"response.created\",\"response\":{{\"instructions\":\"{instructions}\"}}}}\n\n\
+         : keep-alive\n\n\
+         data: {{\"response\":{{\"instructions\":\"{instructions}\"}},\"type\":\"response.in_progress\"}}\r\n\r\n\
+         event: response.output_text.delta\ndata: {{\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}}\n\n"
+    );
+    let first_output_ends = |body: &str, line: &str| body.find(line).unwrap() + line.len();
+    let cases = [
+        (
+            responses.as_str(),
+            first_output_ends(&responses, "event: response.output_text.delta\n"),
+        ),
+        (
+            "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n",
+            first_output_ends(
+                "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n",
+                "\n",
+            ),
+        ),
+        ("{\"id\":\"chatcmpl-1\",\"choices\":[]}", 1),
+    ];
+    for (body, found_by) in cases {
+        for size in 1..=body.len() {
+            let mut scan = super::OutputScan::default();
+            let mut read = 0;
+            let found_at = body.as_bytes().chunks(size).find_map(|chunk| {
+                read += chunk.len();
+                scan.feed(chunk).then_some(read)
+            });
+            // Found in the chunk that holds byte `found_by`, counting from 1.
+            let expected = found_by.div_ceil(size) * size;
+            assert_eq!(
+                found_at,
+                Some(expected.min(body.len())),
+                "chunks of {size}: {body:.60}"
+            );
+        }
     }
 }
 
