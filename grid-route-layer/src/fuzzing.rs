@@ -99,3 +99,16 @@ pub fn read_body_ids(body: &[u8]) -> BodyRead {
 pub fn splice(body: &Bytes, edits: &[(Range<usize>, &str)]) -> Bytes {
     crate::pin::reference::splice(body, edits)
 }
+
+/// Where the gateway finds an answer's first output (its first token, for a stream) when
+/// the answer's body comes as `chunks`, as `InFlightBody` and `FeedbackBody` find it: the
+/// end of the chunk it was found in, counting bytes from the body's start; `None` when no
+/// chunk carried output.
+pub fn first_output_at<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> Option<usize> {
+    let mut scan = crate::select::OutputScan::default();
+    let mut read = 0;
+    chunks.into_iter().find_map(|chunk| {
+        read += chunk.len();
+        scan.feed(chunk).then_some(read)
+    })
+}

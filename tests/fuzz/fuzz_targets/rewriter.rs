@@ -9,12 +9,17 @@
 //!   whole body at once gives;
 //! - a rewriter finished in the middle of a body rewrites the next body like a fresh one;
 //! - the rewriter only inserts the stamp: removing every stamp from the output gives the
-//!   body back, and it inserts at most one stamp per `"resp_` or `"conv_` in the body.
+//!   body back, and it inserts at most one stamp per `"resp_` or `"conv_` in the body;
+//! - the gateway finds the body's first output (what ends a stream's wait for its first
+//!   token) in the chunk holding the byte that decides it fed one byte at a time, for
+//!   random chunks of 0 to 64 bytes, and finds some output in the whole body exactly when
+//!   it does byte by byte.
 #![no_main]
 
 use std::sync::LazyLock;
 
 use bytes::Bytes;
+use grid_route_layer::fuzzing;
 use grid_route_layer::grid::{ClusterDigest, SiteName};
 use grid_route_layer::pin::{Framing, IdRewriter, TagKey, TagKeys, TagStamp};
 use libfuzzer_sys::fuzz_target;
@@ -66,6 +71,32 @@ fuzz_target!(|data: &[u8]| {
     }
     out.extend_from_slice(&rewriter.finish());
     assert!(out == whole, "chunk boundaries changed the output");
+
+    // Where the first output is found: in the chunk holding the byte that, fed one byte at
+    // a time, decides it, whatever the chunks.
+    let decided = fuzzing::first_output_at(body.chunks(1));
+    let mut bounds = Vec::new();
+    let mut at = 0;
+    let mut rng = u32::from(*chunking) | 0x9e37_7900;
+    while at < body.len() {
+        rng = rng.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        // 0 to `max` bytes: some chunks are empty.
+        at = (at + (rng >> 8) as usize % (max + 1)).min(body.len());
+        bounds.push(at);
+    }
+    let mut from = 0;
+    let chunks = bounds.iter().map(|&to| {
+        let chunk = &body[from..to];
+        from = to;
+        chunk
+    });
+    let found = fuzzing::first_output_at(chunks);
+    let expected = decided.map(|byte| bounds.iter().copied().find(|&end| end >= byte).unwrap());
+    assert_eq!(found, expected, "chunk boundaries moved the first output");
+    assert_eq!(
+        fuzzing::first_output_at([body]).is_some(),
+        decided.is_some()
+    );
 
     let stamp_text = stamp.as_str().as_bytes();
     if find(body, stamp_text).is_none() {
