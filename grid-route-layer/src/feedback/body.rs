@@ -97,7 +97,8 @@ pub(super) struct PrefillTiming {
     pub(super) dispatched: Instant,
     /// The serving cluster's load when the request was sent (`Served::load`).
     pub(super) load: f64,
-    /// Whether the answer is an event stream, whose first data is its first token.
+    /// Whether the answer is an event stream, whose first output ([`OutputScan`]) is its
+    /// first token.
     pub(super) event_stream: bool,
     /// From dispatch to the answer's start: its head for a JSON answer (which an engine
     /// sends once it has generated the whole answer), its first output for an event

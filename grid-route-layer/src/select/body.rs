@@ -102,7 +102,17 @@ const OPENING_EVENTS: [&[u8]; 3] = [
 
 /// The longest of [`OPENING_EVENTS`]: a name split across two chunks is found with this
 /// many bytes less one kept from the first.
-const LONGEST_OPENING: usize = 20;
+const LONGEST_OPENING: usize = {
+    let mut longest = 0;
+    let mut i = 0;
+    while i < OPENING_EVENTS.len() {
+        if OPENING_EVENTS[i].len() > longest {
+            longest = OPENING_EVENTS[i].len();
+        }
+        i += 1;
+    }
+    longest
+};
 
 /// The longest field prefix a line is told by (`event:`, `retry:`).
 const FIELD_HEAD: usize = 6;
@@ -134,6 +144,9 @@ enum LineKind {
 /// named line), a few dozen bytes whatever the line's length, and an `event:` or `data:`
 /// line counts as output only once it has ended. A data line whose output text contains
 /// an opening event's name is taken for an opening one: the next output counts instead.
+/// Lines end at `\n` (`\r\n` included); a stream ending its lines with a lone `\r`, which
+/// the SSE format allows and no engine sends, is one line that never ends: its request
+/// counts whole until its answer ends, and teaches no prefill speed.
 #[derive(Clone, Default)]
 pub(crate) struct OutputScan {
     kind: LineKind,
