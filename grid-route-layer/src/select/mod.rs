@@ -103,12 +103,13 @@
 
 mod body;
 mod future;
+mod output;
 mod pick;
 mod service;
 
 pub use body::InFlightBody;
-pub(crate) use body::OutputScan;
 pub use future::ResponseFuture;
+pub(crate) use output::OutputScan;
 pub use pick::least_loaded;
 pub(crate) use pick::load_rank;
 pub use service::Select;
