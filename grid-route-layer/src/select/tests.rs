@@ -492,6 +492,58 @@ fn the_first_output_is_found_however_the_body_is_chunked() {
     }
 }
 
+/// Where [`super::OutputScan`] finds the output when `body` comes cut at `cuts` (byte
+/// offsets, taken modulo the body's length, in any order): the end of that chunk.
+fn found_at(body: &[u8], cuts: &[usize]) -> Option<usize> {
+    let mut bounds: Vec<usize> = cuts.iter().map(|cut| cut % (body.len() + 1)).collect();
+    bounds.push(body.len());
+    bounds.sort_unstable();
+    let mut scan = super::OutputScan::default();
+    let mut from = 0;
+    bounds.into_iter().find(|&to| {
+        let chunk = &body[from..to];
+        from = to;
+        scan.feed(chunk)
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    /// Bodies of SSE lines (opening events, comments, ids, output) and JSON, with `\n` or
+    /// `\r\n` line ends, cut anywhere: the output is found in the chunk holding the byte
+    /// that decides it when the body comes one byte at a time.
+    #[test]
+    fn chunk_boundaries_never_move_the_first_output(
+        lines in proptest::collection::vec(proptest::sample::select(vec![
+            "event: response.created",
+            "event: response.in_progress",
+            "event: response.output_text.delta",
+            "data: {\"type\":\"response.queued\"}",
+            "data: {\"response\":{\"instructions\":\"be brief\"},\"type\":\"response.created\"}",
+            "data: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}",
+            "data: [DONE]",
+            ": ping",
+            "id: 7",
+            "retry: 10",
+            "",
+            "{\"id\":\"chatcmpl-1\"}",
+        ]), 0..12),
+        crlf in proptest::bool::ANY,
+        cuts in proptest::collection::vec(proptest::num::usize::ANY, 0..24),
+    ) {
+        let end = if crlf { "\r\n" } else { "\n" };
+        let body = lines.iter().fold(String::new(), |body, line| body + line + end);
+        let body = body.as_bytes();
+        let byte = found_at(body, &(1..body.len()).collect::<Vec<_>>());
+        let mut bounds: Vec<usize> = cuts.iter().map(|cut| cut % (body.len() + 1)).collect();
+        bounds.push(body.len());
+        bounds.sort_unstable();
+        let expected = byte.map(|byte| bounds.iter().copied().find(|&end| end >= byte).unwrap());
+        proptest::prop_assert_eq!(found_at(body, &cuts), expected);
+    }
+}
+
 #[test]
 fn a_failed_connection_is_a_dispatch_error_naming_the_cluster() {
     let mut f = three_clusters();
