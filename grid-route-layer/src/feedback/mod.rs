@@ -5,7 +5,7 @@
 //! Responses and Anthropic APIs says so in its `usage` ([`PromptUsage::of`] lists the
 //! fields). [`FeedbackLayer`] sits right outside the balancer, where answers carry
 //! [`Served`](crate::route::Served), and reads that usage from every 2xx answer to a
-//! `POST` of one of those APIs ([`Api::from_path`](crate::keying::Api::from_path)) as its
+//! `POST` of one of those APIs ([`Api::of_request`](crate::keying::Api::of_request)) as its
 //! body passes, without holding any of it back: a copy of a JSON answer (up to
 //! [`MAX_JSON_BYTES`]) is parsed when the body ends, and each `data:` line of a
 //! server-sent event stream (up to [`MAX_EVENT_LINE_BYTES`]) as it completes, the last

@@ -7,7 +7,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
 use http::header::CONTENT_TYPE;
-use http::{Method, Request, Response};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
 
@@ -125,32 +125,28 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let now = Instant::now();
-        if !generates(&request) {
-            return ResponseFuture {
-                inner: self.inner.call(request),
-                counts: Arc::clone(&self.counts),
-                generates: false,
-                prediction: None,
-                learn: None,
-            };
-        }
-        let prediction = self.prediction(&request, now);
+        let generates = generates(&request);
+        let prediction = generates.then(|| self.prediction(&request, now)).flatten();
         ResponseFuture {
             inner: self.inner.call(request),
             counts: Arc::clone(&self.counts),
-            generates: true,
+            generates,
             prediction,
-            learn: self.teach.clone().map(|affinity| (affinity, now)),
+            learn: self
+                .teach
+                .clone()
+                .filter(|_| generates)
+                .map(|affinity| (affinity, now)),
         }
     }
 }
 
 /// Whether `request` asks an engine to prefill its prompt: a `POST` to one of the keyed
-/// APIs ([`Api::from_path`]). Other answers can carry a usage too, but not one the engine
+/// APIs ([`Api::of_request`]). Other answers can carry a usage too, but not one the engine
 /// just served: `GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel` return a
 /// stored response with the usage of the request that made it, which was counted then.
 fn generates<B>(request: &Request<B>) -> bool {
-    request.method() == Method::POST && Api::from_path(request.uri().path()).is_some()
+    Api::of_request(request.method().as_str(), request.uri().path()).is_some()
 }
 
 pin_project! {

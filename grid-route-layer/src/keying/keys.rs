@@ -42,6 +42,22 @@ impl Api {
         Self::ALL.into_iter().find(|api| api.path() == path)
     }
 
+    /// The API a request asks a prompt of: a `POST` to its path. `method` is the
+    /// request's method as `http::Method::as_str` spells it. Keying reads such a request's
+    /// body for its prompt, and engine feedback reads only such a request's answer.
+    ///
+    /// ```
+    /// use grid_route_layer::keying::Api;
+    ///
+    /// assert_eq!(Api::of_request("POST", "/v1/responses"), Some(Api::Responses));
+    /// // Reading back a stored response prompts nothing.
+    /// assert_eq!(Api::of_request("GET", "/v1/responses"), None);
+    /// assert_eq!(Api::of_request("POST", "/v1/responses/resp_1/cancel"), None);
+    /// ```
+    pub fn of_request(method: &str, path: &str) -> Option<Self> {
+        Self::from_path(path).filter(|_| method == "POST")
+    }
+
     /// The request path of the API.
     pub fn path(self) -> &'static str {
         match self {

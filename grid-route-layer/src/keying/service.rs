@@ -295,7 +295,7 @@ impl ReadPlan {
             return Ok(None);
         }
         let path = request.uri().path();
-        let api = Api::from_path(path).filter(|_| method == Method::POST);
+        let api = Api::of_request(method.as_str(), path);
         let stored_state = is_stored_state_api(path);
         let headers = request.headers();
         let encoded = headers
