@@ -105,10 +105,5 @@ pub fn splice(body: &Bytes, edits: &[(Range<usize>, &str)]) -> Bytes {
 /// end of the chunk it was found in, counting bytes from the body's start; `None` when no
 /// chunk carried output.
 pub fn first_output_at<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> Option<usize> {
-    let mut scan = crate::select::OutputScan::default();
-    let mut read = 0;
-    chunks.into_iter().find_map(|chunk| {
-        read += chunk.len();
-        scan.feed(chunk).then_some(read)
-    })
+    crate::select::OutputScan::found_at(chunks)
 }

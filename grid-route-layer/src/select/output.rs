@@ -181,6 +181,20 @@ impl OutputScan {
     }
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
+impl OutputScan {
+    /// Where the output is found when a body comes as `chunks`: the end of the chunk it is
+    /// found in, counting bytes from the body's start; `None` when no chunk carries any.
+    pub(crate) fn found_at<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> Option<usize> {
+        let mut scan = Self::default();
+        let mut read = 0;
+        chunks.into_iter().find_map(|chunk| {
+            read += chunk.len();
+            scan.feed(chunk).then_some(read)
+        })
+    }
+}
+
 /// Without the bytes it keeps: they are the answer's text, which may echo the prompt.
 impl fmt::Debug for OutputScan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -410,7 +410,7 @@ fn a_responses_stream_counts_as_a_stream_from_its_first_output_not_its_opening_e
 
 /// Whether `chunk`, the whole body so far, carries output.
 fn carries_output(chunk: &[u8]) -> bool {
-    super::OutputScan::default().feed(chunk)
+    super::OutputScan::found_at([chunk]).is_some()
 }
 
 #[test]
@@ -475,12 +475,7 @@ fn the_first_output_is_found_however_the_body_is_chunked() {
     ];
     for (body, found_by) in cases {
         for size in 1..=body.len() {
-            let mut scan = super::OutputScan::default();
-            let mut read = 0;
-            let found_at = body.as_bytes().chunks(size).find_map(|chunk| {
-                read += chunk.len();
-                scan.feed(chunk).then_some(read)
-            });
+            let found_at = super::OutputScan::found_at(body.as_bytes().chunks(size));
             // Found in the chunk that holds byte `found_by`, counting from 1.
             let expected = found_by.div_ceil(size) * size;
             assert_eq!(
@@ -495,16 +490,20 @@ fn the_first_output_is_found_however_the_body_is_chunked() {
 /// Where [`super::OutputScan`] finds the output when `body` comes cut at `cuts` (byte
 /// offsets, taken modulo the body's length, in any order): the end of that chunk.
 fn found_at(body: &[u8], cuts: &[usize]) -> Option<usize> {
+    let mut from = 0;
+    super::OutputScan::found_at(bounds(body, cuts).into_iter().map(|to| {
+        let chunk = &body[from..to];
+        from = to;
+        chunk
+    }))
+}
+
+/// The ends of the chunks `body` comes in when cut at `cuts` (see [`found_at`]).
+fn bounds(body: &[u8], cuts: &[usize]) -> Vec<usize> {
     let mut bounds: Vec<usize> = cuts.iter().map(|cut| cut % (body.len() + 1)).collect();
     bounds.push(body.len());
     bounds.sort_unstable();
-    let mut scan = super::OutputScan::default();
-    let mut from = 0;
-    bounds.into_iter().find(|&to| {
-        let chunk = &body[from..to];
-        from = to;
-        scan.feed(chunk)
-    })
+    bounds
 }
 
 proptest::proptest! {
@@ -536,10 +535,9 @@ proptest::proptest! {
         let body = lines.iter().fold(String::new(), |body, line| body + line + end);
         let body = body.as_bytes();
         let byte = found_at(body, &(1..body.len()).collect::<Vec<_>>());
-        let mut bounds: Vec<usize> = cuts.iter().map(|cut| cut % (body.len() + 1)).collect();
-        bounds.push(body.len());
-        bounds.sort_unstable();
-        let expected = byte.map(|byte| bounds.iter().copied().find(|&end| end >= byte).unwrap());
+        let expected = byte.map(|byte| {
+            bounds(body, &cuts).into_iter().find(|&end| end >= byte).unwrap()
+        });
         proptest::prop_assert_eq!(found_at(body, &cuts), expected);
     }
 }
