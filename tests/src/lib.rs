@@ -25,6 +25,7 @@ mod gateways;
 mod http;
 mod process;
 mod prompts;
+mod raw;
 mod wait;
 
 pub use engines::{
@@ -40,4 +41,5 @@ pub use http::{
 };
 pub use process::{PROCESS_WAIT, exit_within, signal};
 pub use prompts::{Conversation, text};
+pub use raw::{empty_vllm_metrics, read_head, read_request};
 pub use wait::{WAIT, eventually, eventually_within};

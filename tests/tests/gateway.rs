@@ -22,8 +22,8 @@ use grid_route_example::prometheus;
 use grid_route_mock_engine::{CachedTokens, MockEngine, MockEngineConfig};
 use grid_route_tests::{
     Answer, ClusterYaml, Conversation, MODEL, chat, client, cluster, cluster_id, config_yaml,
-    engine, engine_serving, eventually, measured_gateway, metric, other, parse, scratch_dir, send,
-    send_with, set_queue, text, wait_measured,
+    empty_vllm_metrics, engine, engine_serving, eventually, measured_gateway, metric, other, parse,
+    read_request, scratch_dir, send, send_with, set_queue, text, wait_measured,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -512,24 +512,34 @@ async fn responses_streams_teach_the_prefill_speed_from_their_first_output() {
         MockEngineConfig::default().decode_delay_per_token,
     )
     .await;
+    let rate = speed_learned_from_responses_streams(&gateway, "opener-a", 40 * 1024).await;
+    // The engine's 100,000 tokens a second, less what the network and the mock add.
+    assert!((30_000.0..=150_000.0).contains(&rate), "{rate}");
+}
+
+/// Sends `gateway` ten streamed Responses requests of `prompt_bytes` each, all answered by
+/// `cluster`, and returns the prefill speed the cluster learned from them.
+async fn speed_learned_from_responses_streams(
+    gateway: &Gateway,
+    cluster: &str,
+    prompt_bytes: usize,
+) -> f64 {
     let url = format!("{}/v1/responses", gateway.url());
     for i in 0..10 {
         let body = serde_json::to_vec(&json!({
-            "model": MODEL, "stream": true, "input": text(&format!("open{i}"), 40 * 1024),
+            "model": MODEL, "stream": true, "input": text(&format!("{cluster} {i}"), prompt_bytes),
         }))
         .unwrap();
         let answer = send(Method::POST, &url, body).await;
         assert_eq!(answer.status, StatusCode::OK);
         assert!(answer.text().starts_with("event: response.created"));
     }
-    let id = cluster_id(&gateway, "opener-a");
+    let id = cluster_id(gateway, cluster);
     eventually("a learned prefill speed", || async {
         gateway.affinity().prefill_rate(&id) != 10_000.0
     })
     .await;
-    // The engine's 100,000 tokens a second, less what the network and the mock add.
-    let rate = gateway.affinity().prefill_rate(&id);
-    assert!((30_000.0..=150_000.0).contains(&rate), "{rate}");
+    gateway.affinity().prefill_rate(&id)
 }
 
 /// An engine on a raw socket that streams Responses answers as a real one may reach the
@@ -537,7 +547,7 @@ async fn responses_streams_teach_the_prefill_speed_from_their_first_output() {
 /// pieces, 20 ms apart, and its first output only after `prefill`. Every answer counts
 /// 20,000 prompt tokens, none cached. It answers `/metrics` with an empty vLLM queue.
 async fn engine_splitting_its_opening_event(prefill: Duration) -> String {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::io::AsyncWriteExt as _;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let chunk = |text: &str| format!("{:x}\r\n{text}\r\n", text.len());
@@ -545,36 +555,9 @@ async fn engine_splitting_its_opening_event(prefill: Duration) -> String {
         while let Ok((mut socket, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let mut read = Vec::new();
-                let mut buffer = [0_u8; 16 * 1024];
-                loop {
-                    // One whole request: its head, then its content-length's bytes.
-                    let head_end = loop {
-                        if let Some(at) = read.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break at + 4;
-                        }
-                        match socket.read(&mut buffer).await {
-                            Ok(n @ 1..) => read.extend_from_slice(&buffer[..n]),
-                            _ => return,
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&read[..head_end]).to_ascii_lowercase();
-                    let length: usize = head
-                        .lines()
-                        .find_map(|line| line.strip_prefix("content-length:"))
-                        .map_or(0, |value| value.trim().parse().unwrap());
-                    while read.len() < head_end + length {
-                        match socket.read(&mut buffer).await {
-                            Ok(n @ 1..) => read.extend_from_slice(&buffer[..n]),
-                            _ => return,
-                        }
-                    }
-                    read.drain(..head_end + length);
+                while let Some(head) = read_request(&mut socket, &mut read).await {
                     if head.starts_with("get ") {
-                        let page = "vllm:num_requests_waiting 0\n";
-                        let answer = format!(
-                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{page}",
-                            page.len()
-                        );
+                        let answer = empty_vllm_metrics(false);
                         if socket.write_all(answer.as_bytes()).await.is_err() {
                             return;
                         }
@@ -630,23 +613,8 @@ async fn a_responses_stream_whose_opening_event_is_split_teaches_the_engines_spe
         "grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n",
     );
     let gateway = measured_gateway(&yaml).await;
-    let url = format!("{}/v1/responses", gateway.url());
-    for i in 0..10 {
-        let body = serde_json::to_vec(&json!({
-            "model": MODEL, "stream": true, "input": text(&format!("split{i}"), 4 * 1024),
-        }))
-        .unwrap();
-        let answer = send(Method::POST, &url, body).await;
-        assert_eq!(answer.status, StatusCode::OK);
-        assert!(answer.text().ends_with("\"output_tokens\":1}}}\n\n"));
-    }
-    let id = cluster_id(&gateway, "splitter-a");
-    eventually("a learned prefill speed", || async {
-        gateway.affinity().prefill_rate(&id) != 10_000.0
-    })
-    .await;
+    let rate = speed_learned_from_responses_streams(&gateway, "splitter-a", 4 * 1024).await;
     // 20,000 tokens in 300 ms is 67,000 a second; taken at the second piece, 1,000,000.
-    let rate = gateway.affinity().prefill_rate(&id);
     assert!((30_000.0..=80_000.0).contains(&rate), "{rate}");
 }
 
@@ -957,7 +925,7 @@ async fn counting_in_flight_a_burst_of_follow_ups_spills_past_the_sticky_site() 
 /// its reuse of the connection crosses the engine's close. Answers `/metrics` with an
 /// empty queue. Returns its URL and how many requests it dropped so.
 async fn closes_after_each_stream() -> (String, Arc<AtomicUsize>) {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::io::AsyncWriteExt as _;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let dropped = Arc::new(AtomicUsize::new(0));
@@ -969,41 +937,13 @@ async fn closes_after_each_stream() -> (String, Arc<AtomicUsize>) {
             tokio::spawn(async move {
                 let mut streamed = false;
                 let mut buffer = Vec::new();
-                loop {
-                    // One request: its head, then `content-length` bytes of body.
-                    let head_end = loop {
-                        if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break at + 4;
-                        }
-                        let mut chunk = [0_u8; 4096];
-                        match socket.read(&mut chunk).await {
-                            Ok(n) if n > 0 => buffer.extend_from_slice(&chunk[..n]),
-                            _ => return,
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buffer[..head_end]).to_lowercase();
-                    let length: usize = head
-                        .lines()
-                        .find_map(|line| line.strip_prefix("content-length:"))
-                        .map_or(0, |n| n.trim().parse().unwrap());
-                    while buffer.len() < head_end + length {
-                        let mut chunk = [0_u8; 4096];
-                        match socket.read(&mut chunk).await {
-                            Ok(n) if n > 0 => buffer.extend_from_slice(&chunk[..n]),
-                            _ => return,
-                        }
-                    }
-                    buffer.drain(..head_end + length);
+                while let Some(head) = read_request(&mut socket, &mut buffer).await {
                     if streamed {
                         dropped.fetch_add(1, Ordering::SeqCst);
                         return;
                     }
                     let answer = if head.starts_with("get /metrics") {
-                        let text = "vllm:num_requests_waiting 0\n";
-                        format!(
-                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{text}",
-                            text.len()
-                        )
+                        empty_vllm_metrics(false)
                     } else {
                         streamed = true;
                         let event = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";

@@ -16,8 +16,9 @@ use grid_route_example::config::GatewayConfig;
 use grid_route_example::gateway::{Gateway, MIN_HEAD_SAMPLES};
 use grid_route_mock_engine::{MockEngine, MockEngineConfig};
 use grid_route_tests::{
-    ClusterYaml, MODEL, WAIT, chat, client, cluster, cluster_id, config_yaml, engine,
-    engine_requests, engine_serving, eventually, gateway, metric, send, set_queue, try_send_with,
+    ClusterYaml, MODEL, WAIT, chat, client, cluster, cluster_id, config_yaml, empty_vllm_metrics,
+    engine, engine_requests, engine_serving, eventually, gateway, metric, read_head, send,
+    set_queue, try_send_with,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -396,7 +397,7 @@ async fn a_cluster_that_cannot_connect_hands_the_request_to_the_next_one() {
 /// vLLM queue) until the first POST, which it reads the head of and drops with the
 /// connection, and then it stops listening, so any later connection is refused. Its URL.
 async fn engine_that_dies_on_the_first_request() -> String {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::io::AsyncWriteExt as _;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (died, mut dead) = tokio::sync::watch::channel(false);
@@ -408,35 +409,26 @@ async fn engine_that_dies_on_the_first_request() -> String {
             };
             let (died, mut gone) = (died.clone(), dead.clone());
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buffer = [0_u8; 4096];
+                let mut read = Vec::new();
                 loop {
                     // A killed process closes every connection, not only its listener.
-                    let n = tokio::select! {
-                        read = socket.read(&mut buffer) => match read {
-                            Ok(n @ 1..) => n,
-                            _ => return,
+                    let head_end = tokio::select! {
+                        head = read_head(&mut socket, &mut read) => match head {
+                            Some(end) => end,
+                            None => return,
                         },
                         _ = gone.wait_for(|dead| *dead) => return,
                     };
-                    head.extend_from_slice(&buffer[..n]);
-                    if !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        continue;
-                    }
-                    if !head.starts_with(b"GET ") {
+                    if !read.starts_with(b"GET ") {
                         // Gone with the request unanswered, and the port closed after it.
                         died.send_replace(true);
                         return;
                     }
-                    let page = "vllm:num_requests_waiting 0\n";
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{page}",
-                        page.len()
-                    );
+                    read.drain(..head_end);
+                    let answer = empty_vllm_metrics(false);
                     if socket.write_all(answer.as_bytes()).await.is_err() {
                         return;
                     }
-                    head.clear();
                 }
             });
         }
@@ -495,7 +487,7 @@ async fn a_request_whose_engine_dies_as_it_arrives_is_not_sent_to_another_cluste
 async fn a_request_an_engine_read_before_closing_its_new_connection_is_not_sent_again() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::io::AsyncWriteExt as _;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let posts = Arc::new(AtomicUsize::new(0));
@@ -506,24 +498,15 @@ async fn a_request_an_engine_read_before_closing_its_new_connection_is_not_sent_
             let seen = Arc::clone(&seen);
             tokio::spawn(async move {
                 let mut read = Vec::new();
-                let mut buffer = [0_u8; 4096];
-                while !read.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match socket.read(&mut buffer).await {
-                        Ok(n @ 1..) => read.extend_from_slice(&buffer[..n]),
-                        _ => return,
-                    }
+                if read_head(&mut socket, &mut read).await.is_none() {
+                    return;
                 }
                 if read.starts_with(b"POST") {
                     seen.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 } else {
                     // The poller's reads: answered, each on its own connection.
-                    let text = "vllm:num_requests_waiting 0\n";
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{text}",
-                        text.len()
-                    );
-                    let _ = socket.write_all(answer.as_bytes()).await;
+                    let _ = socket.write_all(empty_vllm_metrics(true).as_bytes()).await;
                 }
             });
         }
