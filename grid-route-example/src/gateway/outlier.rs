@@ -18,11 +18,10 @@
 //!   longer than [`Outliers::stall_after`] — 8× the slowest of the grid's last
 //!   [`HEAD_SAMPLES`] answer heads of its kind, at least `outlier.stall_min_secs` (5 s),
 //!   and only once the grid has seen [`MIN_HEAD_SAMPLES`] of them — ejects its endpoint at
-//!   once, as a
-//!   burst of failures would. Not when the endpoint sent any head since the request went
-//!   out (it is slow with this one, not wedged), nor when its own queue gauge read a
-//!   waiting request in the queue window (its queue explains the wait; the load gate deals
-//!   with that). The endpoint is out for the ejection's length from the stall, and longer
+//!   once, as a burst of failures would. Not when the endpoint sent any head since the
+//!   request went out (it is slow with this one, not wedged), nor when its own queue gauge
+//!   read a waiting request in the queue window (its queue explains the wait; the load
+//!   gate deals with that). The endpoint is out for the ejection's length from the stall, and longer
 //!   while that request still waits (until it is answered, fails, times out or is given
 //!   up); the first head it sends ends the ejection early. A request given up on leaves the
 //!   ejection to run out; the next request after it is the probe, which brings the endpoint
