@@ -6,7 +6,7 @@
 //!
 //! | seam | kind | written by | read by |
 //! |---|---|---|---|
-//! | [`Prompt`] | request extension | [`KeyingLayer`] | [`AffinityLayer`], [`ConfirmLayer`] |
+//! | [`Prompt`] | request extension | [`KeyingLayer`] | [`AffinityLayer`], [`ConfirmLayer`], [`FeedbackLayer`] (the keys, to mark what an engine evicted), the gateway's engine client ([`Prompt::streamed`], which of its stall windows a request is held to) |
 //! | [`RequestModel`] | request extension | [`KeyingLayer`], for any body it read (keyed or not) | [`PinLayer`], [`AffinityLayer`], [`Select`] |
 //! | [`BufferedBody`] | request extension | [`KeyingLayer`], [`PinLayer`] (when it rewrites the body) | [`PinLayer`] |
 //! | [`Pinned`] | request extension | [`PinLayer`] | [`AffinityLayer`], [`Select`] |
