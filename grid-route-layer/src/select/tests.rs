@@ -408,14 +408,9 @@ fn a_responses_stream_counts_as_a_stream_from_its_first_output_not_its_opening_e
     }
 }
 
-/// Whether `chunk`, the whole body so far, carries output.
-fn carries_output(chunk: &[u8]) -> bool {
-    super::OutputScan::found_at([chunk]).is_some()
-}
-
 #[test]
 fn what_carries_output_and_what_only_opens_a_responses_stream() {
-    for opening in [
+    let no_output = [
         &b"event: response.created\ndata: {\"type\":\"response.created\"}\n\n"[..],
         b"data: {\"type\":\"response.queued\"}\n\nid: 3\nretry: 10\n",
         b": ping\n\n",
@@ -427,21 +422,23 @@ fn what_carries_output_and_what_only_opens_a_responses_stream() {
         // A line not yet ended is not output yet.
         b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}",
         b"dat",
-    ] {
-        assert!(
-            !carries_output(opening),
-            "{}",
-            String::from_utf8_lossy(opening)
-        );
-    }
-    for output in [
+    ];
+    let output = [
         &b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"[..],
         b"data: {\"type\":\"response.in_progress\"}\n\ndata: {\"type\":\"response.output_text.delta\"}\n\n",
         b"{\"id\":\"chatcmpl-1\",\"choices\":[]}",
         b"event: content_block_delta\ndata: {}\n\n",
         b"{",
-    ] {
-        assert!(carries_output(output), "{}", String::from_utf8_lossy(output));
+    ];
+    let bodies =
+        (no_output.iter().map(|body| (body, false))).chain(output.iter().map(|body| (body, true)));
+    for (body, carries) in bodies {
+        assert_eq!(
+            super::OutputScan::found_at([*body]).is_some(),
+            carries,
+            "{}",
+            String::from_utf8_lossy(body)
+        );
     }
 }
 
