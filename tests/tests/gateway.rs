@@ -724,6 +724,145 @@ async fn an_answer_that_ends_after_a_reload_removed_its_cluster_teaches_nothing(
     assert_eq!(metric(&gateway.admin_url(), prefill).await, Some(10_000.0));
 }
 
+// ---- new conversations on engines with slots ----------------------------------------
+
+/// A stand-in llama.cpp engine with two slots, named `name`: `/metrics` reads no request
+/// waiting, `/props` says two slots, and every other request gets a chat completion with
+/// `x-mock-engine: name`, once `release` turns `true` when it carries `x-hold`.
+async fn two_slot_engine(
+    name: &'static str,
+    release: tokio::sync::watch::Receiver<bool>,
+) -> String {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut release = release.clone();
+            tokio::spawn(async move {
+                let mut read = Vec::new();
+                while let Some(head) = read_request(&mut socket, &mut read).await {
+                    let (kind, body) = if head.starts_with("get /metrics ") {
+                        ("text/plain", "llamacpp:requests_deferred 0\n".to_owned())
+                    } else if head.starts_with("get /props ") {
+                        ("application/json", r#"{"total_slots": 2}"#.to_owned())
+                    } else {
+                        if head.contains("\r\nx-hold:") {
+                            let _ = release.wait_for(|released| *released).await;
+                        }
+                        let answer = json!({
+                            "id": "chatcmpl-1", "object": "chat.completion", "model": MODEL,
+                            "choices": [{"index": 0, "finish_reason": "stop",
+                                         "message": {"role": "assistant", "content": "ok"}}],
+                            "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
+                        });
+                        ("application/json", answer.to_string())
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\nx-mock-engine: {name}\r\n\
+                         content-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if socket.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test]
+async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_least_new_prompt_went() {
+    let (release, released) = tokio::sync::watch::channel(false);
+    let mut yaml = String::from(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nqueue: { poll_interval_ms: 50 }\n\
+         grid_site_route: { prefix_affinity: { exploration: 0.0 } }\nsites:\n",
+    );
+    let names = ["room-east", "room-west", "room-north"];
+    for (site, name) in names
+        .iter()
+        .zip(["room-east-a", "room-west-a", "room-north-a"])
+    {
+        let url = two_slot_engine(name, released.clone()).await;
+        let _ = writeln!(
+            yaml,
+            "  - {{ name: {site}, clusters: [{{ name: {site}-a, models: [{MODEL}], endpoints: [{url}] }}] }}"
+        );
+    }
+    let gateway = Arc::new(Gateway::start(parse(&yaml)).await.unwrap());
+    eventually("every engine's slots and queue read", || async {
+        names.iter().all(|site| {
+            let name = format!("{site}-a");
+            slots(&gateway, &name) == Some(2) && queue_depth(&gateway, &name) == 0.0
+        })
+    })
+    .await;
+    let in_flight = |name: &str| {
+        let view = gateway.grid().view();
+        view.cluster(&cluster_id(&gateway, name))
+            .unwrap()
+            .load()
+            .in_flight()
+    };
+    // A new conversation each: a system prompt of its own, `blocks` keying blocks long.
+    let stranger = |topic: &str, blocks: usize| {
+        json!({"model": MODEL, "messages": [
+            {"role": "system", "content": text(topic, blocks * 256)},
+            {"role": "user", "content": "hi"},
+        ]})
+        .to_string()
+    };
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let place = |topic: &'static str, blocks: usize| {
+        let url = url.clone();
+        async move {
+            send(Method::POST, &url, stranger(topic, blocks))
+                .await
+                .engine_name()
+        }
+    };
+    // Nothing given anywhere yet: the first; then wherever least went.
+    assert_eq!(place("first", 40).await, "room-east-a");
+    assert_eq!(place("second", 8).await, "room-west-a");
+    assert_eq!(place("third", 20).await, "room-north-a");
+    // A request held at west-a (given least, 8 blocks) fills one of its two slots.
+    let hold = |topic: &'static str| {
+        let body = stranger(topic, 4);
+        let url = url.clone();
+        tokio::spawn(async move {
+            send_with(
+                Method::POST,
+                &url,
+                &[("content-type", "application/json"), ("x-hold", "1")],
+                body,
+            )
+            .await
+        })
+    };
+    let first_held = hold("held");
+    eventually("west-a runs the held request", || async {
+        in_flight("room-west-a") == 1
+    })
+    .await;
+    // Busier than the two idle ones, west-a still has a free slot and was given least
+    // (12 blocks to 20 and 40): the next new conversation goes there. By load first it
+    // would go to an idle one.
+    assert_eq!(place("fourth", 4).await, "room-west-a");
+    let second_held = hold("held again");
+    eventually("west-a's two slots busy", || async {
+        in_flight("room-west-a") == 2
+    })
+    .await;
+    // No slot free there: the free one given least, north-a.
+    assert_eq!(place("fifth", 4).await, "room-north-a");
+    release.send(true).unwrap();
+    for held in [first_held, second_held] {
+        assert_eq!(held.await.unwrap().engine_name(), "room-west-a");
+    }
+}
+
 // ---- our own in-flight load (queue.count_in_flight) ----------------------------------
 
 /// Two sites of slow engines (about 2 s an answer) behind a gateway that reads their

@@ -345,6 +345,11 @@ pub struct GatewayArgs {
     /// (what the default is measured against)
     #[arg(long)]
     pub explore_continuations: bool,
+    /// A request that matches nothing on slot engines goes to the least loaded engine, as
+    /// before it took a free slot where the least new prompt went lately (what the default
+    /// is measured against)
+    #[arg(long)]
+    pub misses_by_load: bool,
 }
 
 /// `--moved-prefill-payers`: a finite number, at least 1.
@@ -375,6 +380,7 @@ impl Default for GatewayArgs {
             slots_unknown: false,
             moved_prefill_payers: MOVED_PREFILL_PAYERS,
             explore_continuations: false,
+            misses_by_load: false,
         }
     }
 }
@@ -397,11 +403,13 @@ impl GatewayArgs {
     }
 
     /// The affinity settings these flags set beyond the config file's: the gate's count of
-    /// a moved prefill, and whether a conversation's later turns are explored.
+    /// a moved prefill, whether a conversation's later turns are explored, and where a
+    /// request that matches nothing goes on slot engines.
     pub fn affinity(&self, settings: AffinitySettings) -> AffinitySettings {
         settings
             .with_moved_prefill_payers(self.moved_prefill_payers)
             .with_exploring_continuations(self.explore_continuations)
+            .with_free_slot_placement(!self.misses_by_load)
     }
 
     /// How often the queues are polled.

@@ -539,11 +539,11 @@ impl Gateway {
             "config reload applied"
         );
         // What was learned about a cluster goes with it, like its index entries: one added
-        // again starts from the priors, and its price gauges say so at once (a scrape
-        // leaves out a removed cluster's series, not a returning one's stale values). The
-        // queue poller forgets the gauges its removed endpoints served. The prices follow
-        // the index, reconfigured above.
-        live.affinity.forget_removed_prices();
+        // again starts from the priors and from nothing placed, and its price gauges say
+        // so at once (a scrape leaves out a removed cluster's series, not a returning
+        // one's stale values). The queue poller forgets the gauges its removed endpoints
+        // served. Prices and placements follow the index, reconfigured above.
+        live.affinity.forget_removed_clusters();
         let mut removed = live.removed.lock().unwrap_or_else(PoisonError::into_inner);
         let returning: Vec<&ClusterId> = after.iter().filter(|id| removed.contains(id)).collect();
         for id in returning {

@@ -7,6 +7,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 
 use super::prices::{AnswerTiming, GatePrices, Learned, LearnedPrices};
+use super::room::RecentPlacements;
 use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
@@ -163,6 +164,7 @@ pub struct Affinity {
     index: Arc<PrefixIndex>,
     settings: Arc<ArcSwap<AffinitySettings>>,
     prices: Arc<LearnedPrices>,
+    placed: Arc<RecentPlacements>,
 }
 
 impl Affinity {
@@ -172,6 +174,7 @@ impl Affinity {
             index,
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             prices: Arc::default(),
+            placed: Arc::default(),
         }
     }
 
@@ -229,7 +232,7 @@ impl Affinity {
     /// ([`ClusterPrices::observe`](super::ClusterPrices::observe)). Returns the estimates it changed.
     ///
     /// A cluster the index does not know learns nothing: an answer that ends after a reload
-    /// removed its cluster ([`forget_removed_prices`](Self::forget_removed_prices)) would
+    /// removed its cluster ([`forget_removed_clusters`](Self::forget_removed_clusters)) would
     /// otherwise bring its prices back, and the cluster, added again, would start from them
     /// instead of the priors. The index ignores such an answer's confirmation for the same
     /// reason. (Both read the index under the prices' lock, so a reload running beside
@@ -260,13 +263,14 @@ impl Affinity {
         self.settings.store(Arc::new(settings));
     }
 
-    /// Forgets the learned prices of every cluster the index no longer knows: call it after
-    /// [`PrefixIndex::reconfigure`] removed some (a config reload), which dropped their
-    /// entries. A cluster added again later starts from the priors, like one never seen.
-    /// The index is the one list of configured clusters that both keeping and
-    /// [`learn`](Self::learn)ing prices read.
-    pub fn forget_removed_prices(&self) {
+    /// Forgets the learned prices and the recent placements of every cluster the index no
+    /// longer knows: call it after [`PrefixIndex::reconfigure`] removed some (a config
+    /// reload), which dropped their entries. A cluster added again later starts from the
+    /// priors and from nothing placed, like one never seen. The index is the one list of
+    /// configured clusters that both keeping and [`learn`](Self::learn)ing prices read.
+    pub fn forget_removed_clusters(&self) {
         self.prices.retain(|cluster| self.index.knows(cluster));
+        self.placed.retain(|cluster| self.index.knows(cluster));
     }
 
     /// The whole affinity rule for one request.
@@ -386,7 +390,7 @@ impl Affinity {
             }
         }
         if narrowing.outcome == Outcome::NoMatch {
-            candidates = self.roomiest(candidates, &depths, now);
+            candidates = self.place_unmatched(&settings, candidates, keys, &depths, now);
         } else {
             let mut depth = depths.iter();
             candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
@@ -498,26 +502,104 @@ impl SessionFound {
 }
 
 impl Affinity {
-    /// Where a request whose match does not stick may go: the least loaded of
-    /// `candidates` (as [`least_loaded`](crate::select::least_loaded) ranks them), among
+    /// Where a request whose match does not stick goes ([`Outcome::NoMatch`]); the cluster
+    /// it names alone is recorded as given the prompt's bytes beyond its depth there
+    /// ([`PLACED_HALF_LIFE`](super::PLACED_HALF_LIFE)).
+    ///
+    /// - On engines with slots (every candidate's are known: llama.cpp's `--parallel N`),
+    ///   when some candidate has a free one ([`has_free_slot`](crate::grid::ClusterLoad::has_free_slot)):
+    ///   the request starts at once on any of them, so load does not rank them. The one
+    ///   holding the most of its prompt goes first (a depth under [`MIN_STICKY_DEPTH`]
+    ///   counts as none), then the one given the fewest bytes of new prompts lately, then
+    ///   the least loaded, then the first. A new conversation thus takes a slot where it
+    ///   evicts least (see the `room` module).
+    /// - Otherwise [`roomiest`](Self::roomiest), where load comes first.
+    fn place_unmatched(
+        &self,
+        settings: &AffinitySettings,
+        candidates: Vec<Arc<Cluster>>,
+        keys: &PrefixKeys,
+        depths: &[usize],
+        now: Instant,
+    ) -> Vec<Arc<Cluster>> {
+        let free = settings.places_on_free_slots();
+        let chosen = match free
+            .then(|| self.freest_slot(&candidates, depths, now))
+            .flatten()
+        {
+            Some(at) => vec![at],
+            None => self.roomiest(&candidates, depths, now),
+        };
+        if let &[at] = chosen.as_slice() {
+            let new_bytes = keys
+                .total_covered_bytes()
+                .saturating_sub(keys.covered_bytes(depths[at]));
+            self.placed.add(candidates[at].id(), new_bytes, now);
+        }
+        let mut keep = chosen.into_iter().peekable();
+        candidates
+            .into_iter()
+            .enumerate()
+            .filter(|&(i, _)| keep.next_if_eq(&i).is_some())
+            .map(|(_, c)| c)
+            .collect()
+    }
+
+    /// The candidate a request that matches nothing takes on a grid of engines with slots
+    /// (see [`place_unmatched`](Self::place_unmatched)); `None` when a candidate's slots are
+    /// not known, or none is free.
+    fn freest_slot(
+        &self,
+        candidates: &[Arc<Cluster>],
+        depths: &[usize],
+        now: Instant,
+    ) -> Option<usize> {
+        type Rank = (std::cmp::Reverse<usize>, f64, f64, usize);
+        if !candidates.iter().all(|c| c.load().slots().is_some()) {
+            return None;
+        }
+        let order = |a: &Rank, b: &Rank| {
+            a.0.cmp(&b.0)
+                .then(a.1.total_cmp(&b.1))
+                .then(a.2.total_cmp(&b.2))
+                .then(a.3.cmp(&b.3))
+        };
+        candidates
+            .iter()
+            .zip(depths)
+            .enumerate()
+            .filter(|(_, (c, _))| c.load().has_free_slot(now))
+            .map(|(i, (c, &depth))| {
+                let depth = if depth < MIN_STICKY_DEPTH { 0 } else { depth };
+                let (load, in_flight) = load_rank(c, now);
+                let rank: Rank = (
+                    std::cmp::Reverse(depth),
+                    self.placed.bytes(c.id(), now),
+                    load,
+                    in_flight,
+                );
+                (i, rank)
+            })
+            .min_by(|a, b| order(&a.1, &b.1))
+            .map(|(i, _)| i)
+    }
+
+    /// Where a request whose match does not stick may go when no free slot decides
+    /// ([`place_unmatched`](Self::place_unmatched)): the positions in `candidates` of the
+    /// least loaded (as [`least_loaded`](crate::select::least_loaded) ranks them), among
     /// those the ones holding the most of its prompt (`depths[i]` is candidate `i`'s; a
     /// depth under [`MIN_STICKY_DEPTH`] counts as none), and among those the ones whose
-    /// index holds the fewest entries.
+    /// index holds the fewest entries, in order.
     ///
     /// A match too short to stick is still prefill saved where load ties: a conversation
     /// whose new turn adds more than `1 - threshold` of its prompt (a fifth at the
-    /// default) goes back to its engine when that engine is no busier than the others, instead of to whichever engine has the
-    /// most room. Between its turns a conversation is in no cluster's load, so by load and
+    /// default) goes back to its engine when that engine is no busier than the others,
+    /// instead of to whichever engine has the most room. Between its turns a conversation is in no cluster's load, so by load and
     /// depth alone a new conversation lands as often on an engine whose cache is full of
     /// others (which it then evicts) as on one with room. The fewest entries stand for the
     /// most room, as the smallest radix tree does in SGLang's and vLLM's cache-aware
     /// routers. Load still comes first: depth and room only break ties.
-    fn roomiest(
-        &self,
-        candidates: Vec<Arc<Cluster>>,
-        depths: &[usize],
-        now: Instant,
-    ) -> Vec<Arc<Cluster>> {
+    fn roomiest(&self, candidates: &[Arc<Cluster>], depths: &[usize], now: Instant) -> Vec<usize> {
         type Rank = (f64, usize, std::cmp::Reverse<usize>, usize);
         let rank = |c: &Cluster, depth: usize| {
             let (load, in_flight) = load_rank(c, now);
@@ -534,22 +616,17 @@ impl Affinity {
                 .then(a.2.cmp(&b.2))
                 .then(a.3.cmp(&b.3))
         };
-        let ranked: Vec<_> = candidates
-            .into_iter()
+        let ranked: Vec<Rank> = candidates
+            .iter()
             .zip(depths)
             // Under the floor a match is no preference: identical short prompts spread.
-            .map(|(c, &depth)| {
-                let depth = if depth < MIN_STICKY_DEPTH { 0 } else { depth };
-                (rank(&c, depth), c)
-            })
+            .map(|(c, &depth)| rank(c, if depth < MIN_STICKY_DEPTH { 0 } else { depth }))
             .collect();
-        let Some(best) = ranked.iter().map(|(r, _)| *r).min_by(order) else {
+        let Some(best) = ranked.iter().copied().min_by(order) else {
             return Vec::new();
         };
-        ranked
-            .into_iter()
-            .filter(|(r, _)| order(r, &best).is_eq())
-            .map(|(_, c)| c)
+        (0..ranked.len())
+            .filter(|&i| order(&ranked[i], &best).is_eq())
             .collect()
     }
 }
@@ -560,6 +637,7 @@ impl fmt::Debug for Affinity {
             .field("index", &self.index)
             .field("settings", &self.settings())
             .field("prices", &self.prices)
+            .field("placed", &self.placed)
             .finish()
     }
 }

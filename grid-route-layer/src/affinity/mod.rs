@@ -181,6 +181,7 @@ mod decide;
 mod draw;
 mod layer;
 mod prices;
+mod room;
 mod service;
 mod settings;
 
@@ -194,6 +195,7 @@ pub use prices::{
     MIN_PREFILL_TOKENS_PER_SECOND, MIN_QUEUED_REQUEST_SECONDS, MIN_SAMPLE_TOKENS,
     PREFILL_SMOOTHING, PrefillEstimate, PricePriors,
 };
+pub use room::PLACED_HALF_LIFE;
 pub use service::{AffinityService, predicted_match};
 pub use settings::{
     AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, MOVED_PREFILL_PAYERS, STICKY_MATCH_BYTES,

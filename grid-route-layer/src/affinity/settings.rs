@@ -49,6 +49,7 @@ pub struct AffinitySettings {
     /// worth (docs/routing.md, "Streams, the gate's two sides and exploration").
     moved_prefill_payers: f64,
     explore_continuing: bool,
+    free_slot_placement: bool,
 }
 
 impl AffinitySettings {
@@ -89,6 +90,7 @@ impl AffinitySettings {
             session_affinity,
             moved_prefill_payers: MOVED_PREFILL_PAYERS,
             explore_continuing: false,
+            free_slot_placement: true,
         }
     }
 
@@ -112,6 +114,22 @@ impl AffinitySettings {
     pub fn with_exploring_continuations(mut self, explore: bool) -> Self {
         self.explore_continuing = explore;
         self
+    }
+
+    /// These settings with a request that matches nothing on engines with slots placed on
+    /// a free slot by what the clusters were given lately (`true`, the default; see
+    /// [`Affinity::decide`](super::Affinity::decide)) or, as before, by load first
+    /// (`false`). Not a config setting: what the simulator measures the default against.
+    #[must_use]
+    pub fn with_free_slot_placement(mut self, on: bool) -> Self {
+        self.free_slot_placement = on;
+        self
+    }
+
+    /// Whether a request that matches nothing on engines with slots is placed on a free
+    /// slot (see [`with_free_slot_placement`](Self::with_free_slot_placement)).
+    pub fn places_on_free_slots(&self) -> bool {
+        self.free_slot_placement
     }
 
     /// Whether a prompt that continues a conversation can be explored (see
@@ -254,6 +272,7 @@ impl Default for AffinitySettings {
             session_affinity: true,
             moved_prefill_payers: MOVED_PREFILL_PAYERS,
             explore_continuing: false,
+            free_slot_placement: true,
         }
     }
 }

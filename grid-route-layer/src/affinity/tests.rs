@@ -85,6 +85,13 @@ impl Fixture {
         assert!(cluster.load().record_queue(&url, queue, self.now));
     }
 
+    /// Records that cluster `name`'s one endpoint has `slots` (llama.cpp's `--parallel`).
+    fn set_slots(&self, name: &str, slots: Option<usize>) {
+        let cluster = self.cluster(name);
+        let url = cluster.endpoints()[0].clone();
+        assert!(cluster.load().record_slots(&url, slots));
+    }
+
     fn prompt(&self, messages: &[(&str, &str)]) -> Prompt {
         prompt_of(&self.seed, &chat(messages))
     }
@@ -405,6 +412,123 @@ fn a_request_matching_nothing_goes_to_the_roomiest_of_the_least_loaded() {
     assert_eq!(names(&f.decide(&stranger)), ["west-a"]);
     // A request that matches still sticks to the full one.
     assert_eq!(names(&f.decide(&next)), ["east-a"]);
+}
+
+/// Three sites of one engine with two slots each, idle: nothing in flight, queues read 0.
+fn three_slot_sites() -> Fixture {
+    let f = three_sites();
+    for name in ["east-a", "west-a", "north-a"] {
+        f.set_slots(name, Some(2));
+        f.set_queue(name, Some(0.0));
+    }
+    f
+}
+
+/// A new conversation whose system prompt is `blocks` keying blocks long.
+fn stranger(f: &Fixture, name: &str, blocks: usize) -> Prompt {
+    f.prompt(&[("system", &text(name, blocks * 256)), ("user", "hi")])
+}
+
+#[test]
+fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_least_new_prompt_went_lately() {
+    let f = three_slot_sites();
+    let place = |name: &str, blocks: usize| {
+        let decision = f.decide(&stranger(&f, name, blocks));
+        assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+        names(&decision).join(",")
+    };
+    // Nothing placed anywhere: the least loaded, then the first. Each placement counts.
+    assert_eq!(place("first", 40), "east-a");
+    assert_eq!(place("second", 8), "west-a");
+    assert_eq!(place("third", 20), "north-a");
+    // west-a was given least: it takes the next one though it runs a request and the
+    // others run none, as long as a slot is free there.
+    let running = f.cluster("west-a").load().start_request();
+    assert_eq!(place("fourth", 4), "west-a");
+    // By load first, as before, the idle one with the fewest index entries (none has any).
+    f.affinity
+        .set_settings(AffinitySettings::default().with_free_slot_placement(false));
+    assert_eq!(
+        names(&f.decide(&stranger(&f, "fifth", 4))),
+        ["east-a", "north-a"]
+    );
+    f.affinity.set_settings(AffinitySettings::default());
+    // Both of west-a's slots busy: the free one given least, north-a (20 blocks to 40).
+    let second = f.cluster("west-a").load().start_request();
+    assert_eq!(place("sixth", 4), "north-a");
+    // One slot free again, but the engine reports a request waiting: not free either.
+    drop(second);
+    f.set_queue("west-a", Some(1.0));
+    assert_eq!(place("seventh", 4), "north-a");
+    drop(running);
+}
+
+#[test]
+fn on_slot_engines_with_none_free_a_new_conversation_goes_by_load_first() {
+    let f = three_slot_sites();
+    let _east: Vec<_> = (0..2)
+        .map(|_| f.cluster("east-a").load().start_request())
+        .collect();
+    let _west: Vec<_> = (0..2)
+        .map(|_| f.cluster("west-a").load().start_request())
+        .collect();
+    let _north: Vec<_> = (0..3)
+        .map(|_| f.cluster("north-a").load().start_request())
+        .collect();
+    // Every slot busy: the least loaded (east-a and west-a tie, so both stay).
+    let decision = f.decide(&stranger(&f, "first", 40));
+    assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+    assert_eq!(names(&decision), ["east-a", "west-a"]);
+}
+
+#[test]
+fn on_slot_engines_a_match_too_short_to_stick_goes_first_among_free_slots() {
+    let f = three_slot_sites();
+    // A 10-block system prompt, then a turn that adds more than a fifth to it.
+    let house = text("house", 10 * 256);
+    let first = f.prompt(&[("system", &house), ("user", "first")]);
+    let next = f.prompt(&[
+        ("system", &house),
+        ("user", &text("a long question", 6 * 256)),
+    ]);
+    assert_eq!(names(&f.decide(&first)), ["east-a"]);
+    f.confirm("east-a", &first);
+    // east-a was given the most lately, yet it holds 10 blocks of the next turn.
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+    assert_eq!(names(&decision), ["east-a"]);
+    // A prompt that is new everywhere goes where least went: not east-a.
+    assert_eq!(names(&f.decide(&stranger(&f, "other", 4))), ["west-a"]);
+}
+
+#[test]
+fn on_a_grid_where_one_engines_slots_are_unknown_load_comes_first() {
+    let f = three_slot_sites();
+    // north-a's page did not say how many slots it has (or it batches): the whole grid
+    // goes by load first, as on batching engines. All idle, with room alike: all stay.
+    f.set_slots("north-a", None);
+    assert_eq!(
+        names(&f.decide(&stranger(&f, "first", 40))),
+        ["east-a", "west-a", "north-a"]
+    );
+    // east-a busier, though it has a free slot: the other two.
+    let _running = f.cluster("east-a").load().start_request();
+    let decision = f.decide(&stranger(&f, "second", 4));
+    assert_eq!(names(&decision), ["west-a", "north-a"]);
+}
+
+#[test]
+fn a_cluster_removed_and_added_again_starts_from_nothing_placed() {
+    let f = three_slot_sites();
+    assert_eq!(names(&f.decide(&stranger(&f, "first", 40))), ["east-a"]);
+    assert_eq!(names(&f.decide(&stranger(&f, "second", 4))), ["west-a"]);
+    let all = [f.id("east-a"), f.id("west-a"), f.id("north-a")];
+    f.index
+        .reconfigure(IndexSettings::default(), [f.id("west-a"), f.id("north-a")]);
+    f.affinity.forget_removed_clusters();
+    f.index.reconfigure(IndexSettings::default(), all);
+    // east-a's 40 blocks are forgotten: it and north-a tie at nothing, and it comes first.
+    assert_eq!(names(&f.decide(&stranger(&f, "third", 4))), ["east-a"]);
 }
 
 #[test]
@@ -981,7 +1105,7 @@ fn a_cluster_the_index_no_longer_knows_learns_nothing() {
     // A reload removed east: the index dropped it, and so did the prices.
     f.index
         .reconfigure(IndexSettings::default(), [f.id("west-a")]);
-    f.affinity.forget_removed_prices();
+    f.affinity.forget_removed_clusters();
     assert!(!f.index.knows(&east));
     assert_eq!(
         f.affinity.learn(&east, answer(1_000, 3.0, 10.0)),

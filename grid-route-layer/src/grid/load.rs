@@ -210,6 +210,15 @@ impl ClusterLoad {
             .is_some_and(|slots| in_flight >= slots || queue >= 1.0)
     }
 
+    /// Whether a request sent now would start at once on a free slot: the cluster's engines
+    /// have slots ([`slots`](Self::slots)), this replica's requests in flight do not fill
+    /// them, and no engine reports a request waiting for one in the queue window. `false`
+    /// for a cluster without known slots, and for an unmeasured one.
+    pub fn has_free_slot(&self, now: Instant) -> bool {
+        self.slots()
+            .is_some_and(|slots| self.in_flight() < slots && self.queue_depth(now) < 1.0)
+    }
+
     /// Records that the endpoint at `url` runs `slots` requests at once, as llama.cpp's
     /// server started with `--parallel N` runs N (its `/props` page says how many, as
     /// `total_slots`), or `None` when it is not known to have slots (an engine that

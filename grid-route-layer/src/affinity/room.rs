@@ -1,0 +1,139 @@
+//! How much new prompt each cluster was recently given, for placing requests that match
+//! nothing on engines with slots.
+//!
+//! An engine started with a few slots (llama.cpp's `--parallel N`) keeps one prompt's cache
+//! per slot, plus what its host cache saves. A new conversation sent there takes a slot and
+//! pushes the least recently used prompt out; the conversations already there lose their
+//! cache one new conversation at a time. Between its turns a conversation weighs on no
+//! cluster's load, so load cannot tell a cluster whose cache is full of live conversations
+//! from one with room. What tells them apart is how much new prompt each was given lately:
+//! a cluster given little has little to lose. That is the bytes of each prompt beyond what
+//! the index says the cluster already held, summed per cluster and halved every
+//! [`PLACED_HALF_LIFE`], so that old placements, long since evicted or ended, stop
+//! counting. SGLang's and vLLM's cache-aware routers send a request that matches nothing to
+//! the worker whose radix tree holds the fewest characters for the same reason; their
+//! trees only shrink when they outgrow a size limit.
+//!
+//! This replica's own placements only: each replica places its own requests, and a shared
+//! count would move only as fast as confirmations travel, so replicas reading it would all
+//! pick the same cluster between two of them.
+//!
+//! A decaying sum per cluster is a few lines; no maintained crate offers one that reads
+//! without a timer task.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::grid::ClusterId;
+
+/// How long it takes a placement's bytes to count half: the index's TTL by the contract
+/// (600 s), the time the gateway remembers a prompt anywhere.
+pub const PLACED_HALF_LIFE: Duration = Duration::from_secs(600);
+
+/// One cluster's decaying sum: `bytes` as it stood at `at`.
+#[derive(Debug, Clone, Copy)]
+struct Decaying {
+    bytes: f64,
+    at: Instant,
+}
+
+impl Decaying {
+    /// The sum at `now` (never grown by time; a `now` before `at` reads it as is).
+    fn at(self, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.bytes * 0.5_f64.powf(elapsed / PLACED_HALF_LIFE.as_secs_f64())
+    }
+}
+
+/// The bytes of new prompt each cluster was given by this replica, decaying by half every
+/// [`PLACED_HALF_LIFE`].
+#[derive(Debug, Default)]
+pub(crate) struct RecentPlacements {
+    by_cluster: Mutex<HashMap<ClusterId, Decaying>>,
+}
+
+impl RecentPlacements {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ClusterId, Decaying>> {
+        // A panic elsewhere while it was held leaves a map of plain numbers: still sound.
+        self.by_cluster
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `cluster`'s recent placements at `now`, bytes; 0 for one never given any.
+    pub(crate) fn bytes(&self, cluster: &ClusterId, now: Instant) -> f64 {
+        self.lock().get(cluster).map_or(0.0, |d| d.at(now))
+    }
+
+    /// Records that `cluster` was given `bytes` of new prompt at `now`.
+    pub(crate) fn add(&self, cluster: &ClusterId, bytes: u64, now: Instant) {
+        if bytes == 0 {
+            return;
+        }
+        let mut by_cluster = self.lock();
+        let sum = by_cluster.entry(cluster.clone()).or_insert(Decaying {
+            bytes: 0.0,
+            at: now,
+        });
+        // A `now` earlier than the last one (two requests racing) keeps the later time.
+        let at = sum.at.max(now);
+        *sum = Decaying {
+            bytes: sum.at(at) + bytes as f64,
+            at,
+        };
+    }
+
+    /// Keeps only the clusters `keep` accepts (a reload removed the others).
+    pub(crate) fn retain(&self, keep: impl Fn(&ClusterId) -> bool) {
+        self.lock().retain(|cluster, _| keep(cluster));
+    }
+}
+
+#[cfg(test)]
+// Sums of whole bytes at zero elapsed time are exact.
+#[allow(clippy::float_cmp)]
+mod tests {
+    use super::*;
+    use crate::grid::SiteName;
+
+    fn cluster(site: &str) -> ClusterId {
+        ClusterId::new(SiteName::new(site).unwrap(), &format!("{site}-a"))
+    }
+
+    #[test]
+    fn placements_add_up_and_halve_every_half_life() {
+        let placed = RecentPlacements::default();
+        let east = cluster("east");
+        let west = cluster("west");
+        let start = Instant::now();
+        assert_eq!(placed.bytes(&east, start), 0.0);
+        placed.add(&east, 4_000, start);
+        placed.add(&east, 4_000, start);
+        assert_eq!(placed.bytes(&east, start), 8_000.0);
+        assert_eq!(placed.bytes(&west, start), 0.0);
+        let later = start + PLACED_HALF_LIFE;
+        assert!((placed.bytes(&east, later) - 4_000.0).abs() < 1e-6);
+        // Added later, on top of what is left.
+        placed.add(&east, 1_000, later);
+        let two_later = later + PLACED_HALF_LIFE;
+        assert!((placed.bytes(&east, two_later) - 2_500.0).abs() < 1e-6);
+        // A reading from before the last addition does not grow it.
+        assert!((placed.bytes(&east, start) - 5_000.0).abs() < 1e-6);
+        placed.retain(|cluster| cluster != &east);
+        assert_eq!(placed.bytes(&east, two_later), 0.0);
+    }
+
+    #[test]
+    fn an_addition_from_before_the_last_one_keeps_the_later_time() {
+        let placed = RecentPlacements::default();
+        let east = cluster("east");
+        let start = Instant::now();
+        let later = start + PLACED_HALF_LIFE;
+        placed.add(&east, 2_000, later);
+        placed.add(&east, 2_000, start);
+        assert!((placed.bytes(&east, later) - 4_000.0).abs() < 1e-6);
+        placed.add(&east, 0, later + PLACED_HALF_LIFE);
+        assert!((placed.bytes(&east, later) - 4_000.0).abs() < 1e-6);
+    }
+}
