@@ -88,19 +88,20 @@ def rules() -> None:
     print("## grid-route before the defaults learned, and the explicit rules' cost\n")
     print("Hit share / TTFT p50 / p99 of grid-route alone. *Before*: vLLM's gauge as the only")
     print("signal is what the old defaults read on these engines; the rows set the old")
-    print("queue window, queues alone, the fixed prices and exploration of later turns.")
+    print("queue window, queues alone, the fixed prices, exploration of later turns and, on slot")
+    print("engines, a request that matches nothing placed by load first.")
     print("*Threshold*: the 80% rule at 0.5 and 0.3, everything else at the defaults.")
     print("*Index without bounds*: 64 times the contract's 16,384 keys a cluster and a 2-hour")
     print("TTL instead of 600 s (the trace lasts 59 minutes): what the index's size and age")
     print("limits cost.\n")
     print("| engines | sites | defaults | before (10 s window, queues alone, 10000 tok/s, 2 s, "
-          "later turns explored) "
+          "later turns explored, misses by load) "
           "| threshold 0.5 | threshold 0.3 | engine_feedback off | index without bounds |")
     print("|---|---:|---|---|---|---|---|---|")
     variants = [
         [],
         ["--count-in-flight", "false", "--queue-window-secs", "10", "--prefill-price", "10000",
-         "--queued-request-seconds", "2", "--explore-continuations"],
+         "--queued-request-seconds", "2", "--explore-continuations", "--misses-by-load"],
         ["--threshold", "0.5"],
         ["--threshold", "0.3"],
         ["--engine-feedback", "false"],
@@ -125,13 +126,15 @@ def streams() -> None:
     print("even while its slots are full (`--slots-unknown`; batching engines have no slots),")
     print("the load gate counting a moved match's prefill once at learned prices")
     print("(`--moved-prefill-payers 1`), exploration drawing for a conversation's later turns")
-    print("too (`--explore-continuations`), and the first, third and fourth together (streams")
-    print("counted whole leave nothing for the slots to change). The last column is the bar:")
-    print("cache-aware's hit share, and the best TTFT p50 and p99 of round-robin, least-queue,")
-    print("cache-aware and chwbl.\n")
+    print("too (`--explore-continuations`), the first, third and fourth together (streams")
+    print("counted whole leave nothing for the slots to change), and on slot engines a request")
+    print("that matches nothing sent by load first instead of to a free slot where the least new")
+    print("prompt went lately (`--misses-by-load`; batching engines are placed by load either")
+    print("way). The last column is the bar: cache-aware's hit share, and the best TTFT p50 and")
+    print("p99 of round-robin, least-queue, cache-aware and chwbl.\n")
     print("| engines | sites | defaults | streams whole | slots unknown | prefill once "
-          "| later turns explored | all three | bar |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| later turns explored | all three | misses by load | bar |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     variants = [
         [],
         ["--streams-count-whole"],
@@ -139,6 +142,7 @@ def streams() -> None:
         ["--moved-prefill-payers", "1"],
         ["--explore-continuations"],
         ["--streams-count-whole", "--moved-prefill-payers", "1", "--explore-continuations"],
+        ["--misses-by-load"],
     ]
     cell = lambda r: f"{100 * r['hit_share']:.1f}% / {r['ttft_p50_s']:.3f} / {r['ttft_p99_s']:.3f} s"
     for kind, flags in KINDS.items():

@@ -512,7 +512,11 @@ impl Affinity {
     ///   holding the most of its prompt goes first (a depth under [`MIN_STICKY_DEPTH`]
     ///   counts as none), then the one given the fewest bytes of new prompts lately, then
     ///   the least loaded, then the first. A new conversation thus takes a slot where it
-    ///   evicts least (see the `room` module).
+    ///   evicts least: between their turns the conversations an engine holds weigh on no
+    ///   load, so an idle engine is as often one full of them as one with room, while one
+    ///   given little new prompt lately has little to lose. (SGLang's and vLLM's
+    ///   cache-aware routers send such a request to the worker whose radix tree is
+    ///   smallest, whatever its load unless the loads are far apart.)
     /// - Otherwise [`roomiest`](Self::roomiest), where load comes first.
     fn place_unmatched(
         &self,
@@ -522,14 +526,13 @@ impl Affinity {
         depths: &[usize],
         now: Instant,
     ) -> Vec<Arc<Cluster>> {
-        let free = settings.places_on_free_slots();
-        let chosen = match free
-            .then(|| self.freest_slot(&candidates, depths, now))
-            .flatten()
-        {
-            Some(at) => vec![at],
-            None => self.roomiest(&candidates, depths, now),
+        let free_slot = if settings.places_on_free_slots() {
+            self.freest_slot(&candidates, depths, now)
+        } else {
+            None
         };
+        let chosen =
+            free_slot.map_or_else(|| self.roomiest(&candidates, depths, now), |at| vec![at]);
         if let &[at] = chosen.as_slice() {
             let new_bytes = keys
                 .total_covered_bytes()
@@ -594,11 +597,13 @@ impl Affinity {
     /// A match too short to stick is still prefill saved where load ties: a conversation
     /// whose new turn adds more than `1 - threshold` of its prompt (a fifth at the
     /// default) goes back to its engine when that engine is no busier than the others,
-    /// instead of to whichever engine has the most room. Between its turns a conversation is in no cluster's load, so by load and
-    /// depth alone a new conversation lands as often on an engine whose cache is full of
-    /// others (which it then evicts) as on one with room. The fewest entries stand for the
-    /// most room, as the smallest radix tree does in SGLang's and vLLM's cache-aware
-    /// routers. Load still comes first: depth and room only break ties.
+    /// instead of to whichever engine has the most room. Between its turns a conversation
+    /// is in no cluster's load, so by load and depth alone a new conversation lands as
+    /// often on an engine whose cache is full of others (which it then evicts) as on one
+    /// with room. The fewest entries stand for the most room, as the smallest radix tree
+    /// does in SGLang's and vLLM's cache-aware routers. Load still comes first here: on a
+    /// batching engine a request waits behind the prefills ahead of it, and depth and
+    /// room only break ties.
     fn roomiest(&self, candidates: &[Arc<Cluster>], depths: &[usize], now: Instant) -> Vec<usize> {
         type Rank = (f64, usize, std::cmp::Reverse<usize>, usize);
         let rank = |c: &Cluster, depth: usize| {

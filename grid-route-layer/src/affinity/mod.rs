@@ -27,7 +27,13 @@
 //!    room. Between its turns a conversation weighs on no cluster's load, so by load
 //!    alone a new one lands as often on an engine whose cache is full of others (which it
 //!    then evicts) as on one with room; SGLang's and vLLM's cache-aware routers send such
-//!    a request to the worker with the smallest tree for the same reason.
+//!    a request to the worker with the smallest tree for the same reason. On engines with
+//!    slots (every candidate's known, llama.cpp's `--parallel N`) a request starts at once
+//!    wherever a slot is free, so when one is, load does not rank them: the cluster with
+//!    a free slot holding the most of the prompt goes first, then the one this replica
+//!    gave the fewest bytes of new prompt lately (halved every [`PLACED_HALF_LIFE`]),
+//!    then the least loaded. The one cluster so named is recorded as given the prompt's
+//!    bytes beyond its depth there.
 //! 3. The load gate prices the match by the prefill it saves: covered bytes / 4 bytes a
 //!    token / `prefill_tokens_per_second` seconds, worth that many seconds /
 //!    `queued_request_seconds` requests of load. If the least load among the deepest
