@@ -7,7 +7,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 
 use super::prices::{AnswerTiming, GatePrices, Learned, LearnedPrices};
-use super::room::RecentPlacements;
+use super::room::{PlacementsAt, RecentPlacements};
 use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
@@ -302,7 +302,10 @@ impl Affinity {
     ///   request: the session's last confirmed prompt, capped by the request's own and by
     ///   the index's depth for the request's keys there. The
     ///   gate passing is [`Outcome::Session`] with that cluster alone; failing it is
-    ///   [`Outcome::LoadOverride`], the candidates left as the prefix rule left them.
+    ///   [`Outcome::LoadOverride`], the candidates left as the prefix rule left them, by
+    ///   load first;
+    /// - [`Outcome::NoMatch`] narrows the candidates as the module's rule, step 2, says:
+    ///   on engines with slots to one with a free slot, recording what it was sent.
     pub fn decide(
         &self,
         mut candidates: Vec<Arc<Cluster>>,
@@ -390,7 +393,10 @@ impl Affinity {
             }
         }
         if narrowing.outcome == Outcome::NoMatch {
-            candidates = self.place_unmatched(&settings, candidates, keys, &depths, now);
+            // A session whose cluster the gate found too busy (load_override) goes by load
+            // first: placed on a free slot by depth it would go straight back there.
+            let on_free_slots = outcome == Outcome::NoMatch && settings.places_on_free_slots();
+            candidates = self.place_unmatched(on_free_slots, candidates, keys, &depths, now);
         } else {
             let mut depth = depths.iter();
             candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
@@ -502,43 +508,54 @@ impl SessionFound {
 }
 
 impl Affinity {
-    /// Where a request whose match does not stick goes ([`Outcome::NoMatch`]); the cluster
-    /// it names alone is recorded as given the prompt's bytes beyond its depth there
-    /// ([`PLACED_HALF_LIFE`](super::PLACED_HALF_LIFE)).
+    /// Where a request whose match does not stick goes ([`Outcome::NoMatch`]).
     ///
     /// - On engines with slots (every candidate's are known: llama.cpp's `--parallel N`),
-    ///   when some candidate has a free one ([`has_free_slot`](crate::grid::ClusterLoad::has_free_slot)):
-    ///   the request starts at once on any of them, so load does not rank them. The one
-    ///   holding the most of its prompt goes first (a depth under [`MIN_STICKY_DEPTH`]
-    ///   counts as none), then the one given the fewest bytes of new prompts lately, then
-    ///   the least loaded, then the first. A new conversation thus takes a slot where it
-    ///   evicts least: between their turns the conversations an engine holds weigh on no
-    ///   load, so an idle engine is as often one full of them as one with room, while one
-    ///   given little new prompt lately has little to lose. (SGLang's and vLLM's
-    ///   cache-aware routers send such a request to the worker whose radix tree is
-    ///   smallest, whatever its load unless the loads are far apart.)
+    ///   with `on_free_slots`, when some candidate has a free one
+    ///   ([`has_free_slot`](crate::grid::ClusterLoad::has_free_slot)): the request starts
+    ///   at once on any of them, so load does not rank them. The one holding the most of
+    ///   its prompt goes first (a depth under [`MIN_STICKY_DEPTH`] counts as none), then
+    ///   the one this replica sent the fewest bytes of new prompt lately in requests that
+    ///   matched nothing ([`PLACED_HALF_LIFE`](super::PLACED_HALF_LIFE)), then, between
+    ///   clusters sent none, the least loaded, then the first. A new conversation thus
+    ///   takes a slot where it evicts least: between their turns the conversations an
+    ///   engine holds weigh on no load, so an idle engine is as often one full of them as
+    ///   one with room, while one sent little new prompt lately has little to lose.
+    ///   (SGLang's and vLLM's cache-aware routers send such a request to the worker whose
+    ///   radix tree is smallest, whatever its load unless the loads are far apart.)
     /// - Otherwise [`roomiest`](Self::roomiest), where load comes first.
+    ///
+    /// On a grid of engines with slots, when it names one cluster, that cluster is
+    /// recorded as sent the prompt's bytes beyond its depth there (unless a reload has
+    /// just removed it).
     fn place_unmatched(
         &self,
-        settings: &AffinitySettings,
+        on_free_slots: bool,
         candidates: Vec<Arc<Cluster>>,
         keys: &PrefixKeys,
         depths: &[usize],
         now: Instant,
     ) -> Vec<Arc<Cluster>> {
-        let free_slot = if settings.places_on_free_slots() {
-            self.freest_slot(&candidates, depths, now)
+        let slot_grid = on_free_slots && candidates.iter().all(|c| c.load().slots().is_some());
+        let chosen = if slot_grid {
+            // One lock for reading the sums and adding to them: two new conversations
+            // placed at once do not both take the same cluster for the roomiest.
+            let mut placed = self.placed.at(now);
+            let chosen = Self::freest_slot(&candidates, depths, &placed, now)
+                .map_or_else(|| self.roomiest(&candidates, depths, now), |at| vec![at]);
+            if let &[at] = chosen.as_slice() {
+                let cluster = candidates[at].id();
+                if self.index.knows(cluster) {
+                    let new_bytes = keys
+                        .total_covered_bytes()
+                        .saturating_sub(keys.covered_bytes(depths[at]));
+                    placed.add(cluster, new_bytes);
+                }
+            }
+            chosen
         } else {
-            None
+            self.roomiest(&candidates, depths, now)
         };
-        let chosen =
-            free_slot.map_or_else(|| self.roomiest(&candidates, depths, now), |at| vec![at]);
-        if let &[at] = chosen.as_slice() {
-            let new_bytes = keys
-                .total_covered_bytes()
-                .saturating_sub(keys.covered_bytes(depths[at]));
-            self.placed.add(candidates[at].id(), new_bytes, now);
-        }
         let mut keep = chosen.into_iter().peekable();
         candidates
             .into_iter()
@@ -548,19 +565,15 @@ impl Affinity {
             .collect()
     }
 
-    /// The candidate a request that matches nothing takes on a grid of engines with slots
-    /// (see [`place_unmatched`](Self::place_unmatched)); `None` when a candidate's slots are
-    /// not known, or none is free.
+    /// The candidate with a free slot a request that matches nothing takes (see
+    /// [`place_unmatched`](Self::place_unmatched)); `None` when none has one.
     fn freest_slot(
-        &self,
         candidates: &[Arc<Cluster>],
         depths: &[usize],
+        placed: &PlacementsAt<'_>,
         now: Instant,
     ) -> Option<usize> {
         type Rank = (std::cmp::Reverse<usize>, f64, f64, usize);
-        if !candidates.iter().all(|c| c.load().slots().is_some()) {
-            return None;
-        }
         let order = |a: &Rank, b: &Rank| {
             a.0.cmp(&b.0)
                 .then(a.1.total_cmp(&b.1))
@@ -577,7 +590,7 @@ impl Affinity {
                 let (load, in_flight) = load_rank(c, now);
                 let rank: Rank = (
                     std::cmp::Reverse(depth),
-                    self.placed.bytes(c.id(), now),
+                    placed.bytes(c.id()),
                     load,
                     in_flight,
                 );

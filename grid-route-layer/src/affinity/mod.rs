@@ -31,9 +31,10 @@
 //!    slots (every candidate's known, llama.cpp's `--parallel N`) a request starts at once
 //!    wherever a slot is free, so when one is, load does not rank them: the cluster with
 //!    a free slot holding the most of the prompt goes first, then the one this replica
-//!    gave the fewest bytes of new prompt lately (halved every [`PLACED_HALF_LIFE`]),
-//!    then the least loaded. The one cluster so named is recorded as given the prompt's
-//!    bytes beyond its depth there.
+//!    sent the fewest bytes of new prompt lately in requests that matched nothing
+//!    (halved every [`PLACED_HALF_LIFE`]), then, between clusters sent none, the least
+//!    loaded. On such a grid the one cluster a request that matches nothing is narrowed
+//!    to, by either order, is recorded as sent the prompt's bytes beyond its depth there.
 //! 3. The load gate prices the match by the prefill it saves: covered bytes / 4 bytes a
 //!    token / `prefill_tokens_per_second` seconds, worth that many seconds /
 //!    `queued_request_seconds` requests of load. If the least load among the deepest

@@ -14,15 +14,18 @@
 //! the worker whose radix tree holds the fewest characters for the same reason; their
 //! trees only shrink when they outgrow a size limit.
 //!
-//! This replica's own placements only: each replica places its own requests, and a shared
-//! count would move only as fast as confirmations travel, so replicas reading it would all
-//! pick the same cluster between two of them.
+//! Only requests that matched nothing are counted, when they are placed (whether or not
+//! the engine answers): a sticky request adds little to what its cluster already held.
+//! This replica's own placements only, not shared through the index: each replica places
+//! its own requests, and a shared count would move only as fast as confirmations travel,
+//! so replicas reading it would all pick the same cluster between two of them. The half
+//! life is the contract's index TTL; a configured `ttl_secs` does not change it.
 //!
 //! A decaying sum per cluster is a few lines; no maintained crate offers one that reads
 //! without a timer task.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::grid::ClusterId;
@@ -46,33 +49,52 @@ impl Decaying {
     }
 }
 
-/// The bytes of new prompt each cluster was given by this replica, decaying by half every
-/// [`PLACED_HALF_LIFE`].
+/// The bytes of new prompt this replica sent each cluster in requests that matched nothing,
+/// decaying by half every [`PLACED_HALF_LIFE`].
 #[derive(Debug, Default)]
 pub(crate) struct RecentPlacements {
     by_cluster: Mutex<HashMap<ClusterId, Decaying>>,
 }
 
 impl RecentPlacements {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ClusterId, Decaying>> {
+    /// The sums as they stand at `now`, locked: a request reads them and records its own
+    /// placement under one lock, so two placed at once do not both read the same sums.
+    pub(crate) fn at(&self, now: Instant) -> PlacementsAt<'_> {
         // A panic elsewhere while it was held leaves a map of plain numbers: still sound.
-        self.by_cluster
+        let by_cluster = self
+            .by_cluster
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        PlacementsAt { by_cluster, now }
     }
 
-    /// `cluster`'s recent placements at `now`, bytes; 0 for one never given any.
-    pub(crate) fn bytes(&self, cluster: &ClusterId, now: Instant) -> f64 {
-        self.lock().get(cluster).map_or(0.0, |d| d.at(now))
+    /// Keeps only the clusters `keep` accepts (a reload removed the others).
+    pub(crate) fn retain(&self, keep: impl Fn(&ClusterId) -> bool) {
+        self.at(Instant::now())
+            .by_cluster
+            .retain(|cluster, _| keep(cluster));
+    }
+}
+
+/// [`RecentPlacements`] locked at one instant.
+pub(crate) struct PlacementsAt<'a> {
+    by_cluster: MutexGuard<'a, HashMap<ClusterId, Decaying>>,
+    now: Instant,
+}
+
+impl PlacementsAt<'_> {
+    /// `cluster`'s recent placements, bytes; 0 for one never given any.
+    pub(crate) fn bytes(&self, cluster: &ClusterId) -> f64 {
+        self.by_cluster.get(cluster).map_or(0.0, |d| d.at(self.now))
     }
 
-    /// Records that `cluster` was given `bytes` of new prompt at `now`.
-    pub(crate) fn add(&self, cluster: &ClusterId, bytes: u64, now: Instant) {
+    /// Records that `cluster` was given `bytes` of new prompt.
+    pub(crate) fn add(&mut self, cluster: &ClusterId, bytes: u64) {
         if bytes == 0 {
             return;
         }
-        let mut by_cluster = self.lock();
-        let sum = by_cluster.entry(cluster.clone()).or_insert(Decaying {
+        let now = self.now;
+        let sum = self.by_cluster.entry(cluster.clone()).or_insert(Decaying {
             bytes: 0.0,
             at: now,
         });
@@ -82,11 +104,6 @@ impl RecentPlacements {
             bytes: sum.at(at) + bytes as f64,
             at,
         };
-    }
-
-    /// Keeps only the clusters `keep` accepts (a reload removed the others).
-    pub(crate) fn retain(&self, keep: impl Fn(&ClusterId) -> bool) {
-        self.lock().retain(|cluster, _| keep(cluster));
     }
 }
 
@@ -104,24 +121,25 @@ mod tests {
     #[test]
     fn placements_add_up_and_halve_every_half_life() {
         let placed = RecentPlacements::default();
-        let east = cluster("east");
-        let west = cluster("west");
+        let (east, west) = (cluster("east"), cluster("west"));
         let start = Instant::now();
-        assert_eq!(placed.bytes(&east, start), 0.0);
-        placed.add(&east, 4_000, start);
-        placed.add(&east, 4_000, start);
-        assert_eq!(placed.bytes(&east, start), 8_000.0);
-        assert_eq!(placed.bytes(&west, start), 0.0);
+        assert_eq!(placed.at(start).bytes(&east), 0.0);
+        placed.at(start).add(&east, 4_000);
+        placed.at(start).add(&east, 4_000);
+        assert_eq!(placed.at(start).bytes(&east), 8_000.0);
+        assert_eq!(placed.at(start).bytes(&west), 0.0);
         let later = start + PLACED_HALF_LIFE;
-        assert!((placed.bytes(&east, later) - 4_000.0).abs() < 1e-6);
+        assert!((placed.at(later).bytes(&east) - 4_000.0).abs() < 1e-6);
         // Added later, on top of what is left.
-        placed.add(&east, 1_000, later);
+        placed.at(later).add(&east, 1_000);
         let two_later = later + PLACED_HALF_LIFE;
-        assert!((placed.bytes(&east, two_later) - 2_500.0).abs() < 1e-6);
+        assert!((placed.at(two_later).bytes(&east) - 2_500.0).abs() < 1e-6);
         // A reading from before the last addition does not grow it.
-        assert!((placed.bytes(&east, start) - 5_000.0).abs() < 1e-6);
+        assert!((placed.at(start).bytes(&east) - 5_000.0).abs() < 1e-6);
+        placed.at(start).add(&west, 1_000);
         placed.retain(|cluster| cluster != &east);
-        assert_eq!(placed.bytes(&east, two_later), 0.0);
+        assert_eq!(placed.at(two_later).bytes(&east), 0.0);
+        assert_eq!(placed.at(start).bytes(&west), 1_000.0);
     }
 
     #[test]
@@ -130,10 +148,8 @@ mod tests {
         let east = cluster("east");
         let start = Instant::now();
         let later = start + PLACED_HALF_LIFE;
-        placed.add(&east, 2_000, later);
-        placed.add(&east, 2_000, start);
-        assert!((placed.bytes(&east, later) - 4_000.0).abs() < 1e-6);
-        placed.add(&east, 0, later + PLACED_HALF_LIFE);
-        assert!((placed.bytes(&east, later) - 4_000.0).abs() < 1e-6);
+        placed.at(later).add(&east, 2_000);
+        placed.at(start).add(&east, 2_000);
+        assert!((placed.at(later).bytes(&east) - 4_000.0).abs() < 1e-6);
     }
 }

@@ -117,9 +117,9 @@ impl AffinitySettings {
     }
 
     /// These settings with a request that matches nothing on engines with slots placed on
-    /// a free slot by what the clusters were given lately (`true`, the default; see
-    /// [`Affinity::decide`](super::Affinity::decide)) or, as before, by load first
-    /// (`false`). Not a config setting: what the simulator measures the default against.
+    /// a free slot by what the clusters were sent lately (`true`, the default; see the
+    /// [module](super)'s rule, step 2) or, as before, by load first (`false`). Not a
+    /// config setting: what the simulator measures the default against.
     #[must_use]
     pub fn with_free_slot_placement(mut self, on: bool) -> Self {
         self.free_slot_placement = on;

@@ -493,7 +493,9 @@ fn on_slot_engines_a_match_too_short_to_stick_goes_first_among_free_slots() {
     ]);
     assert_eq!(names(&f.decide(&first)), ["east-a"]);
     f.confirm("east-a", &first);
-    // east-a was given the most lately, yet it holds 10 blocks of the next turn.
+    // east-a was given the most lately and runs a request, yet with a slot free it holds
+    // 10 blocks of the next turn.
+    let _running = f.cluster("east-a").load().start_request();
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
     assert_eq!(names(&decision), ["east-a"]);
@@ -504,17 +506,41 @@ fn on_slot_engines_a_match_too_short_to_stick_goes_first_among_free_slots() {
 #[test]
 fn on_a_grid_where_one_engines_slots_are_unknown_load_comes_first() {
     let f = three_slot_sites();
+    assert_eq!(names(&f.decide(&stranger(&f, "first", 8))), ["east-a"]);
+    assert_eq!(names(&f.decide(&stranger(&f, "second", 8))), ["west-a"]);
     // north-a's page did not say how many slots it has (or it batches): the whole grid
-    // goes by load first, as on batching engines. All idle, with room alike: all stay.
+    // goes by load first, as on batching engines. Busier with a free slot each, east-a
+    // and west-a lose to north-a.
     f.set_slots("north-a", None);
+    let east = f.cluster("east-a").load().start_request();
+    let west = f.cluster("west-a").load().start_request();
+    assert_eq!(names(&f.decide(&stranger(&f, "third", 40))), ["north-a"]);
+    // Idle alike, with room alike: all stay.
+    drop((east, west));
     assert_eq!(
-        names(&f.decide(&stranger(&f, "first", 40))),
+        names(&f.decide(&stranger(&f, "fourth", 4))),
         ["east-a", "west-a", "north-a"]
     );
-    // east-a busier, though it has a free slot: the other two.
-    let _running = f.cluster("east-a").load().start_request();
-    let decision = f.decide(&stranger(&f, "second", 4));
-    assert_eq!(names(&decision), ["west-a", "north-a"]);
+    // Its slots known again, north-a was sent nothing by the slot rule: the third went by
+    // load, and is not counted. It takes the next new conversation.
+    f.set_slots("north-a", Some(2));
+    assert_eq!(names(&f.decide(&stranger(&f, "fifth", 4))), ["north-a"]);
+}
+
+#[test]
+fn on_slot_engines_a_session_its_cluster_is_too_busy_for_goes_by_load() {
+    let f = two_sites();
+    for name in ["east-a", "west-a"] {
+        f.set_slots(name, Some(2));
+        f.set_queue(name, Some(0.0));
+    }
+    let (first, next) = short_conversation(&f, "conv-1", None);
+    f.answered("west-a", &first);
+    // One request at west-a outweighs the ten blocks it holds, though a slot is free.
+    let _running = f.cluster("west-a").load().start_request();
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert_eq!(names(&decision), ["east-a"]);
 }
 
 #[test]
