@@ -396,7 +396,7 @@ impl Affinity {
             // A session whose cluster the gate found too busy (load_override) goes by load
             // first: placed on a free slot by depth it would go straight back there.
             let on_free_slots = outcome == Outcome::NoMatch && settings.places_on_free_slots();
-            candidates = self.place_unmatched(on_free_slots, candidates, keys, &depths, now);
+            candidates = self.place_unmatched(on_free_slots, &candidates, keys, &depths, now);
         } else {
             let mut depth = depths.iter();
             candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
@@ -512,7 +512,7 @@ impl Affinity {
     ///
     /// - On engines with slots (every candidate's are known: llama.cpp's `--parallel N`),
     ///   with `on_free_slots`, when some candidate has a free one
-    ///   ([`has_free_slot`](crate::grid::ClusterLoad::has_free_slot)): the request starts
+    ///   ([`free_slot`](crate::grid::ClusterLoad::free_slot)): the request starts
     ///   at once on any of them, so load does not rank them. The one holding the most of
     ///   its prompt goes first (a depth under [`MIN_STICKY_DEPTH`] counts as none), then
     ///   the one this replica sent the fewest bytes of new prompt lately in requests that
@@ -531,44 +531,49 @@ impl Affinity {
     fn place_unmatched(
         &self,
         on_free_slots: bool,
-        candidates: Vec<Arc<Cluster>>,
+        candidates: &[Arc<Cluster>],
         keys: &PrefixKeys,
         depths: &[usize],
         now: Instant,
     ) -> Vec<Arc<Cluster>> {
-        let slot_grid = on_free_slots && candidates.iter().all(|c| c.load().slots().is_some());
-        let chosen = if slot_grid {
-            // One lock for reading the sums and adding to them: two new conversations
-            // placed at once do not both take the same cluster for the roomiest.
-            let mut placed = self.placed.at(now);
-            let chosen = Self::freest_slot(&candidates, depths, &placed, now)
-                .map_or_else(|| self.roomiest(&candidates, depths, now), |at| vec![at]);
-            if let &[at] = chosen.as_slice() {
-                let cluster = candidates[at].id();
-                if self.index.knows(cluster) {
-                    let new_bytes = keys
-                        .total_covered_bytes()
-                        .saturating_sub(keys.covered_bytes(depths[at]));
-                    placed.add(cluster, new_bytes);
-                }
-            }
-            chosen
+        // Whether each candidate has a slot free; `None` unless every one's slots are known.
+        let free: Option<Vec<bool>> = if on_free_slots {
+            candidates.iter().map(|c| c.load().free_slot(now)).collect()
         } else {
-            self.roomiest(&candidates, depths, now)
+            None
         };
-        let mut keep = chosen.into_iter().peekable();
-        candidates
+        let chosen = match free {
+            Some(free) => {
+                // One lock for reading the sums and adding to them: two new conversations
+                // placed at once do not both take the same cluster for the roomiest.
+                let mut placed = self.placed.at(now);
+                let chosen = Self::freest_slot(candidates, &free, depths, &placed, now)
+                    .map_or_else(|| self.roomiest(candidates, depths, now), |at| vec![at]);
+                if let &[at] = chosen.as_slice() {
+                    let cluster = candidates[at].id();
+                    if self.index.knows(cluster) {
+                        let new_bytes = keys
+                            .total_covered_bytes()
+                            .saturating_sub(keys.covered_bytes(depths[at]));
+                        placed.add(cluster, new_bytes);
+                    }
+                }
+                chosen
+            }
+            None => self.roomiest(candidates, depths, now),
+        };
+        chosen
             .into_iter()
-            .enumerate()
-            .filter(|&(i, _)| keep.next_if_eq(&i).is_some())
-            .map(|(_, c)| c)
+            .map(|at| Arc::clone(&candidates[at]))
             .collect()
     }
 
-    /// The candidate with a free slot a request that matches nothing takes (see
-    /// [`place_unmatched`](Self::place_unmatched)); `None` when none has one.
+    /// The candidate with a free slot (`free[i]` for candidate `i`) a request that matches
+    /// nothing takes (see [`place_unmatched`](Self::place_unmatched)); `None` when none has
+    /// one.
     fn freest_slot(
         candidates: &[Arc<Cluster>],
+        free: &[bool],
         depths: &[usize],
         placed: &PlacementsAt<'_>,
         now: Instant,
@@ -580,16 +585,13 @@ impl Affinity {
                 .then(a.2.total_cmp(&b.2))
                 .then(a.3.cmp(&b.3))
         };
-        candidates
-            .iter()
-            .zip(depths)
-            .enumerate()
-            .filter(|(_, (c, _))| c.load().has_free_slot(now))
-            .map(|(i, (c, &depth))| {
-                let depth = if depth < MIN_STICKY_DEPTH { 0 } else { depth };
+        (0..candidates.len())
+            .filter(|&i| free[i])
+            .map(|i| {
+                let c = &candidates[i];
                 let (load, in_flight) = load_rank(c, now);
                 let rank: Rank = (
-                    std::cmp::Reverse(depth),
+                    std::cmp::Reverse(preferred_depth(depths[i])),
                     placed.bytes(c.id()),
                     load,
                     in_flight,
@@ -637,8 +639,7 @@ impl Affinity {
         let ranked: Vec<Rank> = candidates
             .iter()
             .zip(depths)
-            // Under the floor a match is no preference: identical short prompts spread.
-            .map(|(c, &depth)| rank(c, if depth < MIN_STICKY_DEPTH { 0 } else { depth }))
+            .map(|(c, &depth)| rank(c, preferred_depth(depth)))
             .collect();
         let Some(best) = ranked.iter().copied().min_by(order) else {
             return Vec::new();
@@ -647,6 +648,12 @@ impl Affinity {
             .filter(|&i| order(&ranked[i], &best).is_eq())
             .collect()
     }
+}
+
+/// A depth as placement prefers it: under [`MIN_STICKY_DEPTH`] a match is no preference,
+/// so identical short prompts spread.
+fn preferred_depth(depth: usize) -> usize {
+    if depth < MIN_STICKY_DEPTH { 0 } else { depth }
 }
 
 impl fmt::Debug for Affinity {

@@ -9,7 +9,7 @@ use tower_test::mock;
 use super::draw::random_draw;
 use super::*;
 use crate::config::{PrefixAffinityConfig, Price};
-use crate::grid::{Cluster, ClusterId, Grid, GridSettings};
+use crate::grid::{Cluster, ClusterId, Grid, GridSettings, InFlight};
 use crate::index::{IndexSettings, PrefixIndex};
 use crate::keying::{Api, KeySeed, NoKeys, PrefixKeys, key_body};
 use crate::metrics::PREFIX_AFFINITY_TOTAL;
@@ -83,6 +83,12 @@ impl Fixture {
         let cluster = self.cluster(name);
         let url = cluster.endpoints()[0].clone();
         assert!(cluster.load().record_queue(&url, queue, self.now));
+    }
+
+    /// `n` requests of this replica in flight at cluster `name`, until dropped.
+    fn running(&self, name: &str, n: usize) -> Vec<InFlight> {
+        let cluster = self.cluster(name);
+        (0..n).map(|_| cluster.load().start_request()).collect()
     }
 
     /// Records that cluster `name`'s one endpoint has `slots` (llama.cpp's `--parallel`).
@@ -248,8 +254,7 @@ fn counting_in_flight_the_holders_unanswered_requests_outweigh_a_match() {
         f.confirm("east-a", &first);
         f.set_queue("east-a", Some(0.0));
         f.set_queue("west-a", Some(0.0));
-        let holder = f.cluster("east-a");
-        let _in_flight: Vec<_> = (0..sent).map(|_| holder.load().start_request()).collect();
+        let _in_flight = f.running("east-a", sent);
         assert_eq!(f.decide(&next).outcome(), Some(outcome), "{sent} in flight");
     }
 }
@@ -443,7 +448,7 @@ fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_least_new_prompt_w
     assert_eq!(place("third", 20), "north-a");
     // west-a was given least: it takes the next one though it runs a request and the
     // others run none, as long as a slot is free there.
-    let running = f.cluster("west-a").load().start_request();
+    let running = f.running("west-a", 1);
     assert_eq!(place("fourth", 4), "west-a");
     // By load first, as before, the idle one with the fewest index entries (none has any).
     f.affinity
@@ -454,7 +459,7 @@ fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_least_new_prompt_w
     );
     f.affinity.set_settings(AffinitySettings::default());
     // Both of west-a's slots busy: the free one given least, north-a (20 blocks to 40).
-    let second = f.cluster("west-a").load().start_request();
+    let second = f.running("west-a", 1);
     assert_eq!(place("sixth", 4), "north-a");
     // One slot free again, but the engine reports a request waiting: not free either.
     drop(second);
@@ -466,15 +471,9 @@ fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_least_new_prompt_w
 #[test]
 fn on_slot_engines_with_none_free_a_new_conversation_goes_by_load_first() {
     let f = three_slot_sites();
-    let _east: Vec<_> = (0..2)
-        .map(|_| f.cluster("east-a").load().start_request())
-        .collect();
-    let _west: Vec<_> = (0..2)
-        .map(|_| f.cluster("west-a").load().start_request())
-        .collect();
-    let _north: Vec<_> = (0..3)
-        .map(|_| f.cluster("north-a").load().start_request())
-        .collect();
+    let _east = f.running("east-a", 2);
+    let _west = f.running("west-a", 2);
+    let _north = f.running("north-a", 3);
     // Every slot busy: the least loaded (east-a and west-a tie, so both stay).
     let decision = f.decide(&stranger(&f, "first", 40));
     assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
@@ -495,7 +494,7 @@ fn on_slot_engines_a_match_too_short_to_stick_goes_first_among_free_slots() {
     f.confirm("east-a", &first);
     // east-a was given the most lately and runs a request, yet with a slot free it holds
     // 10 blocks of the next turn.
-    let _running = f.cluster("east-a").load().start_request();
+    let _running = f.running("east-a", 1);
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
     assert_eq!(names(&decision), ["east-a"]);
@@ -512,8 +511,8 @@ fn on_a_grid_where_one_engines_slots_are_unknown_load_comes_first() {
     // goes by load first, as on batching engines. Busier with a free slot each, east-a
     // and west-a lose to north-a.
     f.set_slots("north-a", None);
-    let east = f.cluster("east-a").load().start_request();
-    let west = f.cluster("west-a").load().start_request();
+    let east = f.running("east-a", 1);
+    let west = f.running("west-a", 1);
     assert_eq!(names(&f.decide(&stranger(&f, "third", 40))), ["north-a"]);
     // Idle alike, with room alike: all stay.
     drop((east, west));
@@ -537,7 +536,7 @@ fn on_slot_engines_a_session_its_cluster_is_too_busy_for_goes_by_load() {
     let (first, next) = short_conversation(&f, "conv-1", None);
     f.answered("west-a", &first);
     // One request at west-a outweighs the ten blocks it holds, though a slot is free.
-    let _running = f.cluster("west-a").load().start_request();
+    let _running = f.running("west-a", 1);
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
     assert_eq!(names(&decision), ["east-a"]);
@@ -1470,7 +1469,7 @@ fn a_new_conversation_matching_a_short_shared_head_is_not_crowded_in_beside_othe
     }
     // One request in flight at east: they would only share a's system prompt, so they go by
     // load.
-    let _in_flight = f.cluster("east-a").load().start_request();
+    let _in_flight = f.running("east-a", 1);
     for first in &first_turns {
         let decision = f.decide(first);
         assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
@@ -1488,7 +1487,7 @@ fn a_new_conversation_matching_a_short_shared_head_is_not_crowded_in_beside_othe
 fn a_new_conversation_matching_a_shared_head_of_8_kib_is_the_load_gates_to_weigh() {
     // 40 blocks stick on their length alone and save 25.6 s at east, 12.8 queued requests.
     let SharedHead { f, first_turns, .. } = shared_head_at_slow_east(40);
-    let _in_flight = f.cluster("east-a").load().start_request();
+    let _in_flight = f.running("east-a", 1);
     for first in &first_turns {
         assert_eq!(f.decide(first).outcome(), Some(Outcome::Sticky));
     }

@@ -191,32 +191,32 @@ impl ClusterLoad {
             let streams = self.streaming().min(in_flight);
             let waiting = in_flight - streams;
             // The slots matter only to streams: none, and the scan is skipped.
-            let stream_weight = if streams > 0 && self.slots_full(in_flight, queue) {
-                1.0
-            } else {
-                STREAM_WEIGHT
-            };
+            let stream_weight =
+                if streams > 0 && self.free_slot_given(in_flight, queue) == Some(false) {
+                    1.0
+                } else {
+                    STREAM_WEIGHT
+                };
             queue + waiting as f64 + stream_weight * streams as f64
         } else {
             queue
         }
     }
 
-    /// Whether a request sent now would find no free slot: the cluster's engines have
-    /// slots ([`slots`](Self::slots)), and this replica's requests in flight fill them or
-    /// an engine reports requests waiting for one.
-    fn slots_full(&self, in_flight: usize, queue: f64) -> bool {
-        self.slots()
-            .is_some_and(|slots| in_flight >= slots || queue >= 1.0)
+    /// Whether a request sent now would find a slot free: `None` when the cluster's engines
+    /// are not known to have slots ([`slots`](Self::slots)); else `Some(false)` when this
+    /// replica's `in_flight` requests fill them or an engine reports requests waiting for
+    /// one (`queue`, the windowed worst), `Some(true)` otherwise.
+    fn free_slot_given(&self, in_flight: usize, queue: f64) -> Option<bool> {
+        self.slots().map(|slots| in_flight < slots && queue < 1.0)
     }
 
-    /// Whether a request sent now would start at once on a free slot: the cluster's engines
-    /// have slots ([`slots`](Self::slots)), this replica's requests in flight do not fill
-    /// them, and no engine reports a request waiting for one in the queue window. `false`
-    /// for a cluster without known slots, and for an unmeasured one.
-    pub fn has_free_slot(&self, now: Instant) -> bool {
-        self.slots()
-            .is_some_and(|slots| self.in_flight() < slots && self.queue_depth(now) < 1.0)
+    /// Whether a request sent now would start at once on a free slot: `None` for a cluster
+    /// whose engines are not known to have slots, `Some(false)` when this replica's
+    /// requests in flight fill them or an engine reports one waiting in the queue window
+    /// (an unmeasured cluster among them).
+    pub fn free_slot(&self, now: Instant) -> Option<bool> {
+        self.free_slot_given(self.in_flight(), self.queue_depth(now))
     }
 
     /// Records that the endpoint at `url` runs `slots` requests at once, as llama.cpp's
