@@ -762,13 +762,14 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
     flags = {"grid-defaults-t0.3": ["--threshold", "0.3"], "grid-defaults-pck": ["--sessions"],
              "grid-defaults-nofeedback": ["--engine-feedback", "false"]}
 
-    def simulated(trace: Path, policy: str, prefill: float, decode: float, extra: int) -> dict:
+    def simulated(trace: Path, policy: str, prefill: float, decode: float, extra: int,
+                  more: tuple[str, ...] = ()) -> dict:
         router = trace.parent.name.rsplit("-", 1)[0]
         command = [args.calibrate, "--trace", str(trace), "--block-tokens", str(TRACE_BLOCK_TOKENS),
                    "--sites", str(ENGINES), "--engine", "slots", "--slots", str(args.slots),
                    "--host-cache-tokens", str(cache_ram_tokens + extra), "--prefill-tps", f"{prefill:.2f}",
                    "--decode-tps", f"{decode:.3f}", "--prefill-overhead-ms", "0", "--policies", policy, "--json",
-                   *flags.get(router, [])]
+                   *flags.get(router, []), *more]
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         return json.loads(out)["results"][0]
 
@@ -794,14 +795,21 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
     print(f"host cache: {cache_ram_tokens} tokens of --cache-ram plus {extra} the engines keep besides their slots.")
     print("The three fit the grid-route runs best.\n")
     print("| arena run | policy simulated | engine speeds (prefill / decode tok/s) "
-          "| cached share, arena / simulate | TTFT p50, arena / simulate | TTFT p99, arena / simulate |")
-    print("|---|---|---|---|---|---|")
+          "| cached share, arena / simulate | TTFT p50, arena / simulate | TTFT p99, arena / simulate "
+          "| simulated cached share, `--misses-by-load` |")
+    print("|---|---|---|---|---|---|---|")
     for name, policy, result, trace, (prefill, decode) in replays:
         sim = simulated(trace, policy, prefill * fp, decode * fd, extra)
         ttfts = [t.ttft for t in result.turns]
+        # grid-route under the rule before the free-slot one: what the simulator expects it to gain.
+        before = "—"
+        if policy == "grid-route":
+            old = simulated(trace, policy, prefill * fp, decode * fd, extra, ("--misses-by-load",))
+            before = f"{100 * old['hit_share']:.1f}%"
         print(f"| {name} | {policy} | {prefill * fp:.0f} / {decode * fd:.1f} "
               f"| {100 * result.cached_share:.1f}% / {100 * sim['hit_share']:.1f}% "
-              f"| {pct(ttfts, 50):.1f} / {sim['ttft_p50_s']:.1f} s | {pct(ttfts, 99):.1f} / {sim['ttft_p99_s']:.1f} s |")
+              f"| {pct(ttfts, 50):.1f} / {sim['ttft_p50_s']:.1f} s | {pct(ttfts, 99):.1f} / {sim['ttft_p99_s']:.1f} s "
+              f"| {before} |")
 
 
 # ---------------------------------------------------------------------------------------

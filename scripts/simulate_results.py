@@ -225,18 +225,23 @@ def placement() -> None:
     print("as holding nothing, so with full slots it reads under the hit share). A hit share")
     print("under it is requests sent past the engine that held their prompt; a low one is")
     print("prompts no engine held any more because of where earlier requests went. *No gate*:")
-    print("a queued request priced at 1 ms, so no holder's load outweighs its match.\n")
-    print("| engines | sites | grid-route | grid-route, threshold 0.05, no gate, no feedback | least-queue | cache-aware |")
-    print("|---|---:|---|---|---|---|")
+    print("a queued request priced at 1 ms, so no holder's load outweighs its match. *Misses by")
+    print("load*: a request that matches nothing sent by load first on slot engines (the rule")
+    print("before; batching engines are placed so either way).\n")
+    print("| engines | sites | grid-route | grid-route, threshold 0.05, no gate, no feedback "
+          "| grid-route, misses by load | least-queue | cache-aware |")
+    print("|---|---:|---|---|---|---|---|")
     sticks = ["--threshold", "0.05", "--queued-request-seconds", "0.001", "--engine-feedback", "false"]
     for kind, flags in KINDS.items():
         for sites in (4, 8, 16):
             by = {r["policy"]: r for r in simulate(
                 "--sites", str(sites), "--policies", "grid-route,least-queue,cache-aware", *flags)["results"]}
             stuck = simulate("--sites", str(sites), "--policies", "grid-route", *flags, *sticks)["results"][0]
+            by_load = simulate("--sites", str(sites), "--policies", "grid-route", *flags,
+                               "--misses-by-load")["results"][0]
             cell = lambda r: (f"{100 * r['hit_share']:.1f}% / {100 * r['held_anywhere_share']:.1f}% "
                               f"/ {r['max_over_mean_requests']:.2f}")
-            print(f"| {kind} | {sites} | {cell(by['grid-route'])} | {cell(stuck)} "
+            print(f"| {kind} | {sites} | {cell(by['grid-route'])} | {cell(stuck)} | {cell(by_load)} "
                   f"| {cell(by['least-queue'])} | {cell(by['cache-aware'])} |")
     print()
 
