@@ -41,5 +41,5 @@ pub use http::{
 };
 pub use process::{PROCESS_WAIT, exit_within, signal};
 pub use prompts::{Conversation, text};
-pub use raw::{empty_vllm_metrics, read_head, read_request};
+pub use raw::{empty_vllm_metrics, read_head, read_request, whole_answer};
 pub use wait::{WAIT, eventually, eventually_within};

@@ -5,15 +5,20 @@
 use tokio::io::AsyncReadExt as _;
 use tokio::net::TcpStream;
 
+/// A whole HTTP/1.1 response: `status`, the header lines `headers` (each ending `\r\n`),
+/// a `content-length` and `body`.
+pub fn whole_answer(status: u16, headers: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status} X\r\n{headers}content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// An empty vLLM queue as an engine's `/metrics` answers it: a whole HTTP/1.1 response,
 /// which asks the client to close the connection after it when `close`.
 pub fn empty_vllm_metrics(close: bool) -> String {
-    let page = "vllm:num_requests_waiting 0\n";
     let connection = if close { "connection: close\r\n" } else { "" };
-    format!(
-        "HTTP/1.1 200 OK\r\n{connection}content-length: {}\r\n\r\n{page}",
-        page.len()
-    )
+    whole_answer(200, connection, "vllm:num_requests_waiting 0\n")
 }
 
 /// Reads one request's head from `socket`: `read` holds the bytes that came before and,

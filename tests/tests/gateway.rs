@@ -23,7 +23,7 @@ use grid_route_mock_engine::{CachedTokens, MockEngine, MockEngineConfig};
 use grid_route_tests::{
     Answer, ClusterYaml, Conversation, MODEL, chat, client, cluster, cluster_id, config_yaml,
     empty_vllm_metrics, engine, engine_serving, eventually, measured_gateway, metric, other, parse,
-    read_request, scratch_dir, send, send_with, set_queue, text, wait_measured,
+    read_request, scratch_dir, send, send_with, set_queue, text, wait_measured, whole_answer,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -251,10 +251,10 @@ async fn metrics_page(page: &'static str) -> String {
                 // The poller's GET has no body: its head is all there is to read.
                 let mut head = [0u8; 4096];
                 let _ = socket.read(&mut head).await;
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
-                     connection: close\r\n\r\n{page}",
-                    page.len()
+                let answer = whole_answer(
+                    200,
+                    "content-type: text/plain\r\nconnection: close\r\n",
+                    page,
                 );
                 let _ = socket.write_all(answer.as_bytes()).await;
             });
@@ -288,10 +288,10 @@ async fn llama_pages(
                 } else {
                     (200, metrics)
                 };
-                let answer = format!(
-                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n\
-                     content-length: {}\r\nconnection: close\r\n\r\n{page}",
-                    page.len()
+                let answer = whole_answer(
+                    status,
+                    "content-type: application/json\r\nconnection: close\r\n",
+                    page,
                 );
                 let _ = socket.write_all(answer.as_bytes()).await;
             });
@@ -758,11 +758,8 @@ async fn two_slot_engine(
                         });
                         ("application/json", answer.to_string())
                     };
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\nx-mock-engine: {name}\r\n\
-                         content-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
+                    let headers = format!("content-type: {kind}\r\nx-mock-engine: {name}\r\n");
+                    let answer = whole_answer(200, &headers, &body);
                     if socket.write_all(answer.as_bytes()).await.is_err() {
                         return;
                     }

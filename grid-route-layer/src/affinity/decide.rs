@@ -517,12 +517,8 @@ impl Affinity {
     ///   its prompt goes first (a depth under [`MIN_STICKY_DEPTH`] counts as none), then
     ///   the one this replica sent the fewest bytes of new prompt lately in requests that
     ///   matched nothing ([`PLACED_HALF_LIFE`](super::PLACED_HALF_LIFE)), then, between
-    ///   clusters sent none, the least loaded, then the first. A new conversation thus
-    ///   takes a slot where it evicts least: between their turns the conversations an
-    ///   engine holds weigh on no load, so an idle engine is as often one full of them as
-    ///   one with room, while one sent little new prompt lately has little to lose.
-    ///   (SGLang's and vLLM's cache-aware routers send such a request to the worker whose
-    ///   radix tree is smallest, whatever its load unless the loads are far apart.)
+    ///   clusters sent none, the least loaded, then the first (why: the [module](super)'s
+    ///   rule, step 2, and the `room` module).
     /// - Otherwise [`roomiest`](Self::roomiest), where load comes first.
     ///
     /// On a grid of engines with slots, when it names one cluster, that cluster is
