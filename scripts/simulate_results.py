@@ -88,20 +88,21 @@ def rules() -> None:
     print("## grid-route before the defaults learned, and the explicit rules' cost\n")
     print("Hit share / TTFT p50 / p99 of grid-route alone. *Before*: vLLM's gauge as the only")
     print("signal is what the old defaults read on these engines; the rows set the old")
-    print("queue window, queues alone, the fixed prices, exploration of later turns and, on slot")
-    print("engines, a request that matches nothing placed by load first.")
+    print("queue window, queues alone, the fixed prices, exploration of later turns, no threads")
+    print("and, on slot engines, a request that matches nothing placed by load first.")
     print("*Threshold*: the 80% rule at 0.5 and 0.3, everything else at the defaults.")
     print("*Index without bounds*: 64 times the contract's 16,384 keys a cluster and a 2-hour")
     print("TTL instead of 600 s (the trace lasts 59 minutes): what the index's size and age")
     print("limits cost.\n")
     print("| engines | sites | defaults | before (10 s window, queues alone, 10000 tok/s, 2 s, "
-          "later turns explored, misses by load) "
+          "later turns explored, no threads, misses by load) "
           "| threshold 0.5 | threshold 0.3 | engine_feedback off | index without bounds |")
     print("|---|---:|---|---|---|---|---|---|")
     variants = [
         [],
         ["--count-in-flight", "false", "--queue-window-secs", "10", "--prefill-price", "10000",
-         "--queued-request-seconds", "2", "--explore-continuations", "--misses-by-load"],
+         "--queued-request-seconds", "2", "--explore-continuations", "--no-threads",
+         "--misses-by-load"],
         ["--threshold", "0.5"],
         ["--threshold", "0.3"],
         ["--engine-feedback", "false"],
@@ -130,11 +131,12 @@ def streams() -> None:
     print("counted whole leave nothing for the slots to change), and on slot engines a request")
     print("that matches nothing sent by load first instead of to a free slot where the least new")
     print("prompt went lately (`--misses-by-load`; batching engines are placed by load either")
-    print("way). The last column is the bar: cache-aware's hit share, and the best TTFT p50 and")
+    print("way), and a later turn naming no thread (`--no-threads`, see \"Threads and sessions\").")
+    print("The last column is the bar: cache-aware's hit share, and the best TTFT p50 and")
     print("p99 of round-robin, least-queue, cache-aware and chwbl.\n")
     print("| engines | sites | defaults | streams whole | slots unknown | prefill once "
-          "| later turns explored | all three | misses by load | bar |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| later turns explored | all three | misses by load | no threads | bar |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     variants = [
         [],
         ["--streams-count-whole"],
@@ -143,6 +145,7 @@ def streams() -> None:
         ["--explore-continuations"],
         ["--streams-count-whole", "--moved-prefill-payers", "1", "--explore-continuations"],
         ["--misses-by-load"],
+        ["--no-threads"],
     ]
     cell = lambda r: f"{100 * r['hit_share']:.1f}% / {r['ttft_p50_s']:.3f} / {r['ttft_p99_s']:.3f} s"
     for kind, flags in KINDS.items():
@@ -195,25 +198,32 @@ def window() -> None:
 
 
 def sessions() -> None:
-    print("## Sessions\n")
-    print("grid-route with each request carrying its conversation's session (`--sessions`: a")
-    print("request whose blocks begin with an earlier request's whole prompt continues its")
-    print("conversation, each request continued at most once; the Mooncake trace carries no")
-    print("session id, so it is derived: 6,745 conversations, 2,838 of two turns or more")
-    print("holding 8,124 of the 12,031 requests), against itself without and against")
-    print("cache-aware. Hit share / TTFT p50 / p99; the last column counts grid-route's")
-    print("`session` decisions with `--sessions`.\n")
-    print("| engines | sites | grid-route | grid-route, sessions | cache-aware | session decisions |")
-    print("|---|---:|---|---|---|---:|")
+    print("## Threads and sessions\n")
+    print("The Mooncake trace carries no conversation id, so conversations are derived: a")
+    print("request whose blocks begin with an earlier request's whole prompt continues it, each")
+    print("request continued at most once (6,745 conversations, 2,838 of two turns or more")
+    print("holding 8,124 of the 12,031 requests). At the defaults a continuing request names the")
+    print("thread of the one it continues, as a gateway keys it from a history sent back as it")
+    print("was; `--no-threads` names none (a client that rewrites its history at each turn);")
+    print("`--sessions` adds the conversation's session, as a client sending `prompt_cache_key`")
+    print("would. Hit share / TTFT p50 / p99; the last two columns count grid-route's `session`")
+    print("decisions at the defaults and with `--sessions`.\n")
+    print("| engines | sites | grid-route | grid-route, no threads | grid-route, sessions "
+          "| cache-aware | session decisions | with sessions |")
+    print("|---|---:|---|---|---|---|---:|---:|")
     for kind, flags in KINDS.items():
         for sites in (4, 8, 16):
             plain = {r["policy"]: r for r in simulate(
                 "--sites", str(sites), "--policies", "grid-route,cache-aware", *flags)["results"]}
+            no_threads = simulate("--sites", str(sites), "--policies", "grid-route",
+                                  "--no-threads", *flags)["results"][0]
             with_sessions = simulate("--sites", str(sites), "--policies", "grid-route", "--sessions",
                                      *flags)["results"][0]
             cell = lambda r: f"{100 * r['hit_share']:.1f}% / {r['ttft_p50_s']:.3f} / {r['ttft_p99_s']:.3f} s"
-            print(f"| {kind} | {sites} | {cell(plain['grid-route'])} | {cell(with_sessions)} "
-                  f"| {cell(plain['cache-aware'])} | {with_sessions['outcomes'].get('session', 0)} |")
+            decided = lambda r: r["outcomes"].get("session", 0)
+            print(f"| {kind} | {sites} | {cell(plain['grid-route'])} | {cell(no_threads)} "
+                  f"| {cell(with_sessions)} | {cell(plain['cache-aware'])} "
+                  f"| {decided(plain['grid-route'])} | {decided(with_sessions)} |")
     print()
 
 

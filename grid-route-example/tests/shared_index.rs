@@ -493,51 +493,69 @@ async fn redis_holds_keys_and_no_prompt_text() {
 }
 
 #[tokio::test]
-async fn a_session_answered_through_one_replica_keeps_its_next_turn_through_the_other() {
+async fn a_session_or_thread_answered_through_one_replica_keeps_its_next_turn_through_the_other() {
     let bed = Testbed::start("session").await;
     let (a, b) = (bed.replica("a").await, bed.replica("b").await);
     // No system prompt, a first turn under the four keys a match needs, a second one four
     // times as long: the second turn cannot stick by its prefix, and by the index's room
     // alone it would go to the engine holding less, away from the first turn's.
-    let question = "a short first question about the okapi ".repeat(16);
-    let body = |messages: &Value| {
-        serde_json::to_vec(&json!({
-            "model": MODEL,
-            "prompt_cache_key": "conversation-okapi",
-            "messages": messages,
-        }))
-        .unwrap()
-    };
-    let mut messages = json!([{"role": "user", "content": question}]);
-    let first = send(
-        Method::POST,
-        &format!("{}/v1/chat/completions", a.front),
-        body(&messages),
-    )
-    .await;
-    assert_eq!(first.status, StatusCode::OK);
-    let home = first.engine_name();
-    // Two events: the first turn's keys, then its session.
-    eventually_within(
-        "replica b learns the first turn and its session",
-        PROCESS_WAIT,
-        || async { b.applied().await >= 2.0 },
-    )
-    .await;
-    let reply: Value = serde_json::from_slice(&first.body).unwrap();
-    let turns = messages.as_array_mut().unwrap();
-    turns.push(json!({"role": "assistant", "content": reply["choices"][0]["message"]["content"]}));
-    turns.push(json!({"role": "user", "content": "and now a much longer question ".repeat(100)}));
-    let second = send(
-        Method::POST,
-        &format!("{}/v1/chat/completions", b.front),
-        body(&messages),
-    )
-    .await;
-    assert_eq!(second.engine_name(), home);
-    assert_eq!(
-        b.metric("grid_route_prefix_affinity_total{outcome=\"session\"}")
-            .await,
-        1.0
-    );
+    // First a client that names its session and rewrites its history (it stamps the turn
+    // on its first message): the turn does not continue the first to the byte, so its
+    // thread names nothing and only the session can keep it. Then one that names no
+    // session and sends its history back as it was: only the thread can keep it.
+    for (n, (animal, session)) in [("okapi", Some("conversation-okapi")), ("quagga", None)]
+        .into_iter()
+        .enumerate()
+    {
+        let question = format!("a short first question about the {animal} ").repeat(16);
+        let body = |messages: &Value| {
+            let mut body = json!({"model": MODEL, "messages": messages});
+            if let Some(session) = session {
+                body["prompt_cache_key"] = session.into();
+            }
+            serde_json::to_vec(&body).unwrap()
+        };
+        let mut messages = json!([{"role": "user", "content": question}]);
+        let applied = b.applied().await;
+        let first = send(
+            Method::POST,
+            &format!("{}/v1/chat/completions", a.front),
+            body(&messages),
+        )
+        .await;
+        assert_eq!(first.status, StatusCode::OK);
+        let home = first.engine_name();
+        // The first turn's keys, then its session if it names one, then its thread.
+        let events = if session.is_some() { 3.0 } else { 2.0 };
+        eventually_within(
+            "replica b learns the first turn, its session and its thread",
+            PROCESS_WAIT,
+            || async { b.applied().await >= applied + events },
+        )
+        .await;
+        let reply: Value = serde_json::from_slice(&first.body).unwrap();
+        let turns = messages.as_array_mut().unwrap();
+        if session.is_some() {
+            turns[0]["content"] = format!("[turn 1] {question}").into();
+        }
+        turns.push(
+            json!({"role": "assistant", "content": reply["choices"][0]["message"]["content"]}),
+        );
+        turns.push(
+            json!({"role": "user", "content": "and now a much longer question ".repeat(100)}),
+        );
+        let second = send(
+            Method::POST,
+            &format!("{}/v1/chat/completions", b.front),
+            body(&messages),
+        )
+        .await;
+        assert_eq!(second.engine_name(), home, "{animal}");
+        assert_eq!(
+            b.metric("grid_route_prefix_affinity_total{outcome=\"session\"}")
+                .await,
+            n as f64 + 1.0,
+            "{animal}"
+        );
+    }
 }

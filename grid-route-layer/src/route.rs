@@ -82,18 +82,28 @@ pub struct Prompt {
     model: Option<Arc<str>>,
     keys: Result<PrefixKeys, NoKeys>,
     session: Option<SessionKey>,
+    thread: Option<SessionKey>,
     streamed: bool,
 }
 
 impl Prompt {
-    /// A prompt for `model` with these keys (or the reason it has none), and no session.
+    /// A prompt for `model` with these keys (or the reason it has none), and no session
+    /// or thread.
     pub fn new(model: Option<Arc<str>>, keys: Result<PrefixKeys, NoKeys>) -> Self {
         Self {
             model,
             keys,
             session: None,
+            thread: None,
             streamed: false,
         }
+    }
+
+    /// The same prompt with `thread` as its [`thread`](Self::thread) (none when `None`).
+    #[must_use]
+    pub fn with_thread(mut self, thread: Option<SessionKey>) -> Self {
+        self.thread = thread;
+        self
     }
 
     /// The same prompt in `session` (none when `None`).
@@ -138,6 +148,14 @@ impl Prompt {
         self.session
     }
 
+    /// The prompt's thread: a key of its whole canonical stream, to the last byte, that
+    /// a later turn of the same conversation names as the prompt it
+    /// [`follows`](PrefixKeys::follows). Kept in the index like a session where the prompt
+    /// was answered. `None` for Completions and for prompts keying could not read.
+    pub fn thread(&self) -> Option<SessionKey> {
+        self.thread
+    }
+
     /// The request's `model`, when it named one as a string.
     pub fn model(&self) -> Option<&str> {
         self.model.as_deref()
@@ -163,6 +181,7 @@ impl fmt::Debug for Prompt {
             Err(reason) => d.field("no_keys", reason),
         };
         d.field("session", &self.session.is_some());
+        d.field("thread", &self.thread.is_some());
         d.field("streamed", &self.streamed);
         d.finish()
     }

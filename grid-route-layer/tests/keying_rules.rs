@@ -539,6 +539,145 @@ fn turn_n_keys_are_a_strict_prefix_of_turn_n_plus_1() {
     }
 }
 
+// ---- threads ----------------------------------------------------------------------------
+
+fn read_prompt(api: Api, body: &Value) -> grid_route_layer::route::Prompt {
+    key_body(&SEED, api, body.to_string().as_bytes()).expect("no duplicate fields")
+}
+
+/// A builder of one API's body from its turns.
+type Body<'a> = &'a dyn Fn(Vec<Value>) -> Value;
+
+/// Each API's turns as a client sends them back: the earlier turns as they were, then the
+/// model's answer, then what follows it.
+#[test]
+fn each_turn_follows_the_thread_of_the_prompt_its_last_answer_answered() {
+    let system = long("system");
+    let chat = |msgs: Vec<Value>| {
+        let mut all = vec![json!({"role":"system","content":system})];
+        all.extend(msgs);
+        json!({"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":all})
+    };
+    let msgs = |msgs: Vec<Value>| json!({"model":"m","system":system,"messages":msgs});
+    let resp = |items: Vec<Value>| json!({"model":"m","instructions":system,"input":items});
+    let user = |text: &str| json!({"role":"user","content":text});
+    let assistant = |text: &str| json!({"role":"assistant","content":text});
+    let cases: [(Api, Body<'_>); 3] = [
+        (Api::ChatCompletions, &chat),
+        (Api::Messages, &msgs),
+        (Api::Responses, &resp),
+    ];
+    for (api, build) in cases {
+        let first = read_prompt(api, &build(vec![user("hi")]));
+        let second = read_prompt(
+            api,
+            &build(vec![user("hi"), assistant("hello"), user("and?")]),
+        );
+        let third = read_prompt(
+            api,
+            &build(vec![
+                user("hi"),
+                assistant("hello"),
+                user("and?"),
+                assistant("that is all"),
+                user("thanks"),
+            ]),
+        );
+        assert!(first.thread().is_some(), "{api:?}");
+        assert_eq!(first.keys().unwrap().follows(), None, "{api:?}");
+        assert_eq!(second.keys().unwrap().follows(), first.thread(), "{api:?}");
+        assert_eq!(third.keys().unwrap().follows(), second.thread(), "{api:?}");
+        // Another first question behind the same head: same keys, another thread.
+        let other = read_prompt(api, &build(vec![user("ho")]));
+        assert_eq!(other.keys(), first.keys(), "{api:?}");
+        assert_ne!(other.thread(), first.thread(), "{api:?}");
+        // A history that differs anywhere follows another thread.
+        let edited = read_prompt(
+            api,
+            &build(vec![user("hi!"), assistant("hello"), user("and?")]),
+        );
+        assert_ne!(edited.keys().unwrap().follows(), first.thread(), "{api:?}");
+    }
+}
+
+#[test]
+fn a_tool_round_follows_the_prompt_that_asked_for_the_call() {
+    let system = long("system");
+    // Chat: the assistant's tool call answers the prompt before it; the tool's result is
+    // the client's.
+    let chat = |msgs: Vec<Value>| {
+        let mut all = vec![
+            json!({"role":"system","content":system}),
+            json!({"role":"user","content":"weather?"}),
+        ];
+        all.extend(msgs);
+        read_prompt(Api::ChatCompletions, &json!({"model":"m","messages":all}))
+    };
+    let asked = chat(vec![]);
+    let call = json!({"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"weather","arguments":"{}"}}]});
+    let result = json!({"role":"tool","tool_call_id":"c1","content":"sunny"});
+    let with_result = chat(vec![call.clone(), result.clone()]);
+    assert_eq!(with_result.keys().unwrap().follows(), asked.thread());
+    let next = chat(vec![
+        call,
+        result,
+        json!({"role":"assistant","content":"It is sunny."}),
+        json!({"role":"user","content":"thanks"}),
+    ]);
+    assert_eq!(next.keys().unwrap().follows(), with_result.thread());
+    // Responses: reasoning and the function call are one answer; its output is the
+    // client's.
+    let resp = |items: Vec<Value>| {
+        let mut all = vec![json!({"role":"user","content":"weather?"})];
+        all.extend(items);
+        read_prompt(
+            Api::Responses,
+            &json!({"model":"m","instructions":system,"input":all}),
+        )
+    };
+    let asked = resp(vec![]);
+    let answered = resp(vec![
+        json!({"type":"reasoning","summary":[]}),
+        json!({"type":"function_call","call_id":"c1","name":"weather","arguments":"{}"}),
+        json!({"type":"function_call_output","call_id":"c1","output":"sunny"}),
+    ]);
+    assert_eq!(answered.keys().unwrap().follows(), asked.thread());
+}
+
+#[test]
+fn completions_and_unreadable_prompts_have_no_thread() {
+    let text = long("c");
+    let completion = read_prompt(Api::Completions, &json!({"model":"m","prompt":text}));
+    assert!(completion.keys().is_ok());
+    assert_eq!(completion.thread(), None);
+    assert_eq!(completion.keys().unwrap().follows(), None);
+    let tokens = read_prompt(
+        Api::ChatCompletions,
+        &json!({"model":"m","messages":[{"role":"user","content":[{"type":"mystery"}]}]}),
+    );
+    assert!(tokens.keys().is_err());
+    assert_eq!(tokens.thread(), None);
+    // A prompt shorter than a block has no keys but a thread its next turn can follow.
+    let short = read_prompt(
+        Api::ChatCompletions,
+        &json!({"model":"m","messages":[{"role":"user","content":"hi"}]}),
+    );
+    assert!(matches!(
+        short.keys(),
+        Err(NoKeys::ShorterThanABlock { .. })
+    ));
+    assert!(short.thread().is_some());
+}
+
+#[test]
+fn threads_are_namespaced_like_keys() {
+    let body = |model: &str, salt: &str| json!({"model":model,"cache_salt":salt,"messages":[{"role":"user","content":"hi"}]});
+    let thread = |model, salt| read_prompt(Api::ChatCompletions, &body(model, salt)).thread();
+    assert_eq!(thread("m", "a"), thread("m", "a"));
+    assert_ne!(thread("m", "a"), thread("m", "b"));
+    assert_ne!(thread("m", "a"), thread("n", "a"));
+}
+
 #[test]
 fn roles_matter() {
     let text = long("role");
@@ -1012,10 +1151,29 @@ fn debug_prints_no_keys() {
     )
     .unwrap();
     let debug = format!("{prompt:?}");
+    let chat = prompt_of_turns();
+    let chat_debug = format!("{chat:?}");
+    let thread = chat.thread().unwrap().as_u64();
+    assert!(
+        !chat_debug.contains(&thread.to_string()) && !chat_debug.contains(&format!("{thread:x}"))
+    );
+    let follows = chat.keys().unwrap().follows().unwrap().as_u64();
+    assert!(
+        !chat_debug.contains(&follows.to_string()) && !chat_debug.contains(&format!("{follows:x}"))
+    );
     for key in prompt.keys().unwrap().as_slice() {
         assert!(!debug.contains(&key.to_string()) && !debug.contains(&format!("{key:x}")));
     }
     assert!(!debug.contains("Keys must"));
+}
+
+/// A second turn, with a thread and one it follows.
+fn prompt_of_turns() -> grid_route_layer::route::Prompt {
+    let text = long("d");
+    read_prompt(
+        Api::ChatCompletions,
+        &json!({"model":"m","messages":[{"role":"user","content":text},{"role":"assistant","content":"a"},{"role":"user","content":"b"}]}),
+    )
 }
 
 #[test]

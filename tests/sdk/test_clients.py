@@ -277,8 +277,10 @@ def an_anthropic_message_streams_its_raw_events():
 # ---- Sessions: what clients already send keeps a conversation on its cluster ---------------
 #
 # Each conversation below has no system prompt and every turn adds more than a fifth of its
-# prompt while staying under 8 KiB, so no turn can stick by its prefix match: only the
-# session keeps it where it was answered. The gateway counts each such decision as
+# prompt while staying under 8 KiB, so no turn can stick by its prefix match. Its client
+# rewrites its history at each turn (`stamped`), so no turn continues the one before it to
+# the byte: only the session keeps it where it was answered (the last scenario sends its
+# history back as it was, and needs no session). The gateway counts each such decision as
 # `grid_route_prefix_affinity_total{outcome="session"}`, which these scenarios read on the
 # admin port (they run one at a time, so a change in a count is theirs).
 
@@ -315,13 +317,23 @@ def question(topic, turn):
     return " ".join(words)[: TURN_BYTES[turn]]
 
 
-def chat_turns(topic, turns, **extra):
-    """Asks `turns` turns of one conversation with Chat Completions; the engine of each."""
+def stamped(messages, turn):
+    """`messages` as a client that rewrites its history at each turn sends them: the turn
+    stamped on the first message. No turn then continues the one before it to the byte,
+    so the gateway cannot follow the conversation by its prompts, only by a session."""
+    first = dict(messages[0], content=f"[turn {turn}] {messages[0]['content']}")
+    return [first] + messages[1:]
+
+
+def chat_turns(topic, turns, rewrite_history=False, **extra):
+    """Asks `turns` turns of one conversation with Chat Completions; the engine of each.
+    With `rewrite_history`, the client sends its history `stamped`."""
     client = openai_client()
     messages, engines = [], []
     for turn in range(turns):
         messages.append({"role": "user", "content": question(topic, turn)})
-        completion = client.chat.completions.create(model=MODEL, messages=messages, **extra)
+        sent = stamped(messages, turn) if rewrite_history else messages
+        completion = client.chat.completions.create(model=MODEL, messages=sent, **extra)
         reply = completion.choices[0].message.content
         engines.append(replying_engine(reply))
         messages.append({"role": "assistant", "content": reply})
@@ -331,7 +343,7 @@ def chat_turns(topic, turns, **extra):
 def a_conversation_with_prompt_cache_key_stays_on_its_cluster():
     before = outcomes()
     key = f"conv-{uuid.uuid4()}"
-    engines = chat_turns(key, 3, prompt_cache_key=key)
+    engines = chat_turns(key, 3, rewrite_history=True, prompt_cache_key=key)
     assert len(set(engines)) == 1, f"the turns moved: {engines}"
     after = outcomes()
     assert after["session"] - before["session"] == 2, (before, after)
@@ -346,7 +358,10 @@ def an_anthropic_conversation_with_metadata_user_id_stays_on_its_cluster():
     for turn in range(3):
         messages.append({"role": "user", "content": question(user_id, turn)})
         message = client.messages.create(
-            model=MODEL, max_tokens=64, messages=messages, metadata={"user_id": user_id}
+            model=MODEL,
+            max_tokens=64,
+            messages=stamped(messages, turn),
+            metadata={"user_id": user_id},
         )
         reply = message.content[0].text
         engines.append(replying_engine(reply))
@@ -359,14 +374,14 @@ def an_anthropic_conversation_with_metadata_user_id_stays_on_its_cluster():
 def a_conversation_with_the_configured_session_header_stays_on_its_cluster():
     session = f"header-{uuid.uuid4()}"
     before = outcomes()
-    engines = chat_turns(session, 3, extra_headers={SESSION_HEADER: session})
+    engines = chat_turns(session, 3, rewrite_history=True, extra_headers={SESSION_HEADER: session})
     assert len(set(engines)) == 1, f"the turns moved: {engines}"
     middle = outcomes()
     assert middle["session"] - before["session"] == 2, (before, middle)
     # `x-session-id`, the default, is not read when the config names another header.
     if SESSION_HEADER != "x-session-id":
         other = f"unread-{uuid.uuid4()}"
-        chat_turns(other, 2, extra_headers={"x-session-id": other})
+        chat_turns(other, 2, rewrite_history=True, extra_headers={"x-session-id": other})
         assert outcomes()["session"] == middle["session"], "an unconfigured header was read"
 
 
@@ -394,6 +409,19 @@ def two_tenants_with_one_prompt_cache_key_do_not_share_a_session():
         model=MODEL, messages=second, prompt_cache_key=key, extra_body={"cache_salt": "tenant-a"}
     )
     assert outcomes()["session"] - middle["session"] == 1
+
+
+def a_conversation_sent_back_as_it_came_stays_on_its_cluster_without_a_session():
+    before = outcomes()
+    engines = chat_turns(f"verbatim-{uuid.uuid4()}", 3)
+    assert len(set(engines)) == 1, f"the turns moved: {engines}"
+    after = outcomes()
+    # Each later turn names the prompt before it: the gateway's own session.
+    assert after["session"] - before["session"] == 2, (before, after)
+    # Rewritten at each turn, a conversation is one the gateway cannot follow.
+    before = after
+    chat_turns(f"rewritten-{uuid.uuid4()}", 3, rewrite_history=True)
+    assert outcomes()["session"] == before["session"], "a rewritten history was followed"
 
 
 def set_waiting(engine, waiting):
@@ -463,6 +491,7 @@ SCENARIOS = [
     a_conversation_with_the_configured_session_header_stays_on_its_cluster,
     two_tenants_with_one_prompt_cache_key_do_not_share_a_session,
     a_session_whose_cluster_is_overloaded_goes_elsewhere,
+    a_conversation_sent_back_as_it_came_stays_on_its_cluster_without_a_session,
 ]
 
 

@@ -1218,6 +1218,9 @@ struct ShortTurns {
     messages: Vec<Value>,
     topic: String,
     headers: Vec<(String, String)>,
+    /// Whether the client rewrites its history at each turn (it stamps the turn on its
+    /// first message), so that no turn continues the prompt before it to the byte.
+    rewrites_history: bool,
 }
 
 impl ShortTurns {
@@ -1229,7 +1232,14 @@ impl ShortTurns {
                 .iter()
                 .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
                 .collect(),
+            rewrites_history: false,
         }
+    }
+
+    /// The same conversation, its client rewriting its history at each turn.
+    fn rewriting_history(mut self) -> Self {
+        self.rewrites_history = true;
+        self
     }
 
     /// Sends turn `n` (from 0; at most 2): 700 bytes (under the four keys a match needs to
@@ -1239,7 +1249,12 @@ impl ShortTurns {
         let question = text(&format!("{}-{n}", self.topic), [700, 3072, 4096][n]);
         self.messages
             .push(json!({"role": "user", "content": question}));
-        let body = serde_json::to_vec(&json!({"model": MODEL, "messages": self.messages})).unwrap();
+        let mut messages = self.messages.clone();
+        if self.rewrites_history {
+            let first = messages[0]["content"].as_str().unwrap_or_default();
+            messages[0]["content"] = format!("[turn {n}] {first}").into();
+        }
+        let body = serde_json::to_vec(&json!({"model": MODEL, "messages": messages})).unwrap();
         let url = format!("{}/v1/chat/completions", gateway.url());
         let mut headers: Vec<(&str, &str)> = vec![("content-type", "application/json")];
         headers.extend(self.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())));
@@ -1272,30 +1287,24 @@ async fn a_session_header_keeps_turns_that_cannot_stick_on_their_cluster_until_i
         priced_yaml(&sites, "")
     };
     let gateway = measured_gateway(&sites(None)).await;
-    // Without a session, on a fresh gateway: the second turn is a no-match, which goes to
-    // the clusters whose index holds less, away from the one that holds the first turn.
-    let mut anonymous = ShortTurns::new(&format!("anonymous-{}", rand_topic()), &[]);
+    // Without a session, on a fresh gateway, from a client that rewrites its history at
+    // each turn: the second turn is a no-match, which goes to the clusters whose index holds
+    // less, away from the one that holds the first turn.
+    let mut anonymous =
+        ShortTurns::new(&format!("anonymous-{}", rand_topic()), &[]).rewriting_history();
     let anonymous_home = anonymous.turn(&gateway).await.engine_name();
     assert_ne!(anonymous.turn(&gateway).await.engine_name(), anonymous_home);
+    // The same client naming a session: the session keeps it.
     let session = format!("session-{}", rand_topic());
-    let mut conversation = ShortTurns::new("header", &[("x-session-id", &session)]);
-    // Exact counts: the tests of this binary share one recorder, and no other one makes a
-    // `session` decision (a new test that does must not run beside this one).
-    let series = r#"grid_route_prefix_affinity_total{outcome="session"}"#;
-    let sessions_before = scraped(&gateway, series).await;
+    let mut conversation =
+        ShortTurns::new("header", &[("x-session-id", &session)]).rewriting_history();
     let home = conversation.turn(&gateway).await.engine_name();
     assert_eq!(conversation.turn(&gateway).await.engine_name(), home);
-    assert_eq!(
-        scraped(&gateway, series).await,
-        sessions_before + 1,
-        "the second turn was not a session decision"
-    );
     // Drained, the session's cluster takes nothing: the last turn is decided between the
     // two others.
     gateway.reload(&parse(&sites(Some(&home)))).unwrap();
     wait_measured(&gateway).await;
     assert_ne!(conversation.turn(&gateway).await.engine_name(), home);
-    assert_eq!(scraped(&gateway, series).await, sessions_before + 1);
 }
 
 /// The body of one Chat turn under `system`: the messages so far, then `question`.
@@ -1360,6 +1369,64 @@ async fn a_new_conversation_under_a_short_shared_system_prompt_is_not_crowded_on
         home
     );
     assert_eq!(chat_as(&gateway, None, a_next()).await.engine_name(), home);
+}
+
+#[tokio::test]
+async fn conversations_tied_at_a_shared_head_go_back_where_their_own_last_turns_were_answered() {
+    // A CPU-like prefill price: the 15-block head saves about 10 s there, five queued
+    // requests, so the gate lets a turn wait one queued request for the engine holding it.
+    let (east, west, gateway) = two_sites_with(
+        "east",
+        "west",
+        "grid_site_route: { prefix_affinity: { exploration: 0.0, \
+         prefill_tokens_per_second: 100, queued_request_seconds: 2 } }\n",
+    )
+    .await;
+    let topic = rand_topic();
+    // A head of 15 keying blocks; each first question ends inside its last block, so the
+    // two first turns have the same keys: the index alone cannot tell them apart.
+    let system = text(&format!("house rules {topic}"), 15 * 256);
+    let (a_asks, b_asks) = ("why is the sky blue?", "why is the sea salty?");
+    let seed = grid_route_layer::keying::KeySeed::random();
+    let keys = |question| {
+        let body = turn_under(&system, &[], question);
+        let api = grid_route_layer::keying::Api::ChatCompletions;
+        let prompt = grid_route_layer::keying::key_body(&seed, api, &body).unwrap();
+        prompt.keys().unwrap().clone()
+    };
+    assert_eq!(keys(a_asks), keys(b_asks));
+    assert_eq!(keys(a_asks).len(), 15);
+    let first = |question| chat_as(&gateway, None, turn_under(&system, &[], question));
+    let a_first = first(a_asks).await;
+    let a_home = a_first.engine_name();
+    // b opens a conversation beside a busier holder of the head: it goes by load, and a's
+    // engine stays a queued request busier.
+    queue_at(&gateway, (&east, &west), &a_home, 1).await;
+    let b_first = first(b_asks).await;
+    let b_home = b_first.engine_name();
+    assert_eq!(b_home, other(&a_home));
+    // Each second turn sends its history back as it was, with a question long enough that
+    // the head cannot stick. Both match both engines alike; by load alone a's would go to
+    // b's engine. Each goes where its own first turn was answered.
+    let reply = |answer: &Answer| {
+        answer.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let follow_up = text("and then, in detail", 2048);
+    for (asks, answer, home) in [(a_asks, &a_first, &a_home), (b_asks, &b_first, &b_home)] {
+        let next = turn_under(
+            &system,
+            &[("user", asks), ("assistant", &reply(answer))],
+            &follow_up,
+        );
+        assert_eq!(
+            chat_as(&gateway, None, next).await.engine_name(),
+            *home,
+            "{asks}"
+        );
+    }
 }
 
 /// A topic no other conversation of the test used.

@@ -27,6 +27,23 @@ const DEFAULT_SEED: u64 = 1;
 /// crate does not link: `tests/simulate_cli.rs` checks the two agree).
 pub const GATEWAY_POLL_INTERVAL_MS: u64 = 500;
 
+/// What the clients send of their conversations. Mooncake traces carry no conversation id,
+/// so conversations are derived: a request whose blocks begin with an earlier request's
+/// whole prompt continues it, each request continued at most once.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args)]
+pub struct ClientArgs {
+    /// Requests carry their conversation's session id, as a client sending
+    /// `prompt_cache_key` would
+    #[arg(long)]
+    pub sessions: bool,
+    /// Requests name no earlier prompt they follow (`PrefixKeys::follows`), as from a client
+    /// that rewrites its history at each turn: measures what a gateway's threads are worth.
+    /// Without it, a request that continues an earlier one follows that request's thread,
+    /// as the gateway keys it from a history sent back as it was
+    #[arg(long)]
+    pub no_threads: bool,
+}
+
 /// The arguments of `grid-route-simulate`: the trace, the deployment and the
 /// policies compared.
 #[derive(Debug, Clone, PartialEq, clap::Args)]
@@ -61,11 +78,9 @@ pub struct SimulateArgs {
     /// grid-route's replicas share one prefix index
     #[arg(long)]
     pub shared_index: bool,
-    /// Requests carry a session id, as a client sending `prompt_cache_key` would: a request
-    /// whose blocks begin with an earlier request's whole prompt continues its conversation,
-    /// each request continued at most once (Mooncake traces carry none, so it is derived)
-    #[arg(long)]
-    pub sessions: bool,
+    /// What the clients send of their conversations.
+    #[command(flatten)]
+    pub clients: ClientArgs,
     /// The policies compared, comma-separated, in this order
     #[arg(
         long,
@@ -112,7 +127,7 @@ impl SimulateArgs {
             engines_per_site: DEFAULT_ENGINES_PER_SITE,
             replicas: DEFAULT_REPLICAS,
             shared_index: false,
-            sessions: false,
+            clients: ClientArgs::default(),
             policies: Policy::ALL.to_vec(),
             seed: DEFAULT_SEED,
             fail_share: 0.0,

@@ -49,7 +49,9 @@ use std::fs::File;
 use std::io::{BufReader, IsTerminal, Write};
 use std::time::Instant;
 
-pub use args::{EngineArgs, GATEWAY_POLL_INTERVAL_MS, GatewayArgs, SimulateArgs};
+use grid_route_layer::keying::{PrefixKeys, SessionKey};
+
+pub use args::{ClientArgs, EngineArgs, GATEWAY_POLL_INTERVAL_MS, GatewayArgs, SimulateArgs};
 pub use engine::{EngineKind, EngineModel};
 pub use policy::Policy;
 pub use report::{PolicyResult, Report};
@@ -111,21 +113,7 @@ pub fn simulate(
         .prefix_affinity()
         .validate()
         .map_err(|e| SimulateError::Settings(e.to_string()))?;
-    let conversations = trace::derive_sessions(trace);
-    // A request that continues no earlier one opens its conversation: a gateway reads that
-    // from the messages (no earlier answer in them).
-    let keys: Vec<_> = trace
-        .iter()
-        .zip(conversations.iter().enumerate())
-        .map(|(request, (id, &conversation))| {
-            request.keys().map(|keys| keys.opening(conversation == id))
-        })
-        .collect();
-    let sessions: Vec<_> = if args.sessions {
-        conversations.into_iter().map(trace::session_key).collect()
-    } else {
-        Vec::new()
-    };
+    let (keys, sessions, threads) = what_clients_send(trace, &args.clients);
     let setup = run::RunSetup {
         policies: policy::Setup {
             sites: args.sites,
@@ -167,6 +155,7 @@ pub fn simulate(
             trace,
             &keys,
             &sessions,
+            &threads,
             &setup,
             &mut report_progress,
         ));
@@ -184,6 +173,45 @@ pub fn simulate(
         seed: args.seed,
         results,
     })
+}
+
+/// Each request's keys, and the sessions and threads of the requests (empty when the clients
+/// send none).
+type ClientInputs = (Vec<Option<PrefixKeys>>, Vec<SessionKey>, Vec<SessionKey>);
+
+/// Each request's keys, session and thread as the gateway would read them from what the
+/// clients send ([`ClientArgs`]). A request that continues no earlier one opens its
+/// conversation: a gateway reads that from the messages (no earlier answer in them). One
+/// that does names the thread of the request it continues, as a gateway keys it from a
+/// history sent back as it was.
+fn what_clients_send(trace: &[TraceRequest], clients: &ClientArgs) -> ClientInputs {
+    let continued = trace::derive_continued(trace);
+    let keys = trace
+        .iter()
+        .zip(&continued)
+        .map(|(request, earlier)| {
+            let follows = earlier
+                .filter(|_| !clients.no_threads)
+                .map(trace::thread_key);
+            request
+                .keys()
+                .map(|keys| keys.opening(earlier.is_none()).following(follows))
+        })
+        .collect();
+    let sessions = if clients.sessions {
+        trace::sessions_of(&continued)
+            .into_iter()
+            .map(trace::session_key)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let threads = if clients.no_threads {
+        Vec::new()
+    } else {
+        (0..trace.len()).map(trace::thread_key).collect()
+    };
+    (keys, sessions, threads)
 }
 
 /// Whether progress goes to stderr: only when it is a terminal.

@@ -96,14 +96,15 @@ impl Loop<'_> {
     }
 }
 
-/// Replays `trace` (with each request's `keys`, and its session when `sessions` is not
-/// empty) under `policy`; `progress` is told how
-/// many requests have arrived, every 1%.
+/// Replays `trace` (with each request's `keys`, its session when `sessions` is not empty,
+/// and its thread when `threads` is not) under `policy`; `progress` is told how many
+/// requests have arrived, every 1%.
 pub fn run_policy(
     policy: Policy,
     trace: &[TraceRequest],
     keys: &[Option<PrefixKeys>],
     sessions: &[SessionKey],
+    threads: &[SessionKey],
     setup: &RunSetup,
     progress: &mut dyn FnMut(usize),
 ) -> PolicyResult {
@@ -184,6 +185,7 @@ pub fn run_policy(
                     request: &trace[id],
                     keys: keys[id].as_ref(),
                     session: sessions.get(id).copied(),
+                    thread: threads.get(id).copied(),
                     now,
                     engines: &state.engines,
                     trace,

@@ -182,29 +182,49 @@ impl TraceRequest {
 /// system-prompt block) would otherwise make one conversation of everything after it. A
 /// partial last block is left out: the next turn extends its text, so its id changes.
 pub fn derive_sessions(trace: &[TraceRequest]) -> Vec<usize> {
-    // The last full block of each earlier prompt not yet continued, to its session.
-    let mut ends: HashMap<u64, usize> = HashMap::new();
-    let mut sessions = Vec::with_capacity(trace.len());
-    for (id, request) in trace.iter().enumerate() {
-        let full = (request.input_tokens / request.block_tokens) as usize;
-        let full = full.min(request.blocks.len());
-        let continued = request.blocks[..full]
-            .iter()
-            .rev()
-            .find_map(|block| ends.remove(block));
-        let session = continued.unwrap_or(id);
-        if let Some(&last) = request.blocks[..full].last() {
-            ends.insert(last, session);
-        }
+    sessions_of(&derive_continued(trace))
+}
+
+/// Each request's session, from the request each one continues ([`derive_continued`]).
+pub fn sessions_of(continued: &[Option<usize>]) -> Vec<usize> {
+    let mut sessions: Vec<usize> = Vec::with_capacity(continued.len());
+    for (id, earlier) in continued.iter().enumerate() {
+        let session = earlier.map_or(id, |earlier| sessions[earlier]);
         sessions.push(session);
     }
     sessions
+}
+
+/// The request each request continues, by the rule of [`derive_sessions`]: its turn before.
+pub fn derive_continued(trace: &[TraceRequest]) -> Vec<Option<usize>> {
+    // The last full block of each earlier prompt not yet continued, to that request.
+    let mut ends: HashMap<u64, usize> = HashMap::new();
+    let mut continued = Vec::with_capacity(trace.len());
+    for (id, request) in trace.iter().enumerate() {
+        let full = (request.input_tokens / request.block_tokens) as usize;
+        let full = full.min(request.blocks.len());
+        let earlier = request.blocks[..full]
+            .iter()
+            .rev()
+            .find_map(|block| ends.remove(block));
+        if let Some(&last) = request.blocks[..full].last() {
+            ends.insert(last, id);
+        }
+        continued.push(earlier);
+    }
+    continued
 }
 
 /// The session key a gateway would derive for conversation `session` (see
 /// [`derive_sessions`]): any fixed spread of the number does, as keys only compare.
 pub fn session_key(session: usize) -> SessionKey {
     SessionKey::from_digest(mix64(session as u64 ^ 0x7365_7373_696f_6e21))
+}
+
+/// The thread a gateway would key for request `id`'s whole prompt (`Prompt::thread`), which
+/// the request continuing it names as the prompt it follows (`PrefixKeys::follows`).
+pub fn thread_key(id: usize) -> SessionKey {
+    SessionKey::from_digest(mix64(id as u64 ^ 0x7468_7265_6164_2121))
 }
 
 /// The digest of keying block `part` (of `per`) of trace block `id`: [`mix64`] over both, so different
@@ -260,6 +280,11 @@ mod tests {
             request(&[1, 2, 3], 3 * 512),
         ];
         assert_eq!(derive_sessions(&trace), [0, 1, 0, 1, 0, 5, 6]);
+        assert_eq!(
+            derive_continued(&trace),
+            [None, None, Some(0), Some(1), Some(2), None, None]
+        );
+        assert_ne!(thread_key(0), session_key(0));
         assert_eq!(session_key(0), session_key(0));
         assert_ne!(session_key(0), session_key(1));
     }

@@ -140,14 +140,14 @@ impl RetryLayer {
             {
                 return Err(error);
             }
-            // Confirmation drops the keys and session of the last failure; the earlier
+            // Confirmation drops the keys, session and thread of the last failure; the earlier
             // ones are ours.
             if let Some(prompt) = parts.extensions.get::<Prompt>() {
                 Verdict::of_failed_connection().apply_to_request(
                     &self.index,
                     &cluster,
                     prompt.keys().ok(),
-                    prompt.session(),
+                    prompt.session().into_iter().chain(prompt.thread()),
                     Instant::now(),
                 );
             }

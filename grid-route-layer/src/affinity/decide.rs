@@ -296,8 +296,9 @@ impl Affinity {
     ///   lives, while a shorter one sticks only because the question after it is shorter
     ///   still, and the conversation outgrows it within a turn or two;
     /// - a sticky prefix match wins. Otherwise, with
-    ///   [`session_affinity`](AffinitySettings::session_affinity) on and the session last
-    ///   answered at one of the candidates ([`PrefixIndex::session`]), the load gate weighs
+    ///   [`session_affinity`](AffinitySettings::session_affinity) on and the prompt the
+    ///   request continues ([`PrefixKeys::follows`]) or else its session last answered at
+    ///   one of the candidates ([`PrefixIndex::session`]), the load gate weighs
     ///   that cluster against the others at the prompt it is believed to hold for the
     ///   request: the session's last confirmed prompt, capped by the request's own and by
     ///   the index's depth for the request's keys there. The
@@ -380,8 +381,16 @@ impl Affinity {
             narrowing.outcome = Outcome::LoadOverride;
         }
         let mut outcome = narrowing.outcome;
+        // The prompt this one continues, to the byte: where its conversation was served.
+        let thread = keys.follows().filter(|_| settings.session_affinity());
         if outcome != Outcome::Sticky {
-            match self.session_gate(&settings, &candidates, session, Some((keys, &depths)), now) {
+            // The conversation's own thread first: a client's session may span several
+            // conversations.
+            let prefix = Some((keys, &depths[..]));
+            let found = self
+                .session_gate(&settings, &candidates, thread, prefix, now)
+                .or_else(|| self.session_gate(&settings, &candidates, session, prefix, now));
+            match found {
                 Some(found) if found.sticks => {
                     let depth = depths[found.at];
                     return found.decided(candidates, depth);
@@ -400,6 +409,23 @@ impl Affinity {
         } else {
             let mut depth = depths.iter();
             candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
+            if outcome == Outcome::Sticky && thread.is_some() && candidates.len() > 1 {
+                // Holders tied at a head shared by other conversations: blocks stop at 256
+                // bytes and never hold the answers, so the index cannot tell which of them
+                // holds this conversation. Its thread can, and the gate weighs that holder
+                // against the others at what it holds there.
+                let kept: Vec<usize> = depths
+                    .iter()
+                    .copied()
+                    .filter(|&d| narrowing.keeps(d))
+                    .collect();
+                let prefix = Some((keys, &kept[..]));
+                if let Some(found) = self.session_gate(&settings, &candidates, thread, prefix, now)
+                    && found.sticks
+                {
+                    candidates = vec![Arc::clone(&candidates[found.at])];
+                }
+            }
         }
         Decision {
             outcome: Some(outcome),

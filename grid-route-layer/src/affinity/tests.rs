@@ -11,7 +11,7 @@ use super::*;
 use crate::config::{PrefixAffinityConfig, Price};
 use crate::grid::{Cluster, ClusterId, Grid, GridSettings, InFlight};
 use crate::index::{IndexSettings, PrefixIndex};
-use crate::keying::{Api, KeySeed, NoKeys, PrefixKeys, key_body};
+use crate::keying::{Api, KeySeed, NoKeys, PrefixKeys, SessionKey, key_body};
 use crate::metrics::PREFIX_AFFINITY_TOTAL;
 use crate::route::{Candidates, Pinned, Prompt};
 use crate::test_support::{MODEL, TestRecorder, chat, grid_spec, poll_once, prompt_of, text};
@@ -1350,13 +1350,14 @@ fn short_conversation(f: &Fixture, key: &str, salt: Option<&str>) -> (Prompt, Pr
 }
 
 impl Fixture {
-    /// What `ConfirmLayer` does with a 2xx from `name`: the keys, then the session.
+    /// What `ConfirmLayer` does with a 2xx from `name`: the keys, then the session and the
+    /// thread.
     fn answered(&self, name: &str, prompt: &Prompt) {
         crate::confirm::Verdict::Confirm.apply_to_request(
             &self.index,
             &self.id(name),
             prompt.keys().ok(),
-            prompt.session(),
+            prompt.session().into_iter().chain(prompt.thread()),
             self.now,
         );
     }
@@ -1369,8 +1370,10 @@ fn a_turn_too_long_to_stick_by_prefix_goes_back_to_its_sessions_cluster() {
     f.answered("west-a", &first);
     f.set_queue("east-a", Some(0.0));
     f.set_queue("west-a", Some(0.0));
-    // Without the session the prefix match is too short: no match, both stay.
-    let anonymous = next.clone().with_session(None);
+    // Without the session (and without the thread, which would find west too: see
+    // `a_later_turn_goes_back_where_its_thread_was_answered_though_its_keys_tie_at_a_shared_head`)
+    // the prefix match is too short: no match, both stay.
+    let anonymous = without_thread(&next).with_session(None);
     assert_eq!(f.decide(&anonymous).outcome(), Some(Outcome::NoMatch));
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::Session));
@@ -1386,6 +1389,150 @@ fn a_turn_too_long_to_stick_by_prefix_goes_back_to_its_sessions_cluster() {
     // Off, the session is not read.
     f.affinity
         .set_settings(AffinitySettings::default().with_session_affinity(false));
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::NoMatch));
+}
+
+/// `prompt` as if keying had not told which prompt it continues.
+fn without_thread(prompt: &Prompt) -> Prompt {
+    let keys = prompt.keys().unwrap().clone().following(None);
+    Prompt::new(prompt.model_arc().cloned(), Ok(keys)).with_session(prompt.session())
+}
+
+/// Two conversations behind one system prompt of 15 blocks, each opening with a question
+/// shorter than a block, and each one's second turn: `[a, b]` and `[a_next, b_next]`.
+/// The answers are long enough that the second turns' match of the head cannot stick.
+fn two_behind_one_head(f: &Fixture) -> ([Prompt; 2], [Prompt; 2]) {
+    two_behind_one_head_answering(f, 5 * 256)
+}
+
+/// [`two_behind_one_head`] with answers of `answer_bytes`.
+fn two_behind_one_head_answering(f: &Fixture, answer_bytes: usize) -> ([Prompt; 2], [Prompt; 2]) {
+    let system = text("house", 15 * 256);
+    let turns = |question: &str| {
+        let first = f.prompt(&[("system", &system), ("user", question)]);
+        let next = f.prompt(&[
+            ("system", &system),
+            ("user", question),
+            ("assistant", &text("answer", answer_bytes)),
+            ("user", "and then?"),
+        ]);
+        (first, next)
+    };
+    let (a, a_next) = turns("why is the sky blue?");
+    let (b, b_next) = turns("why is the sea salty?");
+    ([a, b], [a_next, b_next])
+}
+
+#[test]
+fn a_later_turn_goes_back_where_its_thread_was_answered_though_its_keys_tie_at_a_shared_head() {
+    let f = two_sites();
+    let ([a, b], [a_next, b_next]) = two_behind_one_head(&f);
+    // The questions end inside the head's last block: both first turns have the head's
+    // keys and nothing more, so their second turns match both sites alike.
+    assert_eq!(a.keys(), b.keys());
+    f.answered("east-a", &a);
+    f.answered("west-a", &b);
+    f.set_queue("east-a", Some(0.0));
+    f.set_queue("west-a", Some(0.0));
+    for (next, home) in [(&a_next, "east-a"), (&b_next, "west-a")] {
+        let tied = f.decide(&without_thread(next));
+        assert_eq!(tied.outcome(), Some(Outcome::NoMatch));
+        let decision = f.decide(next);
+        assert_eq!(decision.outcome(), Some(Outcome::Session), "{home}");
+        assert_eq!(names(&decision), [home]);
+        // Priced at what its own first turn left there: the head.
+        assert_eq!(
+            decision.covered_bytes(),
+            a.keys().unwrap().total_covered_bytes()
+        );
+    }
+    // The load gate still weighs it: the head's 15 blocks are worth less than a queued
+    // request at the priors.
+    f.set_queue("east-a", Some(1.0));
+    let decision = f.decide(&a_next);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert_eq!(names(&decision), ["west-a"]);
+    // Threads are read with sessions: off, neither is.
+    f.set_queue("east-a", Some(0.0));
+    f.affinity
+        .set_settings(AffinitySettings::default().with_session_affinity(false));
+    assert_eq!(f.decide(&a_next).outcome(), Some(Outcome::NoMatch));
+}
+
+#[test]
+fn among_holders_tied_at_a_shared_head_a_sticky_turn_goes_to_its_threads() {
+    let f = two_sites();
+    // Short answers: the second turns' match of the head (15 of 18 blocks) sticks.
+    let ([a, b], [a_next, b_next]) = two_behind_one_head_answering(&f, 2 * 256);
+    f.answered("east-a", &a);
+    f.answered("west-a", &b);
+    f.set_queue("east-a", Some(0.0));
+    f.set_queue("west-a", Some(0.0));
+    for (next, home) in [(&a_next, "east-a"), (&b_next, "west-a")] {
+        let tied = f.decide(&without_thread(next));
+        assert_eq!(tied.outcome(), Some(Outcome::Sticky));
+        assert_eq!(tied.clusters().len(), 2);
+        let decision = f.decide(next);
+        assert_eq!(decision.outcome(), Some(Outcome::Sticky), "{home}");
+        assert_eq!(names(&decision), [home]);
+    }
+    // Its holder a queued request busier than the other: the head it holds beyond the
+    // other's is not worth the wait, and both holders stay, by load.
+    f.set_queue("east-a", Some(1.0));
+    let decision = f.decide(&a_next);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(decision.clusters().len(), 2);
+}
+
+#[test]
+fn a_thread_outranks_a_session_that_spans_conversations() {
+    let mut f = two_sites();
+    let ([a, b], [a_next, _]) = two_behind_one_head(&f);
+    // One client id for all of a user's chats: the session was last answered at west,
+    // for conversation b; a's own thread is at east.
+    let user = |p: &Prompt| p.clone().with_session(Some(SessionKey::from_digest(7)));
+    f.answered("east-a", &user(&a));
+    f.now += Duration::from_secs(1);
+    f.answered("west-a", &user(&b));
+    f.set_queue("east-a", Some(0.0));
+    f.set_queue("west-a", Some(0.0));
+    let decision = f.decide(&user(&a_next));
+    assert_eq!(decision.outcome(), Some(Outcome::Session));
+    assert_eq!(names(&decision), ["east-a"]);
+    // Without its thread it follows the session.
+    assert_eq!(
+        names(&f.decide(&without_thread(&user(&a_next)))),
+        ["west-a"]
+    );
+}
+
+#[test]
+fn a_first_turn_shorter_than_a_block_leaves_a_thread_its_next_turn_follows() {
+    let f = two_sites();
+    let first = f.prompt(&[("user", "hi")]);
+    assert!(first.keys().is_err());
+    assert!(first.thread().is_some());
+    f.answered("west-a", &first);
+    let next = f.prompt(&[
+        ("user", "hi"),
+        ("assistant", &text("answer", 4 * 256)),
+        ("user", "tell me more"),
+    ]);
+    f.set_queue("east-a", Some(0.0));
+    f.set_queue("west-a", Some(0.0));
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Session));
+    assert_eq!(names(&decision), ["west-a"]);
+    // Nothing of it was keyed there: nothing to price.
+    assert_eq!(decision.covered_bytes(), 0);
+    // A failure there drops the thread with the keys.
+    crate::confirm::Verdict::Drop.apply_to_request(
+        &f.index,
+        &f.id("west-a"),
+        None,
+        first.thread(),
+        f.now,
+    );
     assert_eq!(f.decide(&next).outcome(), Some(Outcome::NoMatch));
 }
 

@@ -20,19 +20,22 @@ use crate::route::{BoxError, DispatchError, Served};
 pub(super) struct Pending {
     keys: Option<PrefixKeys>,
     session: Option<SessionKey>,
+    thread: Option<SessionKey>,
     index: Arc<PrefixIndex>,
 }
 
 impl Pending {
-    /// `None` when there is nothing to confirm: no keys and no session.
+    /// `None` when there is nothing to confirm: no keys, no session and no thread.
     pub(super) fn new(
         keys: Option<PrefixKeys>,
         session: Option<SessionKey>,
+        thread: Option<SessionKey>,
         index: Arc<PrefixIndex>,
     ) -> Option<Self> {
-        (keys.is_some() || session.is_some()).then_some(Self {
+        (keys.is_some() || session.is_some() || thread.is_some()).then_some(Self {
             keys,
             session,
+            thread,
             index,
         })
     }
@@ -42,7 +45,7 @@ impl Pending {
             &self.index,
             cluster,
             self.keys.as_ref(),
-            self.session,
+            self.session.into_iter().chain(self.thread),
             Instant::now(),
         );
         tracing::debug!(
@@ -51,6 +54,7 @@ impl Pending {
             cluster = %cluster,
             keys = self.keys.as_ref().map_or(0, PrefixKeys::len),
             session = self.session.is_some(),
+            thread = self.thread.is_some(),
             "prefix confirmation"
         );
     }

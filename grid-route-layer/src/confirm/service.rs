@@ -81,10 +81,11 @@ where
         let settings = self.affinity.settings();
         let pending = if settings.enabled() {
             req.extensions().get::<Prompt>().and_then(|prompt| {
-                let session = prompt.session().filter(|_| settings.session_affinity());
+                let conversations = |key: Option<_>| key.filter(|_| settings.session_affinity());
                 Pending::new(
                     prompt.keys().ok().cloned(),
-                    session,
+                    conversations(prompt.session()),
+                    conversations(prompt.thread()),
                     Arc::clone(self.affinity.index()),
                 )
             })

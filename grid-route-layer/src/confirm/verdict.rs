@@ -43,9 +43,12 @@ impl Verdict {
         }
     }
 
-    /// Applies the verdict to a request's `keys` (when it had any) and its `session` (when
-    /// it named one) at `cluster`: the keys as [`apply`](Self::apply) does, then the
-    /// session, confirmed as holding the keys' [`total_covered_bytes`] or dropped.
+    /// Applies the verdict to a request's `keys` (when it had any) and its `sessions` (the
+    /// one its client named, its [`thread`](crate::route::Prompt::thread): an `Option` or
+    /// any list) at `cluster`: the keys as [`apply`](Self::apply) does, then each session,
+    /// confirmed as holding the keys' [`total_covered_bytes`] or dropped. A drop also drops
+    /// the thread the keys [`follow`](PrefixKeys::follows): that prompt is the head of
+    /// this one, whose blocks are forgotten there.
     ///
     /// [`total_covered_bytes`]: PrefixKeys::total_covered_bytes
     pub fn apply_to_request(
@@ -53,21 +56,23 @@ impl Verdict {
         index: &PrefixIndex,
         cluster: &ClusterId,
         keys: Option<&PrefixKeys>,
-        session: Option<SessionKey>,
+        sessions: impl IntoIterator<Item = SessionKey>,
         now: Instant,
     ) {
         if let Some(keys) = keys {
             self.apply(index, cluster, keys.as_slice(), now);
         }
-        let Some(session) = session else {
-            return;
-        };
-        // Written after its prompt's keys: the session is the most recent entry.
+        // Written after its prompt's keys: the sessions are the most recent entries.
         let held = keys.map_or(0, PrefixKeys::total_covered_bytes);
-        match self {
-            Verdict::Confirm => index.confirm_session(cluster, session, held, now),
-            Verdict::Drop => index.drop_keys(cluster, &[session.as_u64()]),
-            Verdict::Keep => {}
+        let followed = keys
+            .and_then(PrefixKeys::follows)
+            .filter(|_| self == Verdict::Drop);
+        for session in sessions.into_iter().chain(followed) {
+            match self {
+                Verdict::Confirm => index.confirm_session(cluster, session, held, now),
+                Verdict::Drop => index.drop_keys(cluster, &[session.as_u64()]),
+                Verdict::Keep => {}
+            }
         }
     }
 

@@ -36,6 +36,7 @@ pub(super) fn messages(
     let mut opens = true;
     let mut items = s.begin_array()?;
     while s.next_item(&mut items)? {
+        out.turn_starts();
         let found = walk::message(
             s,
             MESSAGE_FIELDS,
@@ -53,6 +54,7 @@ pub(super) fn messages(
             function(seed, &mut Scanner::at(buf, span), out)?;
         }
         opens &= !walk::is_answer(buf, &found, walk::ROLE);
+        out.turn_ends(walk::is_models(buf, &found, walk::ROLE));
     }
     Ok(opens)
 }

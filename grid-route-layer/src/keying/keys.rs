@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::canonical;
 use super::scan::TextSink;
 use super::scan::{Kind, OwnedText, Scanner, Span, Unreadable};
-use super::stream::{BLOCK_BYTES, BlockChain, KEY_BLOCKS, KeySeed, Marker, join, marker};
+use super::stream::{BLOCK_BYTES, BlockChain, KEY_BLOCKS, KeySeed, Marker, Threads, join, marker};
 use super::walk;
 use super::{chat, completions, messages, responses};
 use crate::route::Prompt;
@@ -103,6 +103,8 @@ pub struct PrefixKeys {
     blocks: u64,
     /// Whether the turns open a conversation; `None` when that cannot be told.
     opens: Option<bool>,
+    /// The thread of the prompt the model's last answer in the turns answered.
+    follows: Option<SessionKey>,
 }
 
 impl PrefixKeys {
@@ -111,7 +113,49 @@ impl PrefixKeys {
             keys: keys.into(),
             blocks,
             opens: None,
+            follows: None,
         }
+    }
+
+    /// These keys, continuing the prompt whose [`Prompt::thread`] is `follows` (see
+    /// [`follows`](Self::follows)). The simulator gives a replayed conversation's later
+    /// turn the thread of its turn before, as the gateway would key it.
+    #[must_use]
+    pub fn following(mut self, follows: Option<SessionKey>) -> Self {
+        self.follows = follows;
+        self
+    }
+
+    /// The [`Prompt::thread`] of the prompt this one continues: everything before the
+    /// last run of the model's turns (its answer, tool calls, reasoning), which is the
+    /// prompt that answer was given to when the client sends its history back as it was.
+    /// `None` for a prompt that holds no answer of the model's, and for Completions.
+    ///
+    /// The index holds each answered prompt's thread where it was answered, so a later turn
+    /// finds where its conversation was last served even when its own keys match a head
+    /// other conversations share just as deep elsewhere: keys stop at whole 256-byte
+    /// blocks, threads at the last byte.
+    ///
+    /// ```
+    /// use grid_route_layer::keying::{Api, KeySeed, key_body};
+    ///
+    /// let seed = KeySeed::random();
+    /// let system = "You answer questions about the grid. ".repeat(20);
+    /// let chat = |messages: &str| {
+    ///     let body = format!(r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{messages}]}}"#);
+    ///     key_body(&seed, Api::ChatCompletions, body.as_bytes()).unwrap()
+    /// };
+    /// let first = chat(r#"{"role":"user","content":"hi"}"#);
+    /// let second = chat(r#"{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"and?"}"#);
+    /// assert_eq!(second.keys().unwrap().follows(), first.thread());
+    /// assert!(first.keys().unwrap().follows().is_none());
+    /// // Another conversation behind the same system prompt: same keys, another thread.
+    /// let other = chat(r#"{"role":"user","content":"ho"}"#);
+    /// assert_eq!(other.keys(), first.keys());
+    /// assert_ne!(other.thread(), first.thread());
+    /// ```
+    pub fn follows(&self) -> Option<SessionKey> {
+        self.follows
     }
 
     /// These keys, marked as opening a conversation or continuing one (see
@@ -246,6 +290,7 @@ impl fmt::Debug for PrefixKeys {
             .field("blocks", &self.blocks)
             .field("covered_bytes", &self.total_covered_bytes())
             .field("opens", &self.opens)
+            .field("follows", &self.follows.is_some())
             .finish()
     }
 }
@@ -529,9 +574,9 @@ pub(crate) fn key_request(
         .as_ref()
         .and_then(|m| std::str::from_utf8(m).ok())
         .map(Arc::from);
-    let keys = match read {
+    let (keys, thread) = match read {
         Err(Stop::Duplicate(field)) => return Err(DuplicateField { field }),
-        Err(Stop::NoKeys(reason)) => Err(reason),
+        Err(Stop::NoKeys(reason)) => (Err(reason), None),
         Ok(()) => finish_keys(seed, body, &top, model.as_deref(), &turns),
     };
     let session = session_key(seed, body, &top, model.as_deref(), header_session);
@@ -540,6 +585,7 @@ pub(crate) fn key_request(
         .is_some_and(|span| &body[span.range()] == b"true");
     Ok(Prompt::new(model_arc, keys)
         .with_session(session)
+        .with_thread(thread)
         .with_streamed(streamed))
 }
 
@@ -767,34 +813,53 @@ fn walk_turns(
     }
 }
 
+/// The request's keys (or why it has none) and its thread ([`Prompt::thread`]), which a
+/// prompt shorter than a block has too.
 fn finish_keys(
     seed: &KeySeed,
     body: &[u8],
     top: &TopLevel,
     model: Option<&[u8]>,
     turns: &BlockChain,
-) -> Result<PrefixKeys, NoKeys> {
-    if let Some(field) = top.stored_state {
-        return Err(NoKeys::StoredState { field });
-    }
-    let opens = top.turns.clone().unwrap_or(Err(NoKeys::NoPrompt))?;
-    let mut preamble = BlockChain::preamble(seed);
-    for rendered in top.preamble.iter().flatten() {
-        preamble.text(rendered.as_ref().map_err(Clone::clone)?);
-    }
-    let salt = top.salt.and_then(|span| decode(body, span));
-    let namespace = seed.namespace(model, salt.as_deref());
-    let stream_bytes = preamble.bytes() + turns.bytes();
-    let keys = join(seed, namespace, preamble, turns);
+) -> (Result<PrefixKeys, NoKeys>, Option<SessionKey>) {
+    let keyed = (|| {
+        if let Some(field) = top.stored_state {
+            return Err(NoKeys::StoredState { field });
+        }
+        let opens = top.turns.clone().unwrap_or(Err(NoKeys::NoPrompt))?;
+        let mut preamble = BlockChain::preamble(seed);
+        for rendered in top.preamble.iter().flatten() {
+            preamble.text(rendered.as_ref().map_err(Clone::clone)?);
+        }
+        let salt = top.salt.and_then(|span| decode(body, span));
+        let namespace = seed.namespace(model, salt.as_deref());
+        let stream_bytes = preamble.bytes() + turns.bytes();
+        let (keys, threads) = join(seed, namespace, preamble, turns);
+        Ok((keys, opens, threads, stream_bytes))
+    })();
+    let (keys, opens, threads, stream_bytes) = match keyed {
+        Ok(keyed) => keyed,
+        Err(reason) => return (Err(reason), None),
+    };
+    // Only turns that can hold the model's answers have threads: a Completions prompt
+    // (one text) never follows another, so its own thread would never be asked for.
+    let Some(opens) = opens else {
+        return (keyed_or_short(keys, stream_bytes), None);
+    };
+    let Threads { own, follows } = threads;
+    let keys = keyed_or_short(keys, stream_bytes)
+        .map(|keys| keys.opening(opens).following(follows.map(SessionKey)));
+    (keys, own.map(SessionKey))
+}
+
+/// `keys`, or why there are none: a stream of `stream_bytes` shorter than a block.
+fn keyed_or_short(keys: PrefixKeys, stream_bytes: u64) -> Result<PrefixKeys, NoKeys> {
     if keys.is_empty() {
         return Err(NoKeys::ShorterThanABlock {
             bytes: stream_bytes,
         });
     }
-    Ok(match opens {
-        Some(opens) => keys.opening(opens),
-        None => keys,
-    })
+    Ok(keys)
 }
 
 /// Renders preamble field `i`, read at the scanner, into its stream bytes.

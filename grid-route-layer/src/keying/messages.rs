@@ -21,6 +21,7 @@ pub(super) fn messages(
     let mut opens = true;
     let mut items = s.begin_array()?;
     while s.next_item(&mut items)? {
+        out.turn_starts();
         let found = walk::message(
             s,
             [b"role", b"content"],
@@ -29,6 +30,7 @@ pub(super) fn messages(
             |s, d| content(seed, s, d),
         )?;
         opens &= !walk::is_answer(buf, &found, walk::ROLE);
+        out.turn_ends(walk::is_models(buf, &found, walk::ROLE));
     }
     Ok(opens)
 }

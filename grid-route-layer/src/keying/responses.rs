@@ -29,7 +29,10 @@ pub(super) fn input(
             let mut opens = true;
             let mut items = s.begin_array()?;
             while s.next_item(&mut items)? {
-                opens &= !item(seed, s, out)?;
+                out.turn_starts();
+                let read = item(seed, s, out)?;
+                opens &= !read.answers;
+                out.turn_ends(read.by_model);
             }
             Ok(opens)
         }
@@ -62,9 +65,8 @@ const ITEM_FIELDS: [&[u8]; 6] = [
 /// - `item_reference`: names stored state, so the request gets no keys.
 /// - Any other type: no keys. Item ids and statuses are ignored.
 ///
-/// Returns whether the item is the model's: an `assistant` message, a function call or
-/// its output, or reasoning.
-fn item(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<bool, NoKeys> {
+/// Returns what the item says of the conversation ([`Item`]).
+fn item(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<Item, NoKeys> {
     let buf = s.buf();
     let mut early: Option<Rendered> = None;
     let mut streamed_message = false;
@@ -132,10 +134,27 @@ fn item(seed: &KeySeed, s: &mut Scanner<'_>, out: &mut impl TextSink) -> Result<
         }
         other => return Err(unknown("input item", Some(other))),
     }
-    Ok(match kind {
-        b"message" => walk::is_answer(buf, &found, ROLE),
-        _ => true,
+    Ok(Item {
+        answers: match kind {
+            b"message" => walk::is_answer(buf, &found, ROLE),
+            _ => true,
+        },
+        by_model: match kind {
+            b"message" => walk::is_models(buf, &found, ROLE),
+            b"function_call" | b"reasoning" => true,
+            _ => false,
+        },
     })
+}
+
+/// What an input item says of the conversation.
+struct Item {
+    /// The item is the model's or answers it (an `assistant` message, a function call or
+    /// its output, reasoning): the input does not open a conversation.
+    answers: bool,
+    /// The model made the item (an `assistant` message, a function call, reasoning): the
+    /// prompt before it is one the model answered.
+    by_model: bool,
 }
 
 /// A string, or an array of content parts; a string keys like one text part holding it.

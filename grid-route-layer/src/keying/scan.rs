@@ -60,6 +60,16 @@ pub(crate) trait TextSink {
     fn count(&mut self, n: u64) {
         let _ = n;
     }
+
+    /// A turn (a message, an input item) starts with the next write. Only the turns' block
+    /// chain keeps track, to tell where the prompt a turn of the model's answered ended.
+    fn turn_starts(&mut self) {}
+
+    /// The turn started last is read; `by_model` when the model said it (an assistant
+    /// message, a tool call or reasoning it made), not the client (a tool's result).
+    fn turn_ends(&mut self, by_model: bool) {
+        let _ = by_model;
+    }
 }
 
 /// The kind of the next value, from its first byte.

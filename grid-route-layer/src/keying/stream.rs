@@ -135,6 +135,7 @@ enum Domain {
     NhKey = 8,
     Block = 9,
     Session = 10,
+    Thread = 11,
 }
 
 /// The secret that seeds every key. Keys are only comparable within one `KeySeed`;
@@ -256,6 +257,17 @@ impl KeySeed {
         h.finish()
     }
 
+    /// The thread key of a stream that ends at turn-chain value `tail` (see
+    /// [`BlockChain::tail`]), in `namespace` after a preamble whose last block value is
+    /// `preamble`: equal for two prompts exactly when their streams are.
+    pub(crate) fn thread(&self, namespace: u64, preamble: u64, tail: u64) -> u64 {
+        let mut h = self.hasher(Domain::Thread);
+        h.write_u64(namespace);
+        h.write_u64(preamble);
+        h.write_u64(tail);
+        h.finish()
+    }
+
     /// A sink whose digest is a keyed hash of the decoded text written to it.
     pub(crate) fn text_digest(&self) -> DigestSink {
         DigestSink(self.hasher(Domain::TextDigest))
@@ -329,6 +341,13 @@ pub(crate) struct BlockChain {
     in_block: usize,
     values: Vec<u64>,
     bytes: u64,
+    /// [`tail`](Self::tail) where the turn being read started.
+    turn_started: Option<u64>,
+    /// Whether the last turn read was the model's.
+    model_spoke_last: bool,
+    /// [`tail`](Self::tail) where the last run of the model's turns started: the end of
+    /// the prompt those turns answered.
+    before_last_answer: Option<u64>,
 }
 
 impl BlockChain {
@@ -341,6 +360,9 @@ impl BlockChain {
             in_block: 0,
             values: Vec::new(),
             bytes: 0,
+            turn_started: None,
+            model_spoke_last: false,
+            before_last_answer: None,
         }
     }
 
@@ -367,6 +389,34 @@ impl BlockChain {
 
     fn full(&self) -> bool {
         self.values.len() >= HASHED_BLOCKS
+    }
+
+    /// The chain's value for the stream written so far, its partial last block padded as
+    /// [`end_block`](Self::end_block) would pad it; `None` once the chain only counts.
+    /// Two streams have equal tails exactly when they are equal (up to the hash's
+    /// collisions), however their text arrived in runs.
+    pub(crate) fn tail(&self) -> Option<u64> {
+        if self.full() {
+            return None;
+        }
+        if self.in_block == 0 {
+            return Some(self.previous);
+        }
+        let mut block = [0u8; BLOCK_BYTES];
+        block[..self.in_block].copy_from_slice(&self.block[..self.in_block]);
+        Some(link(
+            &self.fresh,
+            &self.nh_key,
+            self.previous,
+            &block,
+            self.in_block,
+        ))
+    }
+
+    /// [`tail`](Self::tail) before the last run of the model's turns: the end of the
+    /// prompt that run answered, when the turns hold one.
+    pub(crate) fn before_last_answer(&self) -> Option<u64> {
+        self.before_last_answer
     }
 
     fn end_block(&mut self) {
@@ -476,18 +526,43 @@ impl TextSink for BlockChain {
     fn count(&mut self, n: u64) {
         self.bytes += n;
     }
+
+    fn turn_starts(&mut self) {
+        self.turn_started = self.tail();
+    }
+
+    fn turn_ends(&mut self, by_model: bool) {
+        if by_model && !self.model_spoke_last {
+            self.before_last_answer = self.turn_started;
+        }
+        self.model_spoke_last = by_model;
+    }
 }
 
-/// Joins the two segments into the request's keys.
+/// The thread keys of a request (see [`KeySeed::thread`]): its whole prompt's, and the
+/// prompt's its last run of the model's turns answered. `None` where the stream ran past
+/// the hashed blocks, or (`follows`) holds no turn of the model's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Threads {
+    pub(crate) own: Option<u64>,
+    pub(crate) follows: Option<u64>,
+}
+
+/// Joins the two segments into the request's keys and thread keys.
 pub(crate) fn join(
     seed: &KeySeed,
     namespace: u64,
     preamble: BlockChain,
     turns: &BlockChain,
-) -> PrefixKeys {
+) -> (PrefixKeys, Threads) {
     let preamble = preamble.into_padded_values();
     let preamble_blocks = preamble.len();
     let last_preamble = preamble.last().copied().unwrap_or(0);
+    let thread = |tail: Option<u64>| tail.map(|tail| seed.thread(namespace, last_preamble, tail));
+    let threads = Threads {
+        own: thread(turns.tail()),
+        follows: thread(turns.before_last_answer()),
+    };
     let hashed = preamble_blocks + turns.values.len();
     let blocks = preamble_blocks as u64 + turns.bytes / BLOCK_BYTES as u64;
     let preamble_mask = seed.key_mask(Domain::PreambleKey, namespace, 0);
@@ -504,7 +579,7 @@ pub(crate) fn join(
             }
         })
         .collect();
-    PrefixKeys::new(keys, blocks)
+    (PrefixKeys::new(keys, blocks), threads)
 }
 
 #[cfg(test)]
@@ -595,7 +670,7 @@ mod tests {
         for blocks in [1usize, 255, 256, 257, 300, 9_000, 20_000] {
             let mut turns = BlockChain::turns(&seed);
             turns.text(&vec![b'x'; blocks * BLOCK_BYTES]);
-            let body_keys = join(&seed, 0, BlockChain::preamble(&seed), &turns);
+            let (body_keys, _) = join(&seed, 0, BlockChain::preamble(&seed), &turns);
             let digests: Vec<u64> = (0..blocks as u64).collect();
             let digest_keys = PrefixKeys::from_block_digests(&digests).unwrap();
             assert_eq!(digest_keys.len(), body_keys.len(), "{blocks}");

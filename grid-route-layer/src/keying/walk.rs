@@ -196,6 +196,12 @@ pub(crate) fn is_answer<const N: usize>(buf: &[u8], found: &Found<N>, role: usiz
     )
 }
 
+/// Whether a message is the model's own: role `assistant` (a tool's result, though it
+/// answers the model, is the client's).
+pub(crate) fn is_models<const N: usize>(buf: &[u8], found: &Found<N>, role: usize) -> bool {
+    found.small_string(buf, role).as_deref() == Some(b"assistant")
+}
+
 /// Message content: a string, which keys like one text part holding it, or an array whose
 /// elements `part` reads (parts, blocks: each format has its own).
 pub(crate) fn content<'a, S: TextSink>(

@@ -3,7 +3,8 @@
 //! Per request, exactly what `serve` runs: [`Affinity::decide`] over the grid's
 //! candidates with the request's keys, `now` and a seeded draw for exploration (the
 //! library's [`narrow`](grid_route_layer::affinity::narrow): the prefix index's depths,
-//! the threshold, the load gate; with `--sessions`, the session step), then `Select`'s
+//! the threshold, the load gate; the session step, with each request's thread and with
+//! `--sessions` its session), then `Select`'s
 //! [`least_loaded`] among the clusters that stay, then p2c inside the cluster. At the
 //! answer head, [`Verdict`] applies the status to the index, as `ConfirmLayer` does: a
 //! 200 confirms the keys and the session, a 503 (an engine refusing, `--fail-share`)
@@ -35,12 +36,19 @@ use crate::engine::Engine;
 /// Counted when affinity had nothing to decide (fewer than two sites).
 const UNDECIDED: &str = "undecided";
 
+/// What a request's answer head confirms or drops: its keys, its session and its thread.
+struct Unconfirmed {
+    keys: Option<PrefixKeys>,
+    session: Option<SessionKey>,
+    thread: Option<SessionKey>,
+}
+
 pub(super) struct GridRoute {
     gateways: Gateways,
     /// One per replica; with a shared index they all read and write the same one.
     affinity: Vec<Affinity>,
-    /// Keys and session of requests waiting for their answer head, for confirmation.
-    keys: HashMap<usize, (Option<PrefixKeys>, Option<SessionKey>)>,
+    /// Requests waiting for their answer head, for confirmation.
+    keys: HashMap<usize, Unconfirmed>,
     /// Sticky requests until their answer ends, for engine feedback.
     predictions: HashMap<usize, Prediction>,
     /// Every request until its answer ends, for learning prices.
@@ -113,16 +121,22 @@ impl Router for GridRoute {
             .view()
             .candidates(Some(MODEL));
         let draw = self.draws.f64();
-        // As KeyingLayer: with sessions off, a request carries none.
-        let session = route
-            .session
-            .filter(|_| self.affinity[route.replica].settings().session_affinity());
+        // As KeyingLayer and ConfirmLayer: with sessions off, a request carries none, and
+        // its thread is not confirmed.
+        let sessions_on = self.affinity[route.replica].settings().session_affinity();
+        let session = route.session.filter(|_| sessions_on);
+        let thread = route.thread.filter(|_| sessions_on);
         let decision =
             self.affinity[route.replica].decide(candidates, route.keys, session, now, draw);
         let outcome = decision.outcome().map_or(UNDECIDED, Outcome::as_str);
         *self.outcomes.entry(outcome).or_default() += 1;
-        if route.keys.is_some() || session.is_some() {
-            self.keys.insert(route.id, (route.keys.cloned(), session));
+        if route.keys.is_some() || session.is_some() || thread.is_some() {
+            let unconfirmed = Unconfirmed {
+                keys: route.keys.cloned(),
+                session,
+                thread,
+            };
+            self.keys.insert(route.id, unconfirmed);
         }
         if let Some(keys) = route.keys {
             let affinity = &self.affinity[route.replica];
@@ -170,12 +184,17 @@ impl Router for GridRoute {
             // A refusal (503) comes at once and teaches nothing: it has no usage.
             timing.head = (status == 200).then(|| (now, cluster.clone()));
         }
-        if let Some((keys, session)) = self.keys.remove(&id) {
+        if let Some(Unconfirmed {
+            keys,
+            session,
+            thread,
+        }) = self.keys.remove(&id)
+        {
             Verdict::of_status(status).apply_to_request(
                 self.affinity[replica].index(),
                 &cluster,
                 keys.as_ref(),
-                session,
+                session.into_iter().chain(thread),
                 instant(self.base, now),
             );
         }

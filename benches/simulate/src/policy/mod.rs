@@ -128,6 +128,8 @@ pub struct Route<'a> {
     pub keys: Option<&'a PrefixKeys>,
     /// Its session, when the run gives requests one (`--sessions`).
     pub session: Option<SessionKey>,
+    /// Its thread (`Prompt::thread`), unless the run gives none (`--no-threads`).
+    pub thread: Option<SessionKey>,
     /// Virtual time, seconds.
     pub now: f64,
     /// Every engine, as it is now (only the oracle looks).
