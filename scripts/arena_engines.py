@@ -1,0 +1,94 @@
+"""Reads which engine and slot served each turn of an arena run, from the engines' own logs,
+and counts the turns that moved to another engine than their conversation's turn before
+and the turns that lost their conversation's prompt.
+
+    python3 scripts/arena_engines.py OUT RUN...     # say target/arena-r1 grid-defaults-1
+
+llama-server logs each task's slot (`launch_slot_: id S | task T`), the tokens it
+evaluated (`prompt eval time = ... / N tokens`) and its length when it stopped
+(`stop processing: n_tokens = M`: the prompt, then the answer). A turn of the run's
+results.jsonl is matched to the one task whose evaluated tokens are its prompt tokens less
+its cached ones and whose stopping length is its prompt plus an answer of at most 34
+tokens (the arena asks for 32); a turn no task matches is shown as `?` and never counted as
+a move. A turn *lost its prompt* when it found less than 80% of its conversation's previous
+prompt cached. Any router's run can be read: only the engines' logs are used.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+LAUNCH = re.compile(r"launch_slot_: id +(\d+) \| task (\d+)")
+EVALUATED = re.compile(r"task (\d+) \| prompt eval time = .*/ +(\d+) tokens")
+STOPPED = re.compile(r"release: id +\d+ \| task (\d+) \| stop processing: n_tokens = (\d+)")
+MAX_ANSWER_TOKENS = 34
+
+
+def tasks(run_dir: Path) -> list[dict]:
+    """Every finished task of every engine of the run: engine, slot, evaluated, stopped."""
+    found = []
+    for log in sorted(run_dir.glob("engine*.log")):
+        engine = log.stem.removeprefix("engine")
+        open_tasks: dict[str, dict] = {}
+        for line in log.read_text(errors="replace").splitlines():
+            if m := LAUNCH.search(line):
+                open_tasks[m[2]] = {"engine": engine, "slot": m[1]}
+            elif (m := EVALUATED.search(line)) and m[1] in open_tasks:
+                open_tasks[m[1]]["evaluated"] = int(m[2])
+            elif (m := STOPPED.search(line)) and m[1] in open_tasks:
+                task = open_tasks.pop(m[1])
+                task["stopped"] = int(m[2])
+                found.append(task)
+    return found
+
+
+def read(out: Path, run: str) -> None:
+    router, repeat = run.rsplit("-", 1)
+    result = next(r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())
+                  if r["router"] == router and r["repeat"] == int(repeat))
+    left = tasks(out / run)
+    turns = sorted(result["turns"], key=lambda t: t["sent_at"])
+    for turn in turns:
+        evaluated = turn["prompt_tokens"] - turn["cached_tokens"]
+        match = next((t for t in left if t.get("evaluated") == evaluated
+                      and 0 < t["stopped"] - turn["prompt_tokens"] <= MAX_ANSWER_TOKENS), None)
+        if match:
+            left.remove(match)
+        turn["engine"] = f"{match['engine']}/{match['slot']}" if match else "?"
+    previous: dict[str, dict] = {}
+    moved, lost, lost_tokens = [], 0, 0
+    start = turns[0]["sent_at"] if turns else 0.0
+    for turn in turns:
+        before = previous.get(turn["conversation"])
+        note = ""
+        if before:
+            engines = (before["engine"].split("/")[0], turn["engine"].split("/")[0])
+            if "?" not in engines and engines[0] != engines[1]:
+                moved.append(turn)
+                note += f" moved from {engines[0]}"
+            if turn["cached_tokens"] < 0.8 * before["prompt_tokens"]:
+                lost += 1
+                lost_tokens += before["prompt_tokens"] - turn["cached_tokens"]
+                note += " lost its prompt"
+        print(f"{turn['sent_at'] - start:7.1f} s  {turn['conversation']:<12} turn {turn['turn'] + 1}"
+              f"  engine/slot {turn['engine']:<4} cached {turn['cached_tokens']:>5} of "
+              f"{turn['prompt_tokens']:>5}{note}")
+        previous[turn["conversation"]] = turn
+    total = sum(t["prompt_tokens"] for t in turns)
+    print(f"{run}: {len(moved)} turns moved to another engine; {lost} lost their prompt "
+          f"({lost_tokens} tokens, {100 * lost_tokens / total:.1f} points of the cached share)")
+
+
+def main() -> None:
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    out = Path(sys.argv[1])
+    for run in sys.argv[2:]:
+        read(out, run)
+
+
+if __name__ == "__main__":
+    main()
