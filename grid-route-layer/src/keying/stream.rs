@@ -541,8 +541,9 @@ impl TextSink for BlockChain {
 
 /// The thread keys of a request (see [`KeySeed::thread`]): its whole prompt's, and the
 /// prompt's its last run of the model's turns answered. `None` where the stream ran past
-/// the hashed blocks, or (`follows`) holds no turn of the model's.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// the hashed blocks, or (`follows`) holds no turn of the model's. No `Debug`: like a key,
+/// a thread stands for prompt text.
+#[derive(Clone, Copy)]
 pub(crate) struct Threads {
     pub(crate) own: Option<u64>,
     pub(crate) follows: Option<u64>,
