@@ -35,6 +35,11 @@ use serde_json::{Value, json};
 const FIXED_PRICES: &str = "grid_site_route: { prefix_affinity: { exploration: 0.0, \
     prefill_tokens_per_second: 10000, queued_request_seconds: 2 } }\n";
 
+/// A CPU engine's prefill price (100 tokens a second) with the contract's queued request (2
+/// s), and no exploration: a 15-block head saves about 10 s there, five queued requests.
+const CPU_PRICES: &str = "grid_site_route: { prefix_affinity: { exploration: 0.0, \
+    prefill_tokens_per_second: 100, queued_request_seconds: 2 } }\n";
+
 /// [`config_yaml`], with the contract's fixed prices unless `extra` holds its own
 /// `grid_site_route`: these tests weigh a match against queues in the contract's units,
 /// and the mock engines answer in microseconds, which would teach a prefill speed that
@@ -1334,13 +1339,7 @@ async fn a_new_conversation_under_a_short_shared_system_prompt_is_not_crowded_on
  {
     // A CPU-like prefill price: the 6 KiB system prompt saves about 15 s there, seven
     // queued requests, so the load gate alone would keep it one queued request heavier.
-    let (east, west, gateway) = two_sites_with(
-        "east",
-        "west",
-        "grid_site_route: { prefix_affinity: { exploration: 0.0, \
-         prefill_tokens_per_second: 100, queued_request_seconds: 2 } }\n",
-    )
-    .await;
+    let (east, west, gateway) = two_sites_with("east", "west", CPU_PRICES).await;
     let topic = rand_topic();
     let system = text(&format!("house rules {topic}"), 6 * 1024);
     let a = format!("a-{topic}");
@@ -1375,13 +1374,7 @@ async fn a_new_conversation_under_a_short_shared_system_prompt_is_not_crowded_on
 async fn conversations_tied_at_a_shared_head_go_back_where_their_own_last_turns_were_answered() {
     // A CPU-like prefill price: the 15-block head saves about 10 s there, five queued
     // requests, so the gate lets a turn wait one queued request for the engine holding it.
-    let (east, west, gateway) = two_sites_with(
-        "east",
-        "west",
-        "grid_site_route: { prefix_affinity: { exploration: 0.0, \
-         prefill_tokens_per_second: 100, queued_request_seconds: 2 } }\n",
-    )
-    .await;
+    let (east, west, gateway) = two_sites_with("east", "west", CPU_PRICES).await;
     let topic = rand_topic();
     // A head of 15 keying blocks; each first question ends inside its last block, so the
     // two first turns have the same keys: the index alone cannot tell them apart.

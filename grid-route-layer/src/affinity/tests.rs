@@ -1423,6 +1423,14 @@ fn two_behind_one_head_answering(f: &Fixture, answer_bytes: usize) -> ([Prompt; 
     ([a, b], [a_next, b_next])
 }
 
+/// `a` answered at east and `b` at west, both sites' queues empty.
+fn answered_apart(f: &Fixture, a: &Prompt, b: &Prompt) {
+    f.answered("east-a", a);
+    f.answered("west-a", b);
+    f.set_queue("east-a", Some(0.0));
+    f.set_queue("west-a", Some(0.0));
+}
+
 #[test]
 fn a_later_turn_goes_back_where_its_thread_was_answered_though_its_keys_tie_at_a_shared_head() {
     let f = two_sites();
@@ -1430,10 +1438,7 @@ fn a_later_turn_goes_back_where_its_thread_was_answered_though_its_keys_tie_at_a
     // The questions end inside the head's last block: both first turns have the head's
     // keys and nothing more, so their second turns match both sites alike.
     assert_eq!(a.keys(), b.keys());
-    f.answered("east-a", &a);
-    f.answered("west-a", &b);
-    f.set_queue("east-a", Some(0.0));
-    f.set_queue("west-a", Some(0.0));
+    answered_apart(&f, &a, &b);
     for (next, home) in [(&a_next, "east-a"), (&b_next, "west-a")] {
         let tied = f.decide(&without_thread(next));
         assert_eq!(tied.outcome(), Some(Outcome::NoMatch));
@@ -1464,10 +1469,7 @@ fn among_holders_tied_at_a_shared_head_a_sticky_turn_goes_to_its_threads() {
     let f = two_sites();
     // Short answers: the second turns' match of the head (15 of 18 blocks) sticks.
     let ([a, b], [a_next, b_next]) = two_behind_one_head_answering(&f, 2 * 256);
-    f.answered("east-a", &a);
-    f.answered("west-a", &b);
-    f.set_queue("east-a", Some(0.0));
-    f.set_queue("west-a", Some(0.0));
+    answered_apart(&f, &a, &b);
     for (next, home) in [(&a_next, "east-a"), (&b_next, "west-a")] {
         let tied = f.decide(&without_thread(next));
         assert_eq!(tied.outcome(), Some(Outcome::Sticky));
