@@ -12,11 +12,15 @@ its cached ones and whose stopping length is its prompt plus an answer of at mos
 tokens (the arena asks for 32); a turn no task matches is shown as `?` and never counted as
 a move. A turn *lost its prompt* when it found less than 80% of its conversation's previous
 prompt cached. Any router's run can be read: only the engines' logs are used.
+
+Last, for each router among RUN..., the TTFT p50 / p90 / p99 pooled over the runs given,
+to the hundredth of a second, by the rule of arena.py's table (which prints tenths).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -45,10 +49,20 @@ def tasks(run_dir: Path) -> list[dict]:
     return found
 
 
-def read(out: Path, run: str) -> None:
+def pct(values: list[float], p: float) -> float:
+    """arena.py's percentile: the value at rank ceil(p% of n)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def result_of(out: Path, run: str) -> dict:
     router, repeat = run.rsplit("-", 1)
-    result = next(r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())
-                  if r["router"] == router and r["repeat"] == int(repeat))
+    return next(r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())
+                if r["router"] == router and r["repeat"] == int(repeat))
+
+
+def read(out: Path, run: str) -> None:
+    result = result_of(out, run)
     left = tasks(out / run)
     turns = sorted(result["turns"], key=lambda t: t["sent_at"])
     for turn in turns:
@@ -86,8 +100,14 @@ def main() -> None:
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     out = Path(sys.argv[1])
+    pooled: dict[str, list[float]] = {}
     for run in sys.argv[2:]:
         read(out, run)
+        pooled.setdefault(run.rsplit("-", 1)[0], []).extend(
+            t["ttft"] for t in result_of(out, run)["turns"])
+    for router, ttfts in pooled.items():
+        print(f"{router}: TTFT p50 / p90 / p99 pooled over the runs given "
+              + " / ".join(f"{pct(ttfts, p):.2f}" for p in (50, 90, 99)) + " s")
 
 
 if __name__ == "__main__":

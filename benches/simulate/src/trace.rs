@@ -171,21 +171,8 @@ impl TraceRequest {
     }
 }
 
-/// Each request's conversation, derived from the blocks (Mooncake traces carry no session
-/// id): a request whose blocks begin with the whole of an earlier request's full blocks
-/// continues that request's conversation, and each request is continued at most once, by
-/// the first that extends it; any other request starts a conversation. A session is
-/// numbered by the first request of its conversation.
-///
-/// Continued at most once, because a conversation is a chain of turns: a request holding
-/// only a prompt many others share (the bundled trace's requests all begin with one
-/// system-prompt block) would otherwise make one conversation of everything after it. A
-/// partial last block is left out: the next turn extends its text, so its id changes.
-pub fn derive_sessions(trace: &[TraceRequest]) -> Vec<usize> {
-    sessions_of(&derive_continued(trace))
-}
-
-/// Each request's session, from the request each one continues ([`derive_continued`]).
+/// Each request's session: the first request of its conversation (see
+/// [`derive_continued`]), from the request each one continues.
 pub fn sessions_of(continued: &[Option<usize>]) -> Vec<usize> {
     let mut sessions: Vec<usize> = Vec::with_capacity(continued.len());
     for (id, earlier) in continued.iter().enumerate() {
@@ -195,7 +182,15 @@ pub fn sessions_of(continued: &[Option<usize>]) -> Vec<usize> {
     sessions
 }
 
-/// The request each request continues, by the rule of [`derive_sessions`]: its turn before.
+/// The request each request continues, derived from the blocks (Mooncake traces carry no
+/// session id): a request whose blocks begin with the whole of an earlier request's full
+/// blocks continues that request, and each request is continued at most once, by the first
+/// that extends it; any other request starts a conversation.
+///
+/// Continued at most once, because a conversation is a chain of turns: a request holding
+/// only a prompt many others share (the bundled trace's requests all begin with one
+/// system-prompt block) would otherwise make one conversation of everything after it. A
+/// partial last block is left out: the next turn extends its text, so its id changes.
 pub fn derive_continued(trace: &[TraceRequest]) -> Vec<Option<usize>> {
     // The last full block of each earlier prompt not yet continued, to that request.
     let mut ends: HashMap<u64, usize> = HashMap::new();
@@ -216,7 +211,7 @@ pub fn derive_continued(trace: &[TraceRequest]) -> Vec<Option<usize>> {
 }
 
 /// The session key a gateway would derive for conversation `session` (see
-/// [`derive_sessions`]): any fixed spread of the number does, as keys only compare.
+/// [`sessions_of`]): any fixed spread of the number does, as keys only compare.
 pub fn session_key(session: usize) -> SessionKey {
     SessionKey::from_digest(mix64(session as u64 ^ 0x7365_7373_696f_6e21))
 }
@@ -279,11 +274,12 @@ mod tests {
             // a conversation of its own.
             request(&[1, 2, 3], 3 * 512),
         ];
-        assert_eq!(derive_sessions(&trace), [0, 1, 0, 1, 0, 5, 6]);
+        let continued = derive_continued(&trace);
         assert_eq!(
-            derive_continued(&trace),
+            continued,
             [None, None, Some(0), Some(1), Some(2), None, None]
         );
+        assert_eq!(sessions_of(&continued), [0, 1, 0, 1, 0, 5, 6]);
         assert_ne!(thread_key(0), session_key(0));
         assert_eq!(session_key(0), session_key(0));
         assert_ne!(session_key(0), session_key(1));
