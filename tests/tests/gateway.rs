@@ -776,7 +776,7 @@ async fn two_slot_engine(
 }
 
 #[tokio::test]
-async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_least_new_prompt_went() {
+async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_the_index_holds_least() {
     let (release, released) = tokio::sync::watch::channel(false);
     let mut yaml = String::from(
         "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nqueue: { poll_interval_ms: 50 }\n\
@@ -825,13 +825,26 @@ async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_least_new_pr
                 .engine_name()
         }
     };
-    // Nothing given anywhere yet: the first; then wherever least went.
+    // Nothing held anywhere yet: the first; then wherever the index holds least.
     assert_eq!(place("first", 40).await, "room-east-a");
-    assert_eq!(place("second", 8).await, "room-west-a");
-    assert_eq!(place("third", 20).await, "room-north-a");
-    // A request held at west-a (given least, 8 blocks) fills one of its two slots.
+    assert_eq!(place("second", 36).await, "room-west-a");
+    assert_eq!(place("third", 30).await, "room-north-a");
+    // The second conversation grows where it sticks (36 blocks held): west-a's cache
+    // fills, though no new conversation went there.
+    let grown = json!({"model": MODEL, "messages": [
+        {"role": "system", "content": text("second", 36 * 256)},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": text("a long question", 40 * 256)},
+    ]})
+    .to_string();
+    assert_eq!(
+        send(Method::POST, &url, grown).await.engine_name(),
+        "room-west-a"
+    );
+    // A request held at north-a (holding least, 30 blocks) fills one of its two slots.
     let hold = |topic: &'static str| {
-        let body = stranger(topic, 4);
+        let body = stranger(topic, 8);
         let url = url.clone();
         tokio::spawn(async move {
             send_with(
@@ -844,25 +857,67 @@ async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_least_new_pr
         })
     };
     let first_held = hold("held");
-    eventually("west-a runs the held request", || async {
-        in_flight("room-west-a") == 1
+    eventually("north-a runs the held request", || async {
+        in_flight("room-north-a") == 1
     })
     .await;
-    // Busier than the two idle ones, west-a still has a free slot and was given least
-    // (12 blocks to 20 and 40): the next new conversation goes there. By load first it
-    // would go to an idle one.
-    assert_eq!(place("fourth", 4).await, "room-west-a");
+    // Busier than the two idle ones, north-a still has a free slot and holds least: the
+    // next new conversation goes there. By load first it would go to an idle one; by the
+    // new prompt sent lately, to west-a (36 blocks to 38).
+    assert_eq!(place("fourth", 4).await, "room-north-a");
     let second_held = hold("held again");
-    eventually("west-a's two slots busy", || async {
-        in_flight("room-west-a") == 2
+    eventually("north-a's two slots busy", || async {
+        in_flight("room-north-a") == 2
     })
     .await;
-    // No slot free there: the free one given least, north-a.
-    assert_eq!(place("fifth", 4).await, "room-north-a");
+    // No slot free there: the free one holding least, east-a (40 blocks to west-a's 76;
+    // west-a was sent less new prompt).
+    assert_eq!(place("fifth", 4).await, "room-east-a");
     release.send(true).unwrap();
     for held in [first_held, second_held] {
-        assert_eq!(held.await.unwrap().engine_name(), "room-west-a");
+        assert_eq!(held.await.unwrap().engine_name(), "room-north-a");
     }
+}
+
+#[tokio::test]
+async fn a_gateway_sharing_its_index_tells_placement_so_and_a_reload_changes_it() {
+    // Behind a shared index every replica reads the same entries, so placement goes by
+    // this replica's own placements instead (the rule's unit tests show both orders).
+    let east = engine("east-a").await;
+    let west = engine("west-a").await;
+    let scratch = scratch_dir("index-shared");
+    let key = scratch.path().join("tag.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    // A Redis nobody answers: the gateway serves on its local index after a bounded wait.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let redis = format!("redis://{}/0", closed.local_addr().unwrap());
+    drop(closed);
+    let yaml = |shared: bool| {
+        let sharing = if shared {
+            format!(", shared_index: {{ redis_url: \"{redis}\" }}")
+        } else {
+            String::new()
+        };
+        let affinity = format!(
+            "grid_site_route: {{ prefix_affinity: {{ tag_key_path: {}{sharing} }} }}\n",
+            key.display()
+        );
+        priced_yaml(
+            &[
+                ("east", vec![cluster("east-a", &[&east])]),
+                ("west", vec![cluster("west-a", &[&west])]),
+            ],
+            &affinity,
+        )
+    };
+    let gateway = Gateway::start(parse(&yaml(true))).await.unwrap();
+    assert!(gateway.affinity().index_shared());
+    gateway.reload(&parse(&yaml(false))).unwrap();
+    assert!(!gateway.affinity().index_shared());
+    gateway.reload(&parse(&yaml(true))).unwrap();
+    assert!(gateway.affinity().index_shared());
+    let alone = Gateway::start(parse(&yaml(false))).await.unwrap();
+    assert!(!alone.affinity().index_shared());
 }
 
 // ---- our own in-flight load (queue.count_in_flight) ----------------------------------

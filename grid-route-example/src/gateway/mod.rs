@@ -255,6 +255,9 @@ impl Live {
     /// request (bounded: an unreachable Redis delays start by `REPLAY_WAIT` at most, then
     /// routing starts on the local index).
     async fn start_sharing(&self, checked: &CheckedConfig, stopped: watch::Receiver<bool>) {
+        // Other replicas write into a shared index: placement reads it differently.
+        self.affinity
+            .set_index_shared(checked.shared_index.is_some());
         let Some(mut warmed) = self
             .shared_index
             .configure(checked.shared_index.as_ref(), self.shared_peers(stopped))
@@ -498,6 +501,8 @@ impl Gateway {
             checked.shared_index.as_ref(),
             live.shared_peers(self.stop.subscribe()),
         );
+        live.affinity
+            .set_index_shared(checked.shared_index.is_some());
         let old = live.settings.swap(Arc::new(Settings::of(checked)));
         let engine = EngineSettings::of(checked, Some(&live.engine.load()));
         live.engine.store(Arc::new(engine));

@@ -2,12 +2,13 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
 use super::prices::{AnswerTiming, GatePrices, Learned, LearnedPrices};
-use super::room::{PlacementsAt, RecentPlacements};
+use super::room::RecentPlacements;
 use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
@@ -165,6 +166,8 @@ pub struct Affinity {
     settings: Arc<ArcSwap<AffinitySettings>>,
     prices: Arc<LearnedPrices>,
     placed: Arc<RecentPlacements>,
+    /// Whether other replicas write into the index too ([`Affinity::set_index_shared`]).
+    index_shared: Arc<AtomicBool>,
 }
 
 impl Affinity {
@@ -175,7 +178,23 @@ impl Affinity {
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             prices: Arc::default(),
             placed: Arc::default(),
+            index_shared: Arc::default(),
         }
+    }
+
+    /// Tells affinity whether other replicas write into its index (a shared index), which
+    /// changes how a request that matches nothing is placed on engines with slots: by
+    /// the fewest index entries on an index of this replica's own, by the fewest bytes of
+    /// new prompt this replica sent lately on a shared one (see
+    /// [`place_unmatched`](Self::place_unmatched)). Off until set; the gateway sets it
+    /// while it shares the index.
+    pub fn set_index_shared(&self, shared: bool) {
+        self.index_shared.store(shared, Ordering::Relaxed);
+    }
+
+    /// Whether the index is shared with other replicas ([`set_index_shared`](Self::set_index_shared)).
+    pub fn index_shared(&self) -> bool {
+        self.index_shared.load(Ordering::Relaxed)
     }
 
     /// The two prices of the load gate at `cluster`: its learned estimates where
@@ -569,7 +588,16 @@ impl Affinity {
                 // One lock for reading the sums and adding to them: two new conversations
                 // placed at once do not both take the same cluster for the roomiest.
                 let mut placed = self.placed.at(now);
-                let chosen = Self::freest_slot(candidates, &free, depths, &placed, now)
+                // What stands for the room each cluster's engines have: see above.
+                let shared = self.index_shared();
+                let room = |cluster: &ClusterId| {
+                    if shared {
+                        placed.bytes(cluster)
+                    } else {
+                        self.index.entries(cluster) as f64
+                    }
+                };
+                let chosen = Self::freest_slot(candidates, &free, depths, room, now)
                     .map_or_else(|| self.roomiest(candidates, depths, now), |at| vec![at]);
                 if let &[at] = chosen.as_slice() {
                     let cluster = candidates[at].id();
@@ -597,7 +625,7 @@ impl Affinity {
         candidates: &[Arc<Cluster>],
         free: &[bool],
         depths: &[usize],
-        placed: &PlacementsAt<'_>,
+        room: impl Fn(&ClusterId) -> f64,
         now: Instant,
     ) -> Option<usize> {
         type Rank = (std::cmp::Reverse<usize>, f64, f64, usize);
@@ -614,7 +642,7 @@ impl Affinity {
                 let (load, in_flight) = load_rank(c, now);
                 let rank: Rank = (
                     std::cmp::Reverse(preferred_depth(depths[i])),
-                    placed.bytes(c.id()),
+                    room(c.id()),
                     load,
                     in_flight,
                 );
@@ -685,6 +713,7 @@ impl fmt::Debug for Affinity {
             .field("settings", &self.settings())
             .field("prices", &self.prices)
             .field("placed", &self.placed)
+            .field("index_shared", &self.index_shared())
             .finish()
     }
 }

@@ -429,14 +429,56 @@ fn three_slot_sites() -> Fixture {
     f
 }
 
+/// [`three_slot_sites`] behind an index other replicas write into too.
+fn three_shared_slot_sites() -> Fixture {
+    let f = three_slot_sites();
+    f.affinity.set_index_shared(true);
+    f
+}
+
 /// A new conversation whose system prompt is `blocks` keying blocks long.
 fn stranger(f: &Fixture, name: &str, blocks: usize) -> Prompt {
     f.prompt(&[("system", &text(name, blocks * 256)), ("user", "hi")])
 }
 
 #[test]
-fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_least_new_prompt_went_lately() {
+fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_the_index_holds_least() {
     let f = three_slot_sites();
+    assert!(!f.affinity.index_shared());
+    // What each engine was given and still holds, as the index has it.
+    f.confirm("east-a", &stranger(&f, "east's", 40));
+    f.confirm("west-a", &stranger(&f, "west's", 8));
+    f.confirm("north-a", &stranger(&f, "north's", 20));
+    let place = |name: &str| {
+        let decision = f.decide(&stranger(&f, name, 4));
+        assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+        names(&decision).join(",")
+    };
+    assert_eq!(place("first"), "west-a");
+    // Busier than the idle two, west-a still has a slot free and holds least.
+    let running = f.running("west-a", 1);
+    assert_eq!(place("second"), "west-a");
+    // A conversation that grew where it stuck fills west-a's cache, though no new
+    // conversation went there: north-a holds least now.
+    let grown = f.prompt(&[
+        ("system", &text("west's", 8 * 256)),
+        ("user", "hi"),
+        ("assistant", "hello"),
+        ("user", &text("a long question", 40 * 256)),
+    ]);
+    f.confirm("west-a", &grown);
+    assert_eq!(place("third"), "north-a");
+    // Both of north-a's slots busy: the free one holding least, east-a (40 blocks) to
+    // west-a's 49 or so.
+    let _north = f.running("north-a", 2);
+    drop(running);
+    assert_eq!(place("fourth"), "east-a");
+}
+
+#[test]
+fn behind_a_shared_index_on_slot_engines_a_new_conversation_takes_a_free_slot_where_least_new_prompt_went_lately()
+ {
+    let f = three_shared_slot_sites();
     let place = |name: &str, blocks: usize| {
         let decision = f.decide(&stranger(&f, name, blocks));
         assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
@@ -504,7 +546,8 @@ fn on_slot_engines_a_match_too_short_to_stick_goes_first_among_free_slots() {
 
 #[test]
 fn on_a_grid_where_one_engines_slots_are_unknown_load_comes_first() {
-    let f = three_slot_sites();
+    // Shared, so that placements alone (not confirmed) tell the clusters apart.
+    let f = three_shared_slot_sites();
     assert_eq!(names(&f.decide(&stranger(&f, "first", 8))), ["east-a"]);
     assert_eq!(names(&f.decide(&stranger(&f, "second", 8))), ["west-a"]);
     // north-a's page did not say how many slots it has (or it batches): the whole grid
@@ -544,7 +587,7 @@ fn on_slot_engines_a_session_its_cluster_is_too_busy_for_goes_by_load() {
 
 #[test]
 fn a_cluster_removed_and_added_again_starts_from_nothing_placed() {
-    let f = three_slot_sites();
+    let f = three_shared_slot_sites();
     assert_eq!(names(&f.decide(&stranger(&f, "first", 40))), ["east-a"]);
     assert_eq!(names(&f.decide(&stranger(&f, "second", 4))), ["west-a"]);
     let all = [f.id("east-a"), f.id("west-a"), f.id("north-a")];

@@ -93,7 +93,9 @@ impl GridRoute {
         let affinity = (0..setup.replicas)
             .map(|replica| {
                 let index = shared.clone().unwrap_or_else(|| index_for(replica));
-                Affinity::new(index, setup.affinity)
+                let affinity = Affinity::new(index, setup.affinity);
+                affinity.set_index_shared(setup.shared_index);
+                affinity
             })
             .collect();
         let mut outcomes: BTreeMap<&'static str, u64> =
