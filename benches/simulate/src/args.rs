@@ -361,8 +361,8 @@ pub struct GatewayArgs {
     #[arg(long)]
     pub explore_continuations: bool,
     /// A request that matches nothing on slot engines goes to the least loaded engine, as
-    /// before it took a free slot where the least new prompt went lately (what the default
-    /// is measured against)
+    /// before it took a free slot where the index holds least (what the default is
+    /// measured against)
     #[arg(long)]
     pub misses_by_load: bool,
 }

@@ -184,8 +184,8 @@ impl Affinity {
 
     /// Tells affinity whether other replicas write into its index (a shared index), which
     /// changes how a request that matches nothing is placed on engines with slots: by
-    /// the fewest index entries on an index of this replica's own, by the fewest bytes of
-    /// new prompt this replica sent lately on a shared one (see
+    /// the fewest live index entries on an index of this replica's own, by the fewest
+    /// bytes of new prompt this replica sent lately on a shared one (see
     /// [`place_unmatched`](Self::place_unmatched)). Off until set; the gateway sets it
     /// while it shares the index.
     pub fn set_index_shared(&self, shared: bool) {
@@ -560,10 +560,11 @@ impl Affinity {
     ///   ([`free_slot`](crate::grid::ClusterLoad::free_slot)): the request starts
     ///   at once on any of them, so load does not rank them. The one holding the most of
     ///   its prompt goes first (a depth under [`MIN_STICKY_DEPTH`] counts as none), then
-    ///   the one this replica sent the fewest bytes of new prompt lately in requests that
-    ///   matched nothing ([`PLACED_HALF_LIFE`](super::PLACED_HALF_LIFE)), then, between
-    ///   clusters sent none, the least loaded, then the first (why: the [module](super)'s
-    ///   rule, step 2, and the `room` module).
+    ///   the one with the most room: the fewest live index entries, or behind a shared index
+    ///   ([`index_shared`](Self::index_shared)) the fewest bytes of new prompt this
+    ///   replica sent it lately in requests that matched nothing
+    ///   ([`PLACED_HALF_LIFE`](super::PLACED_HALF_LIFE)); then the least loaded, then the
+    ///   first (why: the [module](super)'s rule, step 2, and the `room` module).
     /// - Otherwise [`roomiest`](Self::roomiest), where load comes first.
     ///
     /// On a grid of engines with slots, when it names one cluster, that cluster is
@@ -594,7 +595,7 @@ impl Affinity {
                     if shared {
                         placed.bytes(cluster)
                     } else {
-                        self.index.entries(cluster) as f64
+                        self.index.live_entries(cluster, now) as f64
                     }
                 };
                 let chosen = Self::freest_slot(candidates, &free, depths, room, now)
@@ -657,7 +658,7 @@ impl Affinity {
     /// least loaded (as [`least_loaded`](crate::select::least_loaded) ranks them), among
     /// those the ones holding the most of its prompt (`depths[i]` is candidate `i`'s; a
     /// depth under [`MIN_STICKY_DEPTH`] counts as none), and among those the ones whose
-    /// index holds the fewest entries, in order.
+    /// index holds the fewest live entries, in order.
     ///
     /// A match too short to stick is still prefill saved where load ties: a conversation
     /// whose new turn adds more than `1 - threshold` of its prompt (a fifth at the
@@ -677,7 +678,7 @@ impl Affinity {
                 load,
                 in_flight,
                 std::cmp::Reverse(depth),
-                self.index.entries(c.id()),
+                self.index.live_entries(c.id(), now),
             )
         };
         let order = |a: &Rank, b: &Rank| {

@@ -1,25 +1,31 @@
 //! How much new prompt each cluster was recently given, for placing requests that match
-//! nothing on engines with slots.
+//! nothing on engines with slots behind a shared index.
 //!
 //! An engine started with a few slots (llama.cpp's `--parallel N`) keeps one prompt's cache
 //! per slot, plus what its host cache saves. A new conversation sent there takes a slot and
 //! pushes the least recently used prompt out; the conversations already there lose their
 //! cache one new conversation at a time. Between its turns a conversation weighs on no
 //! cluster's load, so load cannot tell a cluster whose cache is full of live conversations
-//! from one with room. What tells them apart is how much new prompt each was given lately:
-//! a cluster given little has little to lose. That is the bytes of each prompt beyond what
-//! the index says the cluster already held, summed per cluster and halved every
-//! [`PLACED_HALF_LIFE`], so that old placements, long since evicted or ended, stop
-//! counting. SGLang's and vLLM's cache-aware routers send a request that matches nothing to
-//! the worker whose radix tree holds the fewest characters for the same reason; their
-//! trees only shrink when they outgrow a size limit.
+//! from one with room. The index can: the fewest entries stand for the most room, as the
+//! smallest radix tree does in SGLang's and vLLM's cache-aware routers, and the index's
+//! entries grow with every turn confirmed there, expire after its TTL and shrink when an
+//! engine's answer shows it evicted them (engine feedback). That is what a replica with
+//! an index of its own reads.
+//!
+//! Behind a shared index every replica reads the same entries, and they move only as fast
+//! as answers confirm them: replicas would all send their new conversations to the same
+//! cluster between two confirmations (in `simulate`, 8 slot sites behind 4 replicas, TTFT
+//! p50 doubled). There each replica reads what it sent lately instead: the bytes of each
+//! prompt beyond what the index says the cluster already held, summed per cluster and
+//! halved every [`PLACED_HALF_LIFE`], so that old placements, long since evicted or
+//! ended, stop counting. A cluster given little has little to lose, and each replica's
+//! sums are its own, so replicas pick different clusters.
 //!
 //! Only requests that matched nothing are counted, when they are placed (whether or not
 //! the engine answers): a sticky request adds little to what its cluster already held.
-//! This replica's own placements only, not shared through the index: each replica places
-//! its own requests, and a shared count would move only as fast as confirmations travel,
-//! so replicas reading it would all pick the same cluster between two of them. The half
-//! life is the contract's index TTL; a configured `ttl_secs` does not change it.
+//! The sums are kept whether or not the index is shared, so a reload that starts sharing
+//! finds them. The half life is the contract's index TTL; a configured `ttl_secs` does
+//! not change it.
 //!
 //! A decaying sum per cluster is a few lines; no maintained crate offers one that reads
 //! without a timer task.

@@ -476,6 +476,33 @@ fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_the_index_holds_le
 }
 
 #[test]
+fn on_slot_engines_what_the_index_let_expire_is_room() {
+    let f = three_slot_sites();
+    f.confirm("east-a", &stranger(&f, "east's", 40));
+    let later = Fixture {
+        now: f.now + Duration::from_secs(300),
+        ..f
+    };
+    later.confirm("west-a", &stranger(&later, "west's", 8));
+    later.confirm("north-a", &stranger(&later, "north's", 20));
+    // Ten minutes after east-a's last answer its entries no longer count, though no
+    // confirmation there has swept them yet: it holds least.
+    let expired = Fixture {
+        now: later.now + Duration::from_secs(301),
+        ..later
+    };
+    for name in ["east-a", "west-a", "north-a"] {
+        expired.set_queue(name, Some(0.0));
+    }
+    let stored = |name: &str| expired.index.entries(&expired.id(name));
+    assert!(stored("east-a") > stored("north-a"));
+    assert_eq!(
+        names(&expired.decide(&stranger(&expired, "new", 4))),
+        ["east-a"]
+    );
+}
+
+#[test]
 fn behind_a_shared_index_on_slot_engines_a_new_conversation_takes_a_free_slot_where_least_new_prompt_went_lately()
  {
     let f = three_shared_slot_sites();

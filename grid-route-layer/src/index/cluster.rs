@@ -186,6 +186,23 @@ impl ClusterLru {
     pub(crate) fn len(&self) -> usize {
         self.read().len()
     }
+
+    /// Entries stored after sweeping expired ones from the cold end (bounded, as a
+    /// confirmation sweeps); the write lock only when the coldest entry has expired.
+    pub(crate) fn live_len(&self, now: Secs) -> usize {
+        {
+            let entries = self.read();
+            let coldest_live = entries
+                .peek_lru()
+                .is_none_or(|(_, entry)| DeadlineClock::is_live(now, entry.deadline));
+            if coldest_live {
+                return entries.len();
+            }
+        }
+        let mut entries = self.write();
+        sweep_expired(&mut entries, now);
+        entries.len()
+    }
 }
 
 /// Removes expired entries from the cold end, a bounded number at a time.

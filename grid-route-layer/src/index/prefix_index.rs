@@ -443,6 +443,19 @@ impl PrefixIndex {
             .map_or(0, |lru| lru.len())
     }
 
+    /// Entries live at `now` for `cluster` (0 for an unknown cluster): first removes the
+    /// expired ones at the cold end, as a confirmation does (at most 1,024 a call, so one
+    /// call after a long idle spell stays short; the rest go at the next). What placement
+    /// reads as a cluster's room: a cluster that served much long ago and nothing since
+    /// would otherwise look full until its next confirmation.
+    pub fn live_entries(&self, cluster: &ClusterId, now: Instant) -> usize {
+        self.state
+            .load()
+            .clusters
+            .get(cluster)
+            .map_or(0, |lru| lru.live_len(self.clock.now(now)))
+    }
+
     /// Whether the index keeps an LRU for `cluster`: it was configured and no
     /// [`reconfigure`](Self::reconfigure) has removed it since.
     pub fn knows(&self, cluster: &ClusterId) -> bool {

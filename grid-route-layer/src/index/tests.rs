@@ -42,6 +42,29 @@ fn a_confirmed_prompt_is_held_to_the_depth_confirmed() {
 }
 
 #[test]
+fn live_entries_leave_out_what_expired_and_sweep_it() {
+    let east = cluster("east", "east-a");
+    let unknown = cluster("north", "north-a");
+    let index = PrefixIndex::new(settings(16_384, 600), [east.clone()]);
+    let start = Instant::now();
+    index.confirm(&east, &chain(1, 100), start);
+    let later = start + Duration::from_secs(300);
+    index.confirm(&east, &chain(2, 30), later);
+    assert_eq!(index.live_entries(&east, later), 130);
+    // The first prompt expired; nothing was confirmed since, so it is still stored.
+    let expired = start + Duration::from_secs(601);
+    assert_eq!(index.entries(&east), 130);
+    assert_eq!(index.live_entries(&east, expired), 30);
+    assert_eq!(index.entries(&east), 30);
+    // More expired than one call sweeps: the rest go at the next.
+    index.confirm(&east, &chain(3, 2_000), expired);
+    let all_expired = expired + Duration::from_secs(601);
+    assert_eq!(index.live_entries(&east, all_expired), 2_030 - 1_024);
+    assert_eq!(index.live_entries(&east, all_expired), 0);
+    assert_eq!(index.live_entries(&unknown, all_expired), 0);
+}
+
+#[test]
 fn a_prompt_with_another_head_has_no_depth() {
     let east = cluster("east", "east-a");
     let index = PrefixIndex::new(IndexSettings::default(), [east.clone()]);
