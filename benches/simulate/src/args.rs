@@ -29,7 +29,8 @@ pub const GATEWAY_POLL_INTERVAL_MS: u64 = 500;
 
 /// What the clients send of their conversations. Mooncake traces carry no conversation id,
 /// so conversations are derived: a request whose blocks begin with an earlier request's
-/// whole prompt continues it, each request continued at most once.
+/// whole prompt continues it, each request continued at most once, and none continues a
+/// request ending at a block an earlier request went past (a head many share).
 #[derive(Debug, Clone, Default, PartialEq, clap::Args)]
 pub struct ClientArgs {
     /// Requests carry their conversation's session id, as a client sending
