@@ -185,8 +185,8 @@ impl Affinity {
     /// Tells affinity whether other replicas write into its index (a shared index), which
     /// changes how a request that matches nothing is placed on engines with slots: by
     /// the fewest live index entries on an index of this replica's own, by the fewest
-    /// bytes of new prompt this replica sent lately on a shared one (see
-    /// [`place_unmatched`](Self::place_unmatched)). Off until set; the gateway sets it
+    /// bytes of new prompt this replica sent lately on a shared one (the [module](super)'s
+    /// rule, step 2). Off until set; the gateway sets it
     /// while it shares the index.
     pub fn set_index_shared(&self, shared: bool) {
         self.index_shared.store(shared, Ordering::Relaxed);

@@ -31,7 +31,7 @@
 //!    slots (every candidate's known, llama.cpp's `--parallel N`) a request starts at once
 //!    wherever a slot is free, so when one is, load does not rank them: the cluster with
 //!    a free slot holding the most of the prompt goes first, then the one whose index
-//!    holds the fewest live entries ([`PrefixIndex::live_entries`]), then the least
+//!    holds the fewest live entries ([`PrefixIndex::live_entries`](crate::index::PrefixIndex::live_entries)), then the least
 //!    loaded. Behind an index other replicas
 //!    share ([`Affinity::set_index_shared`]) every replica reads the same entries and
 //!    would send its new conversations to the same cluster until their answers confirm
