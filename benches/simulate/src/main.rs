@@ -2,6 +2,7 @@
 //! other routers' policies in virtual time, and prints a table (or JSON) of cache hit share
 //! and time to first token per policy. See the library's docs and `docs/routing.md`.
 
+use std::io::{self, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -30,16 +31,28 @@ fn main() -> ExitCode {
         eprintln!("simulate: cannot write {}: {error}", path.display());
         return ExitCode::FAILURE;
     }
-    if args.json {
+    let text = if args.json {
         match serde_json::to_string(&report) {
-            Ok(json) => println!("{json}"),
+            Ok(json) => json + "\n",
             Err(error) => {
                 eprintln!("simulate: cannot write the JSON: {error}");
                 return ExitCode::FAILURE;
             }
         }
     } else {
-        print!("{report}");
+        report.to_string()
+    };
+    let mut stdout = io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        // A reader that stopped early (`| head`) wanted no more: not an error of the run.
+        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("simulate: cannot write the output: {error}");
+            ExitCode::FAILURE
+        }
     }
-    ExitCode::SUCCESS
 }

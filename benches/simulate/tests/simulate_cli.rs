@@ -165,6 +165,38 @@ fn a_malformed_line_is_refused_with_its_line_number() {
 }
 
 #[test]
+fn a_reader_that_closed_early_ends_the_run_quietly() {
+    let (_dir, path) = head_of_trace(200);
+    for format in [&[][..], &["--json"][..]] {
+        // A pipe whose reader is gone, as `simulate | head -c 0` leaves it.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_grid-route-simulate"))
+            .args(["--trace", path.to_str().unwrap()])
+            .args(format)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "simulate did not exit"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(status.success(), "{format:?}: {status}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{format:?}: {stderr}");
+    }
+}
+
+#[test]
 fn the_table_and_the_chart_name_every_policy() {
     let (_trace_dir, trace) = head_of_trace(300);
     let (_svg_dir, svg) = scratch("cdf.svg");
