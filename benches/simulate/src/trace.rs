@@ -198,8 +198,7 @@ pub fn sessions_of(continued: &[Option<usize>]) -> Vec<usize> {
 /// which. Linking it to the first one would send an unrelated conversation back to where
 /// that request was answered, which a gateway's thread (the prompt to the byte) never
 /// does; left unlinked, its real next turn goes unfollowed, which errs towards the
-/// gateway without threads. In the bundled trace that is 1,363 of 5,286 links, 1,354 of
-/// them to a request holding the system-prompt block alone.
+/// gateway without threads.
 pub fn derive_continued(trace: &[TraceRequest]) -> Vec<Option<usize>> {
     // The last full block of each earlier prompt not yet continued, to that request.
     let mut ends: HashMap<u64, usize> = HashMap::new();
@@ -264,6 +263,25 @@ mod tests {
             blocks: blocks.to_vec(),
             block_tokens: TRACE_BLOCK_TOKENS,
         }
+    }
+
+    /// The counts docs/routing.md ("Threads and sessions") gives for the bundled trace.
+    #[test]
+    fn the_bundled_trace_derives_the_conversations_the_docs_count() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../docs/traces/mooncake_conversation_trace.jsonl");
+        let file = std::fs::File::open(path).unwrap();
+        let trace = read_trace(std::io::BufReader::new(file)).unwrap();
+        let sessions = sessions_of(&derive_continued(&trace));
+        let mut turns: HashMap<usize, usize> = HashMap::new();
+        for &session in &sessions {
+            *turns.entry(session).or_default() += 1;
+        }
+        let longer: Vec<usize> = turns.values().copied().filter(|&n| n >= 2).collect();
+        assert_eq!(trace.len(), 12_031);
+        assert_eq!(turns.len(), 8_108);
+        assert_eq!(longer.len(), 2_023);
+        assert_eq!(longer.iter().sum::<usize>(), 5_946);
     }
 
     #[test]

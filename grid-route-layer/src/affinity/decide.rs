@@ -186,13 +186,13 @@ impl Affinity {
     /// changes how a request that matches nothing is placed on engines with slots: by
     /// the fewest live index entries on an index of this replica's own, by the fewest
     /// bytes of new prompt this replica sent lately on a shared one (the [module](super)'s
-    /// rule, step 2). Off until set; the gateway sets it
-    /// while it shares the index.
+    /// rule, step 2). Off until set; the gateway sets it while it shares the index.
     pub fn set_index_shared(&self, shared: bool) {
         self.index_shared.store(shared, Ordering::Relaxed);
     }
 
-    /// Whether the index is shared with other replicas ([`set_index_shared`](Self::set_index_shared)).
+    /// Whether the index is shared with other replicas
+    /// ([`set_index_shared`](Self::set_index_shared)).
     pub fn index_shared(&self) -> bool {
         self.index_shared.load(Ordering::Relaxed)
     }

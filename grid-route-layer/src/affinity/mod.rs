@@ -31,15 +31,16 @@
 //!    slots (every candidate's known, llama.cpp's `--parallel N`) a request starts at once
 //!    wherever a slot is free, so when one is, load does not rank them: the cluster with
 //!    a free slot holding the most of the prompt goes first, then the one whose index
-//!    holds the fewest live entries ([`PrefixIndex::live_entries`](crate::index::PrefixIndex::live_entries)), then the least
-//!    loaded. Behind an index other replicas
-//!    share ([`Affinity::set_index_shared`]) every replica reads the same entries and
-//!    would send its new conversations to the same cluster until their answers confirm
-//!    them, so there the room is the bytes of new prompt this replica sent each cluster
-//!    lately in requests that matched nothing (halved every [`PLACED_HALF_LIFE`]),
-//!    which differ from one replica to the next. On such a grid the one cluster a request
-//!    that matches nothing is narrowed to, by either order, is recorded as sent the
-//!    prompt's bytes beyond its depth there.
+//!    holds the fewest live entries
+//!    ([`PrefixIndex::live_entries`](crate::index::PrefixIndex::live_entries)), then the
+//!    least loaded. Behind an index other replicas share
+//!    ([`Affinity::set_index_shared`]) every replica reads the same entries and would send
+//!    its new conversations to the same cluster until their answers confirm them, so
+//!    there the room is the bytes of new prompt this replica sent each cluster lately in
+//!    requests that matched nothing (halved every [`PLACED_HALF_LIFE`]), which differ from
+//!    one replica to the next. On such a grid the one cluster a request that matches
+//!    nothing is narrowed to, by either order, is recorded as sent the prompt's bytes
+//!    beyond its depth there.
 //! 3. The load gate prices the match by the prefill it saves: covered bytes / 4 bytes a
 //!    token / `prefill_tokens_per_second` seconds, worth that many seconds /
 //!    `queued_request_seconds` requests of load. If the least load among the deepest

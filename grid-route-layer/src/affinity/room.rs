@@ -14,8 +14,8 @@
 //!
 //! Behind a shared index every replica reads the same entries, and they move only as fast
 //! as answers confirm them: replicas would all send their new conversations to the same
-//! cluster between two confirmations (in `simulate`, 8 slot sites behind 4 replicas, TTFT
-//! p50 doubled). There each replica reads what it sent lately instead: the bytes of each
+//! cluster between two confirmations. There each replica reads what it sent lately
+//! instead: the bytes of each
 //! prompt beyond what the index says the cluster already held, summed per cluster and
 //! halved every [`PLACED_HALF_LIFE`], so that old placements, long since evicted or
 //! ended, stop counting. A cluster given little has little to lose, and each replica's
