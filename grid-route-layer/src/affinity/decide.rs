@@ -558,10 +558,11 @@ impl Affinity {
     /// - On engines with slots (every candidate's are known: llama.cpp's `--parallel N`),
     ///   with `on_free_slots`, when some candidate has a free one
     ///   ([`free_slot`](crate::grid::ClusterLoad::free_slot)): the request starts
-    ///   at once on any of them, so load does not rank them. The one holding the most of
-    ///   its prompt goes first (a depth under [`MIN_STICKY_DEPTH`] counts as none), then
-    ///   the one with the most room: the fewest live index entries, or behind a shared index
-    ///   ([`index_shared`](Self::index_shared)) the fewest bytes of new prompt this
+    ///   at once on any of them, so load does not rank them, and neither does a match
+    ///   too short to stick (a head other conversations share, which pulls every new
+    ///   conversation behind it onto the engines already holding theirs). The one with
+    ///   the most room goes first: the fewest live index entries, or behind a shared
+    ///   index ([`index_shared`](Self::index_shared)) the fewest bytes of new prompt this
     ///   replica sent it lately in requests that matched nothing
     ///   ([`PLACED_HALF_LIFE`](super::PLACED_HALF_LIFE)); then the least loaded, then the
     ///   first (why: the [module](super)'s rule, step 2, and the `room` module).
@@ -598,7 +599,7 @@ impl Affinity {
                         self.index.live_entries(cluster, now) as f64
                     }
                 };
-                let chosen = Self::freest_slot(candidates, &free, depths, room, now)
+                let chosen = Self::freest_slot(candidates, &free, room, now)
                     .map_or_else(|| self.roomiest(candidates, depths, now), |at| vec![at]);
                 if let &[at] = chosen.as_slice() {
                     let cluster = candidates[at].id();
@@ -625,28 +626,21 @@ impl Affinity {
     fn freest_slot(
         candidates: &[Arc<Cluster>],
         free: &[bool],
-        depths: &[usize],
         room: impl Fn(&ClusterId) -> f64,
         now: Instant,
     ) -> Option<usize> {
-        type Rank = (std::cmp::Reverse<usize>, f64, f64, usize);
+        type Rank = (f64, f64, usize);
         let order = |a: &Rank, b: &Rank| {
-            a.0.cmp(&b.0)
+            a.0.total_cmp(&b.0)
                 .then(a.1.total_cmp(&b.1))
-                .then(a.2.total_cmp(&b.2))
-                .then(a.3.cmp(&b.3))
+                .then(a.2.cmp(&b.2))
         };
         (0..candidates.len())
             .filter(|&i| free[i])
             .map(|i| {
                 let c = &candidates[i];
                 let (load, in_flight) = load_rank(c, now);
-                let rank: Rank = (
-                    std::cmp::Reverse(preferred_depth(depths[i])),
-                    room(c.id()),
-                    load,
-                    in_flight,
-                );
+                let rank: Rank = (room(c.id()), load, in_flight);
                 (i, rank)
             })
             .min_by(|a, b| order(&a.1, &b.1))

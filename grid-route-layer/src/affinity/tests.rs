@@ -550,9 +550,10 @@ fn on_slot_engines_with_none_free_a_new_conversation_goes_by_load_first() {
 }
 
 #[test]
-fn on_slot_engines_a_match_too_short_to_stick_goes_first_among_free_slots() {
+fn on_slot_engines_a_head_too_short_to_stick_does_not_pull_a_new_conversation_to_its_holder() {
     let f = three_slot_sites();
-    // A 10-block system prompt, then a turn that adds more than a fifth to it.
+    // A 10-block system prompt, then a new conversation behind it whose question adds
+    // more than a fifth to it.
     let house = text("house", 10 * 256);
     let first = f.prompt(&[("system", &house), ("user", "first")]);
     let next = f.prompt(&[
@@ -561,14 +562,21 @@ fn on_slot_engines_a_match_too_short_to_stick_goes_first_among_free_slots() {
     ]);
     assert_eq!(names(&f.decide(&first)), ["east-a"]);
     f.confirm("east-a", &first);
-    // east-a was given the most lately and runs a request, yet with a slot free it holds
-    // 10 blocks of the next turn.
-    let _running = f.running("east-a", 1);
+    // east-a holds 10 blocks of it and has a slot free, but the conversation it holds
+    // there would lose its slot to the newcomer: the free slot where the index holds
+    // least, west-a (idle, like north-a, and first).
     let decision = f.decide(&next);
+    assert!(
+        decision.deepest() >= MIN_STICKY_DEPTH,
+        "{}",
+        decision.deepest()
+    );
     assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
-    assert_eq!(names(&decision), ["east-a"]);
-    // A prompt that is new everywhere goes where least went: not east-a.
-    assert_eq!(names(&f.decide(&stranger(&f, "other", 4))), ["west-a"]);
+    assert_eq!(names(&decision), ["west-a"]);
+    // Every other slot busy: east-a's free one it is.
+    let _west = f.running("west-a", 2);
+    let _north = f.running("north-a", 2);
+    assert_eq!(names(&f.decide(&next)), ["east-a"]);
 }
 
 #[test]
