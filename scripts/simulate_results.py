@@ -131,12 +131,14 @@ def streams() -> None:
     print("counted whole leave nothing for the slots to change), and on slot engines a request")
     print("that matches nothing sent by load first instead of to a free slot where the index holds")
     print("least (`--misses-by-load`; batching engines are placed by load either")
-    print("way), and a later turn naming no thread (`--no-threads`, see \"Threads and sessions\").")
+    print("way), free slots ranked first by how much of the prompt each engine holds, a shared")
+    print("head too short to stick included, before the room (`--free-slots-by-depth`), and a")
+    print("later turn naming no thread (`--no-threads`, see \"Threads and sessions\").")
     print("The last column is the bar: cache-aware's hit share, and the best TTFT p50 and")
     print("p99 of round-robin, least-queue, cache-aware and chwbl.\n")
     print("| engines | sites | defaults | streams whole | slots unknown | prefill once "
-          "| later turns explored | all three | misses by load | no threads | bar |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| later turns explored | all three | misses by load | free slots by depth | no threads | bar |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     variants = [
         [],
         ["--streams-count-whole"],
@@ -145,6 +147,7 @@ def streams() -> None:
         ["--explore-continuations"],
         ["--streams-count-whole", "--moved-prefill-payers", "1", "--explore-continuations"],
         ["--misses-by-load"],
+        ["--free-slots-by-depth"],
         ["--no-threads"],
     ]
     cell = lambda r: f"{100 * r['hit_share']:.1f}% / {r['ttft_p50_s']:.3f} / {r['ttft_p99_s']:.3f} s"

@@ -880,6 +880,53 @@ async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_the_index_ho
 }
 
 #[tokio::test]
+async fn on_slot_engines_a_new_conversation_behind_a_shared_head_takes_the_roomier_free_slot() {
+    let (_release, released) = tokio::sync::watch::channel(false);
+    let mut yaml = String::from(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nqueue: { poll_interval_ms: 50 }\n\
+         grid_site_route: { prefix_affinity: { exploration: 0.0 } }\nsites:\n",
+    );
+    let names = ["head-east", "head-west"];
+    for (site, name) in names.iter().zip(["head-east-a", "head-west-a"]) {
+        let url = two_slot_engine(name, released.clone()).await;
+        let _ = writeln!(
+            yaml,
+            "  - {{ name: {site}, clusters: [{{ name: {site}-a, models: [{MODEL}], endpoints: [{url}] }}] }}"
+        );
+    }
+    let gateway = Gateway::start(parse(&yaml)).await.unwrap();
+    eventually("every engine's slots and queue read", || async {
+        names.iter().all(|site| {
+            let name = format!("{site}-a");
+            slots(&gateway, &name) == Some(2) && queue_depth(&gateway, &name) == 0.0
+        })
+    })
+    .await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let place = |system: &str, question: &str| {
+        let body = json!({"model": MODEL, "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question},
+        ]})
+        .to_string();
+        let url = url.clone();
+        async move { send(Method::POST, &url, body).await.engine_name() }
+    };
+    // A house system prompt of 20 blocks: the first conversation behind it goes to the
+    // first engine (nothing held anywhere), and a stranger to the other, which holds less.
+    let house = text("house", 20 * 256);
+    assert_eq!(place(&house, "hi").await, "head-east-a");
+    assert_eq!(place(&text("stranger", 4 * 256), "hi").await, "head-west-a");
+    // A second conversation behind the house prompt, with a question of 10 blocks: east-a
+    // holds 20 of its 30 blocks, too little to stick (under 32 blocks and under 80%). Its
+    // idle slot there holds the first conversation, which llama.cpp would hand the
+    // newcomer for the longest common prefix: it takes west-a's free slot, where the
+    // index holds less, instead.
+    let question = text("a long question", 10 * 256);
+    assert_eq!(place(&house, &question).await, "head-west-a");
+}
+
+#[tokio::test]
 async fn a_gateway_sharing_its_index_tells_placement_so_and_a_reload_changes_it() {
     // Behind a shared index every replica reads the same entries, so placement goes by
     // this replica's own placements instead (the rule's unit tests show both orders).

@@ -366,6 +366,11 @@ pub struct GatewayArgs {
     /// measured against)
     #[arg(long)]
     pub misses_by_load: bool,
+    /// On slot engines free slots are ranked first by how much of a request's prompt
+    /// each engine holds, a shared head too short to stick included, as before room
+    /// alone ranked them (what the default is measured against)
+    #[arg(long)]
+    pub free_slots_by_depth: bool,
 }
 
 /// `--moved-prefill-payers`: a finite number, at least 1.
@@ -397,6 +402,7 @@ impl Default for GatewayArgs {
             moved_prefill_payers: MOVED_PREFILL_PAYERS,
             explore_continuations: false,
             misses_by_load: false,
+            free_slots_by_depth: false,
         }
     }
 }
@@ -420,12 +426,13 @@ impl GatewayArgs {
 
     /// The affinity settings these flags set beyond the config file's: the gate's count of
     /// a moved prefill, whether a conversation's later turns are explored, and where a
-    /// request that matches nothing goes on slot engines.
+    /// request that matches nothing goes on slot engines and how free slots rank.
     pub fn affinity(&self, settings: AffinitySettings) -> AffinitySettings {
         settings
             .with_moved_prefill_payers(self.moved_prefill_payers)
             .with_exploring_continuations(self.explore_continuations)
             .with_free_slot_placement(!self.misses_by_load)
+            .with_free_slots_by_depth(self.free_slots_by_depth)
     }
 
     /// How often the queues are polled.

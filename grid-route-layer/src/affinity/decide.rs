@@ -422,9 +422,11 @@ impl Affinity {
         }
         if narrowing.outcome == Outcome::NoMatch {
             // A session whose cluster the gate found too busy (load_override) goes by load
-            // first: placed on a free slot by depth it would go straight back there.
+            // first: placed on a free slot by room it could go straight back there.
             let on_free_slots = outcome == Outcome::NoMatch && settings.places_on_free_slots();
-            candidates = self.place_unmatched(on_free_slots, &candidates, keys, &depths, now);
+            let by_depth = settings.ranks_free_slots_by_depth();
+            candidates =
+                self.place_unmatched(on_free_slots, by_depth, &candidates, keys, &depths, now);
         } else {
             let mut depth = depths.iter();
             candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
@@ -568,12 +570,17 @@ impl Affinity {
     ///   first (why: the [module](super)'s rule, step 2, and the `room` module).
     /// - Otherwise [`roomiest`](Self::roomiest), where load comes first.
     ///
+    /// With `by_depth` (the rule before, which the simulator measures the default
+    /// against) free slots are ranked by the most of the prompt held first (a depth under
+    /// [`MIN_STICKY_DEPTH`] counts as none), then by room.
+    ///
     /// On a grid of engines with slots, when it names one cluster, that cluster is
     /// recorded as sent the prompt's bytes beyond its depth there (unless a reload has
     /// just removed it).
     fn place_unmatched(
         &self,
         on_free_slots: bool,
+        by_depth: bool,
         candidates: &[Arc<Cluster>],
         keys: &PrefixKeys,
         depths: &[usize],
@@ -599,7 +606,15 @@ impl Affinity {
                         self.index.live_entries(cluster, now) as f64
                     }
                 };
-                let chosen = Self::freest_slot(candidates, &free, room, now)
+                // Every depth alike unless ranked by depth: room decides.
+                let depth = |i: usize| {
+                    if by_depth {
+                        preferred_depth(depths[i])
+                    } else {
+                        0
+                    }
+                };
+                let chosen = Self::freest_slot(candidates, &free, depth, room, now)
                     .map_or_else(|| self.roomiest(candidates, depths, now), |at| vec![at]);
                 if let &[at] = chosen.as_slice() {
                     let cluster = candidates[at].id();
@@ -626,21 +641,23 @@ impl Affinity {
     fn freest_slot(
         candidates: &[Arc<Cluster>],
         free: &[bool],
+        depth: impl Fn(usize) -> usize,
         room: impl Fn(&ClusterId) -> f64,
         now: Instant,
     ) -> Option<usize> {
-        type Rank = (f64, f64, usize);
+        type Rank = (std::cmp::Reverse<usize>, f64, f64, usize);
         let order = |a: &Rank, b: &Rank| {
-            a.0.total_cmp(&b.0)
+            a.0.cmp(&b.0)
                 .then(a.1.total_cmp(&b.1))
-                .then(a.2.cmp(&b.2))
+                .then(a.2.total_cmp(&b.2))
+                .then(a.3.cmp(&b.3))
         };
         (0..candidates.len())
             .filter(|&i| free[i])
             .map(|i| {
                 let c = &candidates[i];
                 let (load, in_flight) = load_rank(c, now);
-                let rank: Rank = (room(c.id()), load, in_flight);
+                let rank: Rank = (std::cmp::Reverse(depth(i)), room(c.id()), load, in_flight);
                 (i, rank)
             })
             .min_by(|a, b| order(&a.1, &b.1))

@@ -29,11 +29,13 @@
 //!    then evicts) as on one with room; SGLang's and vLLM's cache-aware routers send such
 //!    a request to the worker with the smallest tree for the same reason. On engines with
 //!    slots (every candidate's known, llama.cpp's `--parallel N`) a request starts at once
-//!    wherever a slot is free, so when one is, load does not rank them: the cluster with
-//!    a free slot holding the most of the prompt goes first, then the one whose index
-//!    holds the fewest live entries
-//!    ([`PrefixIndex::live_entries`](crate::index::PrefixIndex::live_entries)), then the
-//!    least loaded. Behind an index other replicas share
+//!    wherever a slot is free, so when one is, load does not rank them, and neither does
+//!    a match too short to stick: that is a head other conversations share (a system
+//!    prompt), and its holders' idle slots hold those conversations, one of which
+//!    llama.cpp hands the newcomer (it takes the idle slot with the longest common
+//!    prefix). The cluster with a free slot whose index holds the fewest live entries
+//!    ([`PrefixIndex::live_entries`](crate::index::PrefixIndex::live_entries)) goes
+//!    first, then the least loaded. Behind an index other replicas share
 //!    ([`Affinity::set_index_shared`]) every replica reads the same entries and would send
 //!    its new conversations to the same cluster until their answers confirm them, so
 //!    there the room is the bytes of new prompt this replica sent each cluster lately in

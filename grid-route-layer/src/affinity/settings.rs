@@ -50,6 +50,7 @@ pub struct AffinitySettings {
     moved_prefill_payers: f64,
     explore_continuing: bool,
     free_slot_placement: bool,
+    free_slots_by_depth: bool,
 }
 
 impl AffinitySettings {
@@ -91,6 +92,7 @@ impl AffinitySettings {
             moved_prefill_payers: MOVED_PREFILL_PAYERS,
             explore_continuing: false,
             free_slot_placement: true,
+            free_slots_by_depth: false,
         }
     }
 
@@ -117,13 +119,29 @@ impl AffinitySettings {
     }
 
     /// These settings with a request that matches nothing on engines with slots placed on
-    /// a free slot by what the clusters were sent lately (`true`, the default; see the
+    /// a free slot by the room the clusters have (`true`, the default; see the
     /// [module](super)'s rule, step 2) or, as before, by load first (`false`). Not a
     /// config setting: what the simulator measures the default against.
     #[must_use]
     pub fn with_free_slot_placement(mut self, on: bool) -> Self {
         self.free_slot_placement = on;
         self
+    }
+
+    /// These settings with free slots ranked first by how much of the prompt each
+    /// cluster holds, a match too short to stick included (`true`, as before), or by room
+    /// alone (`false`, the default; see the [module](super)'s rule, step 2). Not a config
+    /// setting: what the simulator measures the default against.
+    #[must_use]
+    pub fn with_free_slots_by_depth(mut self, on: bool) -> Self {
+        self.free_slots_by_depth = on;
+        self
+    }
+
+    /// Whether free slots are ranked by depth before room (see
+    /// [`with_free_slots_by_depth`](Self::with_free_slots_by_depth)).
+    pub fn ranks_free_slots_by_depth(&self) -> bool {
+        self.free_slots_by_depth
     }
 
     /// Whether a request that matches nothing on engines with slots is placed on a free
@@ -273,6 +291,7 @@ impl Default for AffinitySettings {
             moved_prefill_payers: MOVED_PREFILL_PAYERS,
             explore_continuing: false,
             free_slot_placement: true,
+            free_slots_by_depth: false,
         }
     }
 }

@@ -573,6 +573,11 @@ fn on_slot_engines_a_head_too_short_to_stick_does_not_pull_a_new_conversation_to
     );
     assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
     assert_eq!(names(&decision), ["west-a"]);
+    // The rule before, which the simulator measures against: the holder first.
+    f.affinity
+        .set_settings(AffinitySettings::default().with_free_slots_by_depth(true));
+    assert_eq!(names(&f.decide(&next)), ["east-a"]);
+    f.affinity.set_settings(AffinitySettings::default());
     // Every other slot busy: east-a's free one it is.
     let _west = f.running("west-a", 2);
     let _north = f.running("north-a", 2);
