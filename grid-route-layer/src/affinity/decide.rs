@@ -421,12 +421,7 @@ impl Affinity {
             }
         }
         if narrowing.outcome == Outcome::NoMatch {
-            // A session whose cluster the gate found too busy (load_override) goes by load
-            // first: placed on a free slot by room it could go straight back there.
-            let on_free_slots = outcome == Outcome::NoMatch && settings.places_on_free_slots();
-            let by_depth = settings.ranks_free_slots_by_depth();
-            candidates =
-                self.place_unmatched(on_free_slots, by_depth, &candidates, keys, &depths, now);
+            candidates = self.place_unmatched(&settings, outcome, &candidates, keys, &depths, now);
         } else {
             let mut depth = depths.iter();
             candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
@@ -558,7 +553,9 @@ impl Affinity {
     /// Where a request whose match does not stick goes ([`Outcome::NoMatch`]).
     ///
     /// - On engines with slots (every candidate's are known: llama.cpp's `--parallel N`),
-    ///   with `on_free_slots`, when some candidate has a free one
+    ///   when `outcome` is still [`Outcome::NoMatch`] and the settings
+    ///   [place on free slots](AffinitySettings::places_on_free_slots), when some
+    ///   candidate has a free one
     ///   ([`free_slot`](crate::grid::ClusterLoad::free_slot)): the request starts
     ///   at once on any of them, so load does not rank them, and neither does a match
     ///   too short to stick (a head other conversations share, which pulls every new
@@ -570,22 +567,29 @@ impl Affinity {
     ///   first (why: the [module](super)'s rule, step 2, and the `room` module).
     /// - Otherwise [`roomiest`](Self::roomiest), where load comes first.
     ///
-    /// With `by_depth` (the rule before, which the simulator measures the default
-    /// against) free slots are ranked by the most of the prompt held first (a depth under
-    /// [`MIN_STICKY_DEPTH`] counts as none), then by room.
+    /// A session whose cluster the gate found too busy (`outcome` is
+    /// [`Outcome::LoadOverride`]) goes by load first: placed on a free slot by room it
+    /// could go straight back there.
+    ///
+    /// With [`ranks_free_slots_by_depth`](AffinitySettings::ranks_free_slots_by_depth)
+    /// (the rule before, which the simulator measures the default against) free slots are
+    /// ranked by the most of the prompt held first (a depth under [`MIN_STICKY_DEPTH`]
+    /// counts as none), then by room.
     ///
     /// On a grid of engines with slots, when it names one cluster, that cluster is
     /// recorded as sent the prompt's bytes beyond its depth there (unless a reload has
     /// just removed it).
     fn place_unmatched(
         &self,
-        on_free_slots: bool,
-        by_depth: bool,
+        settings: &AffinitySettings,
+        outcome: Outcome,
         candidates: &[Arc<Cluster>],
         keys: &PrefixKeys,
         depths: &[usize],
         now: Instant,
     ) -> Vec<Arc<Cluster>> {
+        let on_free_slots = outcome == Outcome::NoMatch && settings.places_on_free_slots();
+        let by_depth = settings.ranks_free_slots_by_depth();
         // Whether each candidate has a slot free; `None` unless every one's slots are known.
         let free: Option<Vec<bool>> = if on_free_slots {
             candidates.iter().map(|c| c.load().free_slot(now)).collect()
