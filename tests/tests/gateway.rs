@@ -775,31 +775,45 @@ async fn two_slot_engine(
     url
 }
 
-#[tokio::test]
-async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_the_index_holds_least() {
-    let (release, released) = tokio::sync::watch::channel(false);
+/// A gateway, exploration off, over one [`two_slot_engine`] a site: each `(site, cluster)`
+/// is a site with one cluster of that name, whose engine answers as the cluster's name.
+/// Returned once every engine's slots and queue are read; `released` lets held requests go.
+async fn two_slot_gateway(
+    sites: &[(&'static str, &'static str)],
+    released: &tokio::sync::watch::Receiver<bool>,
+) -> Arc<Gateway> {
     let mut yaml = String::from(
         "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nqueue: { poll_interval_ms: 50 }\n\
          grid_site_route: { prefix_affinity: { exploration: 0.0 } }\nsites:\n",
     );
-    let names = ["room-east", "room-west", "room-north"];
-    for (site, name) in names
-        .iter()
-        .zip(["room-east-a", "room-west-a", "room-north-a"])
-    {
-        let url = two_slot_engine(name, released.clone()).await;
+    for &(site, cluster) in sites {
+        let url = two_slot_engine(cluster, released.clone()).await;
         let _ = writeln!(
             yaml,
-            "  - {{ name: {site}, clusters: [{{ name: {site}-a, models: [{MODEL}], endpoints: [{url}] }}] }}"
+            "  - {{ name: {site}, clusters: [{{ name: {cluster}, models: [{MODEL}], endpoints: [{url}] }}] }}"
         );
     }
     let gateway = Arc::new(Gateway::start(parse(&yaml)).await.unwrap());
     eventually("every engine's slots and queue read", || async {
-        names.iter().all(|site| {
-            let name = format!("{site}-a");
-            slots(&gateway, &name) == Some(2) && queue_depth(&gateway, &name) == 0.0
+        sites.iter().all(|&(_, cluster)| {
+            slots(&gateway, cluster) == Some(2) && queue_depth(&gateway, cluster) == 0.0
         })
     })
+    .await;
+    gateway
+}
+
+#[tokio::test]
+async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_the_index_holds_least() {
+    let (release, released) = tokio::sync::watch::channel(false);
+    let gateway = two_slot_gateway(
+        &[
+            ("room-east", "room-east-a"),
+            ("room-west", "room-west-a"),
+            ("room-north", "room-north-a"),
+        ],
+        &released,
+    )
     .await;
     let in_flight = |name: &str| {
         let view = gateway.grid().view();
@@ -882,25 +896,10 @@ async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_the_index_ho
 #[tokio::test]
 async fn on_slot_engines_a_new_conversation_behind_a_shared_head_takes_the_roomier_free_slot() {
     let (_release, released) = tokio::sync::watch::channel(false);
-    let mut yaml = String::from(
-        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nqueue: { poll_interval_ms: 50 }\n\
-         grid_site_route: { prefix_affinity: { exploration: 0.0 } }\nsites:\n",
-    );
-    let names = ["head-east", "head-west"];
-    for (site, name) in names.iter().zip(["head-east-a", "head-west-a"]) {
-        let url = two_slot_engine(name, released.clone()).await;
-        let _ = writeln!(
-            yaml,
-            "  - {{ name: {site}, clusters: [{{ name: {site}-a, models: [{MODEL}], endpoints: [{url}] }}] }}"
-        );
-    }
-    let gateway = Gateway::start(parse(&yaml)).await.unwrap();
-    eventually("every engine's slots and queue read", || async {
-        names.iter().all(|site| {
-            let name = format!("{site}-a");
-            slots(&gateway, &name) == Some(2) && queue_depth(&gateway, &name) == 0.0
-        })
-    })
+    let gateway = two_slot_gateway(
+        &[("head-east", "head-east-a"), ("head-west", "head-west-a")],
+        &released,
+    )
     .await;
     let url = format!("{}/v1/chat/completions", gateway.url());
     let place = |system: &str, question: &str| {
