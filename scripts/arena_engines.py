@@ -14,7 +14,8 @@ a move. A turn *lost its prompt* when it found less than 80% of its conversation
 prompt cached. Any router's run can be read: only the engines' logs are used.
 
 Last, for each router among RUN..., the TTFT p50 / p90 / p99 pooled over the runs given,
-to the hundredth of a second, by the rule of arena.py's table (which prints tenths).
+to the hundredth of a second, by the rule of arena.py's table (which prints tenths); then
+the same for first turns and for later turns apart.
 """
 
 from __future__ import annotations
@@ -100,14 +101,23 @@ def main() -> None:
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     out = Path(sys.argv[1])
-    pooled: dict[str, list[float]] = {}
+    pooled: dict[str, list[dict]] = {}
     for run in sys.argv[2:]:
         read(out, run)
-        pooled.setdefault(run.rsplit("-", 1)[0], []).extend(
-            t["ttft"] for t in result_of(out, run)["turns"])
-    for router, ttfts in pooled.items():
-        print(f"{router}: TTFT p50 / p90 / p99 pooled over the runs given "
-              + " / ".join(f"{pct(ttfts, p):.2f}" for p in (50, 90, 99)) + " s")
+        pooled.setdefault(run.rsplit("-", 1)[0], []).extend(result_of(out, run)["turns"])
+
+    def quantiles(turns: list[dict]) -> str:
+        return " / ".join(f"{pct([t['ttft'] for t in turns], p):.2f}" for p in (50, 90, 99))
+
+    for router, turns in pooled.items():
+        print(f"{router}: TTFT p50 / p90 / p99 pooled over the runs given {quantiles(turns)} s")
+    # A first turn's prefill is its whole prompt, wherever it goes: on these engines it
+    # is most of the tail. A later turn's is what its engine lost of the conversation.
+    for router, turns in pooled.items():
+        first = [t for t in turns if t["turn"] == 0]
+        later = [t for t in turns if t["turn"] > 0]
+        print(f"{router}: first turns ({len(first)}) {quantiles(first)} s; "
+              f"later turns ({len(later)}) {quantiles(later)} s")
 
 
 if __name__ == "__main__":
