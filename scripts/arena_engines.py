@@ -11,7 +11,9 @@ results.jsonl is matched to the one task whose evaluated tokens are its prompt t
 its cached ones and whose stopping length is its prompt plus an answer of at most 34
 tokens (the arena asks for 32); a turn no task matches is shown as `?` and never counted as
 a move. A turn *lost its prompt* when it found less than 80% of its conversation's previous
-prompt cached. Any router's run can be read: only the engines' logs are used.
+prompt cached. A first turn that found more than 100 tokens cached found a shared system
+prompt (a chat template's opening is under 30), and those are counted too. Any router's run
+can be read: only the engines' logs are used.
 
 Last, for each router among RUN..., the TTFT p50 / p90 / p99 pooled over the runs given,
 to the hundredth of a second, by the rule of arena.py's table (which prints tenths); then
@@ -26,6 +28,7 @@ import re
 import sys
 from pathlib import Path
 
+HEAD_TOKENS = 100
 LAUNCH = re.compile(r"launch_slot_: id +(\d+) \| task (\d+)")
 EVALUATED = re.compile(r"task (\d+) \| prompt eval time = .*/ +(\d+) tokens")
 STOPPED = re.compile(r"release: id +\d+ \| task (\d+) \| stop processing: n_tokens = (\d+)")
@@ -93,8 +96,12 @@ def read(out: Path, run: str) -> None:
               f"{turn['prompt_tokens']:>5}{note}")
         previous[turn["conversation"]] = turn
     total = sum(t["prompt_tokens"] for t in turns)
+    # A first turn can find only what other conversations share cached: the chat
+    # template's opening (under 30 tokens) or a shared system prompt.
+    heads = sum(1 for t in turns if t["turn"] == 0 and t["cached_tokens"] > HEAD_TOKENS)
     print(f"{run}: {len(moved)} turns moved to another engine; {lost} lost their prompt "
-          f"({lost_tokens} tokens, {100 * lost_tokens / total:.1f} points of the cached share)")
+          f"({lost_tokens} tokens, {100 * lost_tokens / total:.1f} points of the cached share); "
+          f"{heads} first turns found a shared system prompt cached")
 
 
 def main() -> None:
