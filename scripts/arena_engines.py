@@ -59,6 +59,11 @@ def pct(values: list[float], p: float) -> float:
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
+def quantiles(ttfts: list[float]) -> str:
+    """TTFT p50 / p90 / p99 to the hundredth, by `pct`."""
+    return " / ".join(f"{pct(ttfts, p):.2f}" for p in (50, 90, 99)) if ttfts else "-"
+
+
 def result_of(out: Path, run: str) -> dict:
     router, repeat = run.rsplit("-", 1)
     return next(r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())
@@ -113,18 +118,18 @@ def main() -> None:
         read(out, run)
         pooled.setdefault(run.rsplit("-", 1)[0], []).extend(result_of(out, run)["turns"])
 
-    def quantiles(turns: list[dict]) -> str:
-        return " / ".join(f"{pct([t['ttft'] for t in turns], p):.2f}" for p in (50, 90, 99))
+    def ttfts(turns: list[dict]) -> str:
+        return quantiles([t["ttft"] for t in turns])
 
     for router, turns in pooled.items():
-        print(f"{router}: TTFT p50 / p90 / p99 pooled over the runs given {quantiles(turns)} s")
+        print(f"{router}: TTFT p50 / p90 / p99 pooled over the runs given {ttfts(turns)} s")
     # A first turn's prefill is its whole prompt, wherever it goes: on these engines it
     # is most of the tail. A later turn's is what its engine lost of the conversation.
     for router, turns in pooled.items():
         first = [t for t in turns if t["turn"] == 0]
         later = [t for t in turns if t["turn"] > 0]
-        print(f"{router}: first turns ({len(first)}) {quantiles(first)} s; "
-              f"later turns ({len(later)}) {quantiles(later)} s")
+        print(f"{router}: first turns ({len(first)}) {ttfts(first)} s; "
+              f"later turns ({len(later)}) {ttfts(later)} s")
 
 
 if __name__ == "__main__":
