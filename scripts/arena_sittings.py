@@ -7,7 +7,8 @@ Each OUT is one sitting (`OUT=... scripts/arena`), read from its results.jsonl. 
 each router of each sitting, then (given more than one) a row for each router over all
 of them, pooled: the runs, the lowest / median / highest cached
 share, the TTFT p50 / p90 / p99 pooled over every turn of every run (arena.py's rule,
-to the hundredth), and the highest of the runs' own p99s. Then the same TTFT twice more:
+to the hundredth), whether that p99 is a turn of the opening burst, and the highest of the
+runs' own p99s. Then the same TTFT twice more:
 for the opening burst alone (the turns sent within the run's first second: the first
 turns of the conversations the replay starts at once, on empty engines, where no router
 has anything to go on but load, and how long each waits is mostly how the engines share
@@ -33,22 +34,22 @@ BURST_SECONDS = 1.0
 
 
 def row(sitting: str, router: str, runs: list[dict]) -> str:
+    """One table row for `router`'s `runs` (see the module's docs)."""
     shares = sorted(100 * r["cached_share"] for r in runs)
-    every, burst, rest = [], [], []
+    burst, rest = [], []
     for run in runs:
-        turns = run["turns"]
-        if not turns:
-            continue
-        start = min(t["sent_at"] for t in turns)
-        for turn in turns:
-            every.append(turn["ttft"])
+        start = min((t["sent_at"] for t in run["turns"]), default=0.0)
+        for turn in run["turns"]:
             opening = turn["sent_at"] - start < BURST_SECONDS
             (burst if opening else rest).append(turn["ttft"])
+    every = burst + rest
+    p99_in_burst = "yes" if every and pct(every, 99) in burst else "no"
     worst = max((pct([t["ttft"] for t in r["turns"]], 99) for r in runs if r["turns"]),
                 default=float("nan"))
     return (f"| {sitting} | {router} | {len(runs)} | {shares[0]:.1f} / "
             f"{statistics.median(shares):.1f} / {shares[-1]:.1f}% | {quantiles(every)} s | "
-            f"{worst:.2f} s | {len(burst)}, {quantiles(burst)} s | {len(rest)}, {quantiles(rest)} s |")
+            f"{p99_in_burst} | {worst:.2f} s | {len(burst)}, {quantiles(burst)} s | "
+            f"{len(rest)}, {quantiles(rest)} s |")
 
 
 def main() -> None:
@@ -56,9 +57,9 @@ def main() -> None:
         sys.exit(__doc__)
     pooled: dict[str, list[dict]] = {}
     print("| sitting | router | runs | cached share, lowest / median / highest | "
-          "TTFT p50 / p90 / p99, every turn | worst run's p99 | "
+          "TTFT p50 / p90 / p99, every turn | p99 a burst turn | worst run's p99 | "
           "opening burst: turns, p50 / p90 / p99 | other turns: turns, p50 / p90 / p99 |")
-    print("|---|---|---:|---|---|---|---|---|")
+    print("|---|---|---:|---|---|---|---|---|---|")
     for out in map(Path, sys.argv[1:]):
         runs: dict[str, list[dict]] = {}
         for line in (out / "results.jsonl").read_text().splitlines():
