@@ -553,3 +553,187 @@ async fn an_endpoint_removed_while_its_page_was_read_is_logged_again_when_it_com
         .collect();
     assert_eq!(order, ["warning", "reload", "reload", "warning"], "{raw}");
 }
+
+/// A stand-in vLLM engine: `/metrics` reads an empty queue, a chat request gets a
+/// completion, its `x-request-id` (or `None`) kept in the list returned, and a completions
+/// request gets a stream cut after its first event.
+async fn engine_keeping_request_ids() -> (String, Arc<std::sync::Mutex<Vec<Option<String>>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = Arc::clone(&seen);
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(|| async { "vllm:num_requests_waiting 0\n" }),
+        )
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(move |headers: http::HeaderMap| {
+                let id = headers
+                    .get("x-request-id")
+                    .map(|id| id.to_str().unwrap().to_owned());
+                keep.lock().unwrap().push(id);
+                async {
+                    axum::Json(serde_json::json!({
+                        "id": "chatcmpl-1", "object": "chat.completion", "model": "demo-model",
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": "ok"}}],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
+                    }))
+                }
+            }),
+        );
+    let app = app.route(
+        "/v1/completions",
+        axum::routing::post(|| async {
+            let event = bytes::Bytes::from_static(
+                b"data: {\"choices\":[{\"index\":0,\"text\":\"o\"}]}\n\n",
+            );
+            // The cut comes 200 ms after the event, once the head has left.
+            let pieces = futures_util::StreamExt::then(
+                futures_util::stream::iter([Some(event), None]),
+                |piece| async move {
+                    if let Some(event) = piece {
+                        Ok(event)
+                    } else {
+                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                        Err(std::io::Error::other("the engine died"))
+                    }
+                },
+            );
+            (
+                [("content-type", "text/event-stream")],
+                axum::body::Body::from_stream(pieces),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (endpoint, seen)
+}
+
+/// Whether `id` reads as a UUID as the gateway makes them: 36 bytes, hex digits and four
+/// hyphens where a UUID has them.
+fn is_uuid(id: &str) -> bool {
+    id.len() == 36
+        && id.char_indices().all(|(at, c)| {
+            if [8, 13, 18, 23].contains(&at) {
+                c == '-'
+            } else {
+                c.is_ascii_hexdigit()
+            }
+        })
+}
+
+/// Every request gets an `x-request-id`: the client's when it reads as an id, else a new
+/// UUID. The engine gets that id with the request, the client gets it on the answer (the
+/// gateway's own answers too), and the request log's line carries it, so one id finds a
+/// request in all three; an answer cut after its head is logged under it too. A client's
+/// id that could be prose, or that is sent twice, never reaches the log or the engine.
+#[tokio::test]
+async fn every_request_has_one_id_that_the_client_the_engine_and_the_log_share() {
+    let (endpoint, seen) = engine_keeping_request_ids().await;
+    let serving = Serving::start(
+        &format!(
+            "sites:\n  - name: east\n    clusters:\n\
+             \x20     - {{ name: east-a, models: [demo-model], endpoints: [{endpoint}] }}\n"
+        ),
+        "info",
+    );
+    let health = format!("http://127.0.0.1:{}/healthz", serving.admin);
+    serving
+        .eventually("serve answers", || async {
+            try_send_with(Method::GET, &health, &[], "", REQUEST_DEADLINE)
+                .await
+                .is_some()
+        })
+        .await;
+    let front = format!("http://127.0.0.1:{}", serving.listen);
+    let chat = format!("{front}/v1/chat/completions");
+    let body = r#"{"model":"demo-model","messages":[{"role":"user","content":"hi"}]}"#;
+    let long = "x".repeat(129);
+    // What the client sends as x-request-id, and whether the gateway keeps it.
+    let sent: [(&[&str], bool); 5] = [
+        (&["req_7f3A-01.b:c/d+e="], true),
+        (&[], false),
+        (&["two words"], false),
+        (&[long.as_str()], false),
+        (&["dup-id-a", "dup-id-b"], false),
+    ];
+    let mut answered = Vec::new();
+    for (ids, kept) in sent {
+        let mut headers = vec![("content-type", "application/json")];
+        headers.extend(ids.iter().map(|id| ("x-request-id", *id)));
+        let answer = try_send_with(Method::POST, &chat, &headers, body, REQUEST_DEADLINE)
+            .await
+            .unwrap();
+        assert_eq!(answer.status, StatusCode::OK);
+        let id = answer.headers["x-request-id"].to_str().unwrap().to_owned();
+        if kept {
+            assert_eq!(id, ids[0]);
+        } else {
+            assert!(is_uuid(&id), "{ids:?} answered with {id}");
+        }
+        answered.push(id);
+    }
+    let refused = try_send_with(
+        Method::GET,
+        &format!("{front}/not-served"),
+        &[],
+        "",
+        REQUEST_DEADLINE,
+    )
+    .await
+    .unwrap();
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+    let id = refused.headers["x-request-id"].to_str().unwrap().to_owned();
+    assert!(is_uuid(&id), "{id}");
+    answered.push(id);
+
+    // A stream the engine cuts: the client gets no whole answer, and the log says so.
+    let cut = try_send_with(
+        Method::POST,
+        &format!("{front}/v1/completions"),
+        &[
+            ("content-type", "application/json"),
+            ("x-request-id", "cut-stream-1"),
+        ],
+        r#"{"model":"demo-model","prompt":"hi","stream":true}"#,
+        REQUEST_DEADLINE,
+    )
+    .await;
+    assert!(
+        cut.is_none(),
+        "the cut stream reached the client whole: {:?}",
+        cut.map(|a| (a.status, a.body))
+    );
+    answered.push("cut-stream-1".to_owned());
+
+    let distinct: std::collections::HashSet<&String> = answered.iter().collect();
+    assert_eq!(distinct.len(), answered.len(), "{answered:?}");
+    let engine_saw: Vec<String> = seen.lock().unwrap().iter().flatten().cloned().collect();
+    assert_eq!(engine_saw, answered[..5], "the engine got each answer's id");
+    serving
+        .eventually("the cut stream is logged", || async {
+            !serving
+                .lines("the answer failed after its head; the client's stream is cut")
+                .is_empty()
+        })
+        .await;
+    let raw = serving.stop().await;
+    let failed = log_lines(
+        &raw,
+        "the answer failed after its head; the client's stream is cut",
+    );
+    assert_eq!(failed.len(), 1, "{raw}");
+    assert_eq!(failed[0]["fields"]["request_id"], "cut-stream-1");
+    let logged: Vec<String> = log_lines(&raw, "request")
+        .iter()
+        .filter(|line| line["target"] == "grid_route_example::access")
+        .map(|line| line["fields"]["request_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(logged, answered, "{raw}");
+    for unread in ["two words", long.as_str(), "dup-id-a", "dup-id-b"] {
+        assert!(!raw.contains(unread), "{unread} reached the log");
+    }
+}

@@ -13,13 +13,11 @@
 //!   OpenAI-style JSON.
 //! - **A stalled request body** (nothing for `timeouts.client_body_idle_secs`) is
 //!   answered 408 `request_timeout`, whether keying or the engine client was reading it.
-//! - **The request log** (see `gateway/access.rs`): one `info` line per request (target
-//!   `grid_route_example::access`) with method, path (never the query), outcome (the
-//!   affinity outcome, `pinned`, or `-` when nothing was decided), site, cluster, status
-//!   and latency to the answer's head, and a `warn` line when an answer fails after its
-//!   head. It never holds prompt text, keys, or the values of credential headers
-//!   (`Authorization`, `x-api-key`, `api-key`, `Proxy-Authorization`, `Cookie`: marked
-//!   sensitive before any layer sees the request).
+//! - **The request log and request ids** (`gateway/access.rs` says what each line holds):
+//!   one `info` line per request, a `warn` line when an answer fails after its head, and
+//!   an `x-request-id` on every request and answer. No line holds prompt text, keys, or
+//!   the values of credential headers (marked sensitive before any layer sees the
+//!   request).
 //! - **A panic** anywhere below the request log (a bug: nothing a client or an engine sends
 //!   should cause one) becomes a 500 `internal_error` OpenAI-style answer and an `error`
 //!   log line, and the request log records the 500; the connection and every other
@@ -69,6 +67,9 @@ pub(crate) fn router(live: Arc<Live>) -> Router {
         .layer(access::sensitive_response_headers())
         .layer(middleware::from_fn(access::keep_request_line))
         .layer(access::access_log())
+        .layer(access::propagate_request_id())
+        .layer(access::set_request_id())
+        .layer(middleware::from_fn(access::drop_unreadable_request_id))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&live),
             sensitive_session_headers,

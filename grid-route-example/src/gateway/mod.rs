@@ -146,7 +146,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use access::{ACCESS_TARGET, SENSITIVE_REQUEST_HEADERS};
+pub use access::{ACCESS_TARGET, REQUEST_ID, REQUEST_ID_MAX_BYTES, SENSITIVE_REQUEST_HEADERS};
 pub use admin::METRICS_UPKEEP_INTERVAL;
 pub use outlier::{HEAD_SAMPLES, MAX_EJECTION_FACTOR, MIN_HEAD_SAMPLES, STALL_FACTOR};
 pub use queue::{
