@@ -537,6 +537,11 @@ class RunResult:
         return sum(t.cached_tokens for t in self.turns) / prompt if prompt else 0.0
 
 
+def request_id(conversation: str, turn: int) -> str:
+    """The `x-request-id` a turn is sent with: its conversation and turn."""
+    return f"{conversation}-{turn}"
+
+
 def replay(base: str, conv: Conversation, args, result: RunResult, lock: threading.Lock,
            session: bool = False) -> None:
     import openai
@@ -552,9 +557,12 @@ def replay(base: str, conv: Conversation, args, result: RunResult, lock: threadi
         first_chunk = first_token = None
         usage = timings = None
         try:
+            # The turn's own request id, which grid-route's request log prints, so that
+            # arena_turns.py finds each turn's decision by id rather than by time.
             stream = client.chat.completions.create(
                 model=MODEL, messages=messages, max_tokens=args.max_tokens, temperature=0,
                 stream=True, stream_options={"include_usage": True}, **session_fields,
+                extra_headers={"x-request-id": request_id(conv.id, index)},
             )
             for chunk in stream:
                 now = time.perf_counter()

@@ -14,8 +14,11 @@ cached (a shared system prompt). Last, the run's five slowest turns by time to f
     python3 scripts/arena_turns.py OUT RUN        # say target/arena-s21 grid-defaults-pck-1
 
 The arena's results.jsonl gives each turn's send time and tokens; the gateway's request log
-(OUT/RUN/gateway.log) gives each answer's head time, latency, outcome and site. A turn is
-matched to the log line whose head time minus latency is nearest its send time.
+(OUT/RUN/gateway.log) gives each answer's request id, outcome and site. A turn is matched to
+the log line of its request id (the arena sends `CONVERSATION-TURN`). A run recorded before
+the arena sent ids, or before the log printed them, is matched by time instead: to the line
+whose head time minus latency is nearest the turn's send time, which can swap two turns
+sent in the same few milliseconds (the opening burst).
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ import re
 import sys
 from pathlib import Path
 
+from arena import request_id
+
 ACCESS = re.compile(r'(\S+)Z .*grid_route_example::access.*outcome="(\w+)" site="(\w+)".*latency_ms=([\d.]+)')
+REQUEST_ID = re.compile(r'request_id="([^"]*)"')
 
 
 def turns(out: Path, run: str) -> list[dict]:
@@ -39,11 +45,15 @@ def turns(out: Path, run: str) -> list[dict]:
         m = ACCESS.match(line)
         if m:
             head = datetime.datetime.fromisoformat(m[1]).replace(tzinfo=datetime.timezone.utc).timestamp()
-            sent.append((head - float(m[4]) / 1000, m[2], m[3]))
+            id_ = REQUEST_ID.search(line)
+            sent.append((head - float(m[4]) / 1000, m[2], m[3], id_[1] if id_ else None))
+    by_id = {s[3]: i for i, s in enumerate(sent) if s[3] is not None}
     used: set[int] = set()
     rows = []
     for t in sorted(result["turns"], key=lambda t: t["sent_at"]):
-        _, i = min((abs(s[0] - t["sent_at"]), i) for i, s in enumerate(sent) if i not in used)
+        i = by_id.get(request_id(t["conversation"], t["turn"]))
+        if i is None:
+            _, i = min((abs(s[0] - t["sent_at"]), i) for i, s in enumerate(sent) if i not in used)
         used.add(i)
         rows.append({**t, "outcome": sent[i][1], "site": sent[i][2]})
     return rows
