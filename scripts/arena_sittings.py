@@ -15,6 +15,11 @@ has anything to go on but load, and how long each waits is mostly how the engine
 the cores) and for every other turn, where the router decides what a turn prefills and
 where it waits.
 
+Last, issue 19's bar for grid-route at its defaults (`grid-defaults`) against each other
+router, a line a sitting and a tally: cached share at least the peer's in each pairing
+(runs paired in the order they ran), pooled TTFT p90 and p99 under every peer's, and a
+worst run no worse than each peer's worst (lowest cached share, highest run p99).
+
 Pooling is only meaningful over sittings of the same routing and workload shape; the
 script does not check that, the commands in BENCHMARKS.md do. A sitting whose engines ran
 slower than the others' sets most of the pooled tail.
@@ -31,6 +36,8 @@ from arena_engines import pct, quantiles
 
 # The opening burst: turns sent within this long after a run's first.
 BURST_SECONDS = 1.0
+# The router the bar is for: grid-route with a config naming only the grid.
+OURS = "grid-defaults"
 
 
 def row(sitting: str, router: str, runs: list[dict]) -> str:
@@ -52,10 +59,49 @@ def row(sitting: str, router: str, runs: list[dict]) -> str:
             f"{len(rest)}, {quantiles(rest)} s |")
 
 
+def bar(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
+    """Prints the bar's table for OURS against every other router, and its tally."""
+    print()
+    print("| sitting | cached share ≥ peer's, pairings | pooled p90 under every peer's | "
+          "pooled p99 under every peer's | worst run no worse | whole bar |")
+    print("|---|---|---|---|---|---|")
+    tally = {"pairs": 0, "kept": 0, "p90": 0, "p99": 0, "worst": 0, "whole": 0}
+    for name, runs in sittings:
+        ours = runs.get(OURS)
+        if not ours:
+            continue
+        peers = {router: its for router, its in runs.items() if router != OURS}
+        kept = pairs = 0
+        for its in peers.values():
+            for a, b in zip(ours, its):
+                pairs += 1
+                kept += a["cached_share"] >= b["cached_share"]
+        every = {r: [t["ttft"] for run in its for t in run["turns"]] for r, its in runs.items()}
+        under = {q: all(pct(every[OURS], q) < pct(every[r], q) for r in peers) for q in (90, 99)}
+
+        def worst(its: list[dict]) -> tuple[float, float]:
+            return (min(r["cached_share"] for r in its),
+                    max(pct([t["ttft"] for t in r["turns"]], 99) for r in its))
+
+        w = worst(ours)
+        no_worse = all(w[0] >= worst(its)[0] and w[1] <= worst(its)[1] for its in peers.values())
+        whole = kept == pairs and under[90] and under[99] and no_worse
+        yes = {True: "yes", False: "no"}
+        print(f"| {name} | {kept} of {pairs} | {yes[under[90]]} | {yes[under[99]]} | "
+              f"{yes[no_worse]} | {yes[whole]} |")
+        for key, value in (("pairs", pairs), ("kept", kept), ("p90", under[90]),
+                           ("p99", under[99]), ("worst", no_worse), ("whole", whole)):
+            tally[key] += value
+    n = sum(1 for _, runs in sittings if runs.get(OURS))
+    print(f"| all | {tally['kept']} of {tally['pairs']} | {tally['p90']} of {n} | "
+          f"{tally['p99']} of {n} | {tally['worst']} of {n} | {tally['whole']} of {n} |")
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     pooled: dict[str, list[dict]] = {}
+    sittings: list[tuple[str, dict[str, list[dict]]]] = []
     print("| sitting | router | runs | cached share, lowest / median / highest | "
           "TTFT p50 / p90 / p99, every turn | p99 a burst turn | worst run's p99 | "
           "opening burst: turns, p50 / p90 / p99 | other turns: turns, p50 / p90 / p99 |")
@@ -68,9 +114,11 @@ def main() -> None:
         for router, its in runs.items():
             print(row(out.name, router, its))
             pooled.setdefault(router, []).extend(its)
+        sittings.append((out.name, runs))
     if len(sys.argv) > 2:
         for router, its in pooled.items():
             print(row("all", router, its))
+    bar(sittings)
 
 
 if __name__ == "__main__":
