@@ -926,6 +926,107 @@ async fn on_slot_engines_a_new_conversation_behind_a_shared_head_takes_the_roomi
 }
 
 #[tokio::test]
+async fn on_slot_engines_a_new_conversation_takes_the_free_slot_behind_the_least_prefill() {
+    let (release, released) = tokio::sync::watch::channel(false);
+    let gateway = two_slot_gateway(
+        &[
+            ("burst-east", "burst-east-a"),
+            ("burst-west", "burst-west-a"),
+            ("burst-north", "burst-north-a"),
+        ],
+        &released,
+    )
+    .await;
+    let load = |name: &str| {
+        let view = gateway.grid().view();
+        let load = view.cluster(&cluster_id(&gateway, name)).unwrap().load();
+        (load.in_flight(), load.prefill_waiting_bytes())
+    };
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // New conversations, all held at their engines before their first token, as in an
+    // opening burst: nothing is confirmed anywhere, so every index holds nothing.
+    let hold = |topic: &'static str, blocks: usize| {
+        let body = json!({"model": MODEL, "messages": [
+            {"role": "system", "content": text(topic, blocks * 256)},
+            {"role": "user", "content": "hi"},
+        ]})
+        .to_string();
+        let url = url.clone();
+        tokio::spawn(async move {
+            send_with(
+                Method::POST,
+                &url,
+                &[("content-type", "application/json"), ("x-hold", "1")],
+                body,
+            )
+            .await
+            .engine_name()
+        })
+    };
+    // Each placed before the next is sent.
+    let in_flight = |count: usize| {
+        eventually("the request is in flight", move || async move {
+            ["burst-east-a", "burst-west-a", "burst-north-a"]
+                .iter()
+                .map(|name| load(name).0)
+                .sum::<usize>()
+                == count
+        })
+    };
+    // One each while an engine is idle: the least loaded first.
+    let long = hold("long", 40);
+    in_flight(1).await;
+    let short = hold("short", 4);
+    in_flight(2).await;
+    let longer = hold("longer", 36);
+    in_flight(3).await;
+    let (east, west, north) = (
+        load("burst-east-a"),
+        load("burst-west-a"),
+        load("burst-north-a"),
+    );
+    assert_eq!((east.0, west.0, north.0), (1, 1, 1));
+    assert!(
+        west.1 < north.1 && north.1 < east.1,
+        "{east:?} {west:?} {north:?}"
+    );
+    // Every engine has a slot free, holds nothing and is as loaded as the others: the
+    // next long prompt goes where the least prompt is still being prefilled (west-a,
+    // the short one), not to the first (east-a), where it would wait for 40 blocks of
+    // someone else's prefill before its own began.
+    let third = hold("third", 38);
+    in_flight(4).await;
+    // Of the two slots left, north-a's waits behind 36 blocks, east-a's behind 40.
+    let fourth = hold("fourth", 4);
+    in_flight(5).await;
+    assert_eq!(load("burst-west-a").0, 2);
+    assert_eq!(load("burst-north-a").0, 2);
+    release.send(true).unwrap();
+    let engines = [long, short, longer, third, fourth];
+    let mut served = Vec::new();
+    for answer in engines {
+        served.push(answer.await.unwrap());
+    }
+    assert_eq!(
+        served,
+        [
+            "burst-east-a",
+            "burst-west-a",
+            "burst-north-a",
+            "burst-west-a",
+            "burst-north-a"
+        ]
+    );
+    // Answered: nothing waits to be prefilled.
+    eventually("every answer ended", || async {
+        ["burst-east-a", "burst-west-a", "burst-north-a"]
+            .iter()
+            .all(|name| load(name) == (0, 0))
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_gateway_sharing_its_index_tells_placement_so_and_a_reload_changes_it() {
     // Behind a shared index every replica reads the same entries, so placement goes by
     // this replica's own placements instead (the rule's unit tests show both orders).

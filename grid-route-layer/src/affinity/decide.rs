@@ -564,7 +564,11 @@ impl Affinity {
     ///   index ([`index_shared`](Self::index_shared)) the fewest bytes of new prompt this
     ///   replica sent it lately in requests that matched nothing
     ///   ([`PLACED_HALF_LIFE`](super::PLACED_HALF_LIFE)); then the least loaded, then the
-    ///   first (why: the [module](super)'s rule, step 2, and the `room` module).
+    ///   one with the fewest prompt bytes waiting for their first token
+    ///   ([`prefill_waiting_bytes`](crate::grid::ClusterLoad::prefill_waiting_bytes): a
+    ///   slot engine prefills one pass at a time, so a free slot behind a long prefill
+    ///   starts late), then the first (why: the [module](super)'s rule, step 2, and the
+    ///   `room` module).
     /// - Otherwise [`roomiest`](Self::roomiest), where load comes first.
     ///
     /// A session whose cluster the gate found too busy (`outcome` is
@@ -649,19 +653,27 @@ impl Affinity {
         room: impl Fn(&ClusterId) -> f64,
         now: Instant,
     ) -> Option<usize> {
-        type Rank = (std::cmp::Reverse<usize>, f64, f64, usize);
+        type Rank = (std::cmp::Reverse<usize>, f64, f64, u64, usize);
         let order = |a: &Rank, b: &Rank| {
             a.0.cmp(&b.0)
                 .then(a.1.total_cmp(&b.1))
                 .then(a.2.total_cmp(&b.2))
                 .then(a.3.cmp(&b.3))
+                .then(a.4.cmp(&b.4))
         };
         (0..candidates.len())
             .filter(|&i| free[i])
             .map(|i| {
                 let c = &candidates[i];
                 let (load, in_flight) = load_rank(c, now);
-                let rank: Rank = (std::cmp::Reverse(depth(i)), room(c.id()), load, in_flight);
+                let prefill = c.load().prefill_waiting_bytes();
+                let rank: Rank = (
+                    std::cmp::Reverse(depth(i)),
+                    room(c.id()),
+                    load,
+                    prefill,
+                    in_flight,
+                );
                 (i, rank)
             })
             .min_by(|a, b| order(&a.1, &b.1))

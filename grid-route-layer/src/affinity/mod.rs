@@ -35,7 +35,11 @@
 //!    llama.cpp hands the newcomer (it takes the idle slot with the longest common
 //!    prefix). The cluster with a free slot whose index holds the fewest live entries
 //!    ([`PrefixIndex::live_entries`](crate::index::PrefixIndex::live_entries)) goes
-//!    first, then the least loaded. Behind an index other replicas share
+//!    first, then the least loaded, then the one with the fewest prompt bytes still
+//!    waiting for their first token
+//!    ([`ClusterLoad::prefill_waiting_bytes`](crate::grid::ClusterLoad::prefill_waiting_bytes)):
+//!    llama.cpp prefills a prompt in one pass, and a request that arrives during it waits
+//!    for the pass to end, free slot or not. Behind an index other replicas share
 //!    ([`Affinity::set_index_shared`]) every replica reads the same entries and would send
 //!    its new conversations to the same cluster until their answers confirm them, so
 //!    there the room is the bytes of new prompt this replica sent each cluster lately in

@@ -4,7 +4,7 @@ use super::GridSettings;
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,9 @@ pub struct ClusterLoad {
     in_flight: Arc<AtomicUsize>,
     /// Of `in_flight`, the requests whose first token came.
     streaming: Arc<AtomicUsize>,
+    /// The prompt bytes the requests of `in_flight` still waiting for their first token
+    /// were sent to prefill.
+    prefill_waiting: Arc<AtomicU64>,
     /// In the cluster's endpoint order.
     endpoints: Box<[Arc<EndpointLoad>]>,
 }
@@ -79,6 +82,7 @@ impl ClusterLoad {
             count_in_flight: settings.count_in_flight,
             in_flight: Arc::new(AtomicUsize::new(0)),
             streaming: Arc::new(AtomicUsize::new(0)),
+            prefill_waiting: Arc::new(AtomicU64::new(0)),
             endpoints: endpoints
                 .iter()
                 .map(|url| Arc::new(EndpointLoad::new(Arc::clone(url))))
@@ -94,6 +98,7 @@ impl ClusterLoad {
             count_in_flight: settings.count_in_flight,
             in_flight: Arc::clone(&self.in_flight),
             streaming: Arc::clone(&self.streaming),
+            prefill_waiting: Arc::clone(&self.prefill_waiting),
             endpoints: endpoints
                 .iter()
                 .map(|url| match self.endpoint(url) {
@@ -313,13 +318,54 @@ impl ClusterLoad {
         self.streaming.load(Ordering::Relaxed)
     }
 
+    /// Of [`in_flight`](Self::in_flight), the prompt bytes the requests still waiting for
+    /// their first token were sent to prefill
+    /// ([`start_request_prefilling`](Self::start_request_prefilling)).
+    ///
+    /// What a request sent now waits behind on an engine with slots: llama.cpp's server
+    /// prefills a prompt in one pass (up to its batch size, 2,048 tokens by default), and
+    /// a request that arrives during it starts only when that pass ends, slot free or
+    /// not. In the arena's opening burst (six new conversations at once onto three
+    /// two-slot engines) a long first turn placed behind another long one waited for both
+    /// prompts; placed behind a short one, for little more than its own.
+    pub fn prefill_waiting_bytes(&self) -> u64 {
+        self.prefill_waiting.load(Ordering::Relaxed)
+    }
+
     /// Counts a request in flight until the returned guard is dropped, as waiting until
-    /// [`InFlight::first_token`].
+    /// [`InFlight::first_token`], with no prompt to prefill: see
+    /// [`start_request_prefilling`](Self::start_request_prefilling).
     pub fn start_request(&self) -> InFlight {
+        self.start_request_prefilling(0)
+    }
+
+    /// Counts a request in flight until the returned guard is dropped, as waiting until
+    /// [`InFlight::first_token`], and its `bytes` of prompt to prefill in
+    /// [`prefill_waiting_bytes`](Self::prefill_waiting_bytes) until then.
+    ///
+    /// ```
+    /// # use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+    /// # let spec = GridSpec::new([SiteSpec::new("east").with_clusters([ClusterSpec::new("east-a")
+    /// #     .with_models(["m"]).with_endpoints(["http://e0"])])]);
+    /// # let grid = Grid::new(&spec, GridSettings::default()).unwrap();
+    /// # let view = grid.view();
+    /// # let load = view.clusters()[0].load();
+    /// let mut long = load.start_request_prefilling(4_000);
+    /// let short = load.start_request_prefilling(300);
+    /// assert_eq!(load.prefill_waiting_bytes(), 4_300);
+    /// long.first_token();
+    /// assert_eq!(load.prefill_waiting_bytes(), 300);
+    /// drop(short);
+    /// assert_eq!((load.prefill_waiting_bytes(), load.in_flight()), (0, 1));
+    /// ```
+    pub fn start_request_prefilling(&self, bytes: u64) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.prefill_waiting.fetch_add(bytes, Ordering::Relaxed);
         InFlight {
             count: Arc::clone(&self.in_flight),
             streaming: Arc::clone(&self.streaming),
+            prefill_waiting: Arc::clone(&self.prefill_waiting),
+            prefill_bytes: bytes,
             streams: false,
         }
     }
@@ -332,6 +378,7 @@ impl fmt::Debug for ClusterLoad {
             .field("count_in_flight", &self.count_in_flight)
             .field("in_flight", &self.in_flight())
             .field("streaming", &self.streaming())
+            .field("prefill_waiting", &self.prefill_waiting_bytes())
             .field("endpoints", &self.endpoints)
             .finish()
     }
@@ -344,6 +391,9 @@ impl fmt::Debug for ClusterLoad {
 pub struct InFlight {
     count: Arc<AtomicUsize>,
     streaming: Arc<AtomicUsize>,
+    prefill_waiting: Arc<AtomicU64>,
+    /// What this request added to `prefill_waiting` until its first token.
+    prefill_bytes: u64,
     streams: bool,
 }
 
@@ -354,11 +404,15 @@ impl InFlight {
     }
 
     /// The answer's first token came: from now until the guard is dropped the request
-    /// counts as a stream ([`ClusterLoad::streaming`]). Once; later calls change nothing.
+    /// counts as a stream ([`ClusterLoad::streaming`]), and its prompt is no longer waiting
+    /// to be prefilled ([`ClusterLoad::prefill_waiting_bytes`]). Once; later calls change
+    /// nothing.
     pub fn first_token(&mut self) {
         if !self.streams {
             self.streams = true;
             self.streaming.fetch_add(1, Ordering::Relaxed);
+            self.prefill_waiting
+                .fetch_sub(self.prefill_bytes, Ordering::Relaxed);
         }
     }
 }
@@ -367,6 +421,9 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         if self.streams {
             self.streaming.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            self.prefill_waiting
+                .fetch_sub(self.prefill_bytes, Ordering::Relaxed);
         }
         self.count.fetch_sub(1, Ordering::Relaxed);
     }
@@ -594,6 +651,28 @@ mod tests {
         let carried = load.carried_over(&urls(1), &settings(WINDOW));
         drop(b);
         assert_eq!(carried.in_flight(), 0);
+    }
+
+    #[test]
+    fn prefill_waits_until_the_first_token_or_the_end_and_carries_over_a_reload() {
+        let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
+        let mut answered = load.start_request_prefilling(1_000);
+        let failed = load.start_request_prefilling(500);
+        let _none = load.start_request();
+        assert_eq!(load.prefill_waiting_bytes(), 1_500);
+        answered.first_token();
+        answered.first_token();
+        assert_eq!(load.prefill_waiting_bytes(), 500);
+        let carried = load.carried_over(&urls(1), &settings(WINDOW));
+        // Ended before its first token (an error, the client gone): no longer waiting.
+        drop(failed);
+        assert_eq!(carried.prefill_waiting_bytes(), 0);
+        // Streaming, it ends without changing the bytes again.
+        drop(answered);
+        assert_eq!(
+            (carried.prefill_waiting_bytes(), carried.in_flight()),
+            (0, 1)
+        );
     }
 
     #[test]

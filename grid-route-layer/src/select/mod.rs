@@ -110,8 +110,8 @@ mod service;
 pub use body::InFlightBody;
 pub use future::ResponseFuture;
 pub(crate) use output::OutputScan;
-pub use pick::least_loaded;
 pub(crate) use pick::load_rank;
+pub use pick::{least_loaded, prefill_bytes};
 pub use service::Select;
 
 #[cfg(test)]

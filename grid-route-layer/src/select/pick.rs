@@ -4,6 +4,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::grid::Cluster;
+use crate::keying::PrefixKeys;
+use crate::route::PredictedMatch;
 
 /// The least loaded of `candidates` at `now`: the lowest
 /// [`routing_load`](crate::grid::ClusterLoad::routing_load) (the windowed worst queue depth,
@@ -44,4 +46,29 @@ pub fn least_loaded<'a>(
 pub(crate) fn load_rank(cluster: &Cluster, now: Instant) -> (f64, usize) {
     let load = cluster.load();
     (load.routing_load(now), load.in_flight())
+}
+
+/// The prompt bytes a request is sent to prefill, as [`Select`](super::Select) counts them
+/// in its cluster's [`prefill_waiting_bytes`](crate::grid::ClusterLoad::prefill_waiting_bytes)
+/// until its first token: what its `keys` cover, less what affinity `predicted` the serving
+/// cluster holds of it; 0 for a request without keys.
+///
+/// ```
+/// use grid_route_layer::keying::PrefixKeys;
+/// use grid_route_layer::route::PredictedMatch;
+/// use grid_route_layer::select::prefill_bytes;
+///
+/// // A prompt of ten 256-byte blocks, four of them held where it goes.
+/// let digests: Vec<u64> = (0..10).collect();
+/// let keys = PrefixKeys::from_block_digests(&digests).unwrap();
+/// assert_eq!(prefill_bytes(Some(&keys), None), 2_560);
+/// let held = PredictedMatch::new(4, keys.covered_bytes(4));
+/// assert_eq!(prefill_bytes(Some(&keys), Some(&held)), 2_560 - 1_024);
+/// assert_eq!(prefill_bytes(None, None), 0);
+/// ```
+pub fn prefill_bytes(keys: Option<&PrefixKeys>, predicted: Option<&PredictedMatch>) -> u64 {
+    keys.map_or(0, |keys| {
+        keys.total_covered_bytes()
+            .saturating_sub(predicted.map_or(0, PredictedMatch::covered_bytes))
+    })
 }

@@ -14,10 +14,12 @@ use tower::util::Oneshot;
 
 use super::InFlightBody;
 use super::future::ResponseFuture;
-use super::pick::least_loaded;
+use super::pick::{least_loaded, prefill_bytes};
 use crate::grid::{Cluster, Grid, GridView};
 use crate::metrics::{CLUSTER_LABEL, DECISIONS_TOTAL, SITE_LABEL};
-use crate::route::{BoxError, Candidates, NoCandidate, Pinned, RequestModel, record_on_span};
+use crate::route::{
+    BoxError, Candidates, NoCandidate, Pinned, PredictedMatch, Prompt, RequestModel, record_on_span,
+};
 
 /// The default inner balancer: sends each request to the least loaded of its candidates,
 /// through that cluster's own service. See the [module docs](super).
@@ -214,7 +216,10 @@ where
         // The load this request meets, before it counts in it: what its answer's time to
         // first token is learned against.
         let load = cluster.load().routing_load(now);
-        let in_flight = cluster.load().start_request();
+        let ext = req.extensions();
+        let keys = ext.get::<Prompt>().and_then(|prompt| prompt.keys().ok());
+        let prefill = prefill_bytes(keys, ext.get::<PredictedMatch>());
+        let in_flight = cluster.load().start_request_prefilling(prefill);
         let service = self.service_for(&view, cluster);
         ResponseFuture::dispatched(Oneshot::new(service, req), id.clone(), load, now, in_flight)
     }

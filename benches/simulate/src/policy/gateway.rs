@@ -95,12 +95,16 @@ impl Gateways {
     /// Sends request `id` to the least loaded of `clusters` (as `Select` does), then to an
     /// engine of that cluster by p2c on this replica's pending requests. Returns the engine
     /// and the cluster's routing load before the request counted in it (`Served::load`).
+    /// `prefill` is the prompt bytes it counts as waiting to be prefilled until its first
+    /// token ([`prefill_bytes`](grid_route_layer::select::prefill_bytes); 0 for a policy
+    /// that reads no keys).
     pub(super) fn dispatch(
         &mut self,
         replica: usize,
         clusters: &[Arc<Cluster>],
         id: usize,
         now: f64,
+        prefill: u64,
     ) -> (usize, f64) {
         let at = instant(self.base, now);
         let state = &mut self.replicas[replica];
@@ -134,7 +138,7 @@ impl Gateways {
                 engine,
                 cluster: cluster.id().clone(),
                 headed: false,
-                in_flight: cluster.load().start_request(),
+                in_flight: cluster.load().start_request_prefilling(prefill),
             },
         );
         (engine, load)

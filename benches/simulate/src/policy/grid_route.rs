@@ -28,6 +28,7 @@ use grid_route_layer::grid::ClusterId;
 use grid_route_layer::index::PrefixIndex;
 use grid_route_layer::keying::{PrefixKeys, SessionKey};
 use grid_route_layer::route::PredictedMatch;
+use grid_route_layer::select::prefill_bytes;
 
 use super::gateway::{Gateways, MODEL};
 use super::{Route, Router, Setup, instant};
@@ -159,9 +160,15 @@ impl Router for GridRoute {
                 );
             }
         }
-        let (engine, load) =
-            self.gateways
-                .dispatch(route.replica, decision.clusters(), route.id, route.now);
+        // What Select counts as waiting to be prefilled until the first token.
+        let prefill = prefill_bytes(route.keys, predicted_match(&decision).as_ref());
+        let (engine, load) = self.gateways.dispatch(
+            route.replica,
+            decision.clusters(),
+            route.id,
+            route.now,
+            prefill,
+        );
         self.timings.insert(
             route.id,
             Timing {
