@@ -15,6 +15,14 @@ prompt cached. A first turn that found more than 100 tokens cached found a share
 prompt (a chat template's opening is under 30), and those are counted too. Any router's run
 can be read: only the engines' logs are used.
 
+Each run's opening burst follows its turns: the first turns sent in its first second (six
+at once, one a client), engine by engine in the order they were sent, with their prompt
+tokens and TTFT, and how many engines were given two long ones (over 500 tokens). A
+llama.cpp engine prefills a prompt in one pass, and a request that arrives during the pass
+starts when it ends: the second of two long first turns on one engine waits for both
+prefills. Four long first turns on three engines put two on one engine whatever the router
+does; a router that pairs each short one with a long one puts them on one engine only.
+
 Last, for each router among RUN..., the TTFT p50 / p90 / p99 pooled over the runs given,
 to the hundredth of a second, by the rule of arena.py's table (which prints tenths); then
 the same for first turns and for later turns apart.
@@ -29,6 +37,8 @@ import sys
 from pathlib import Path
 
 HEAD_TOKENS = 100
+BURST_SECONDS = 1.0
+LONG_FIRST_TURN = 500
 LAUNCH = re.compile(r"launch_slot_: id +(\d+) \| task (\d+)")
 EVALUATED = re.compile(r"task (\d+) \| prompt eval time = .*/ +(\d+) tokens")
 STOPPED = re.compile(r"release: id +\d+ \| task (\d+) \| stop processing: n_tokens = (\d+)")
@@ -107,6 +117,29 @@ def read(out: Path, run: str) -> None:
     print(f"{run}: {len(moved)} turns moved to another engine; {lost} lost their prompt "
           f"({lost_tokens} tokens, {100 * lost_tokens / total:.1f} points of the cached share); "
           f"{heads} first turns found a shared system prompt cached")
+    burst(run, turns)
+
+
+def burst(run: str, turns: list[dict]) -> None:
+    """The run's opening burst (see the module's doc), `turns` in the order sent, each with
+    its engine read."""
+    if not turns:
+        return
+    start = turns[0]["sent_at"]
+    by_engine: dict[str, list[dict]] = {}
+    for turn in turns:
+        if turn["turn"] == 0 and turn["sent_at"] - start < BURST_SECONDS:
+            by_engine.setdefault(turn["engine"].split("/")[0], []).append(turn)
+    parts = []
+    for engine, sent in sorted(by_engine.items()):
+        tokens = " then ".join(str(t["prompt_tokens"]) for t in sent)
+        ttfts = " / ".join(f"{t['ttft']:.1f}" for t in sent)
+        parts.append(f"engine {engine}: {tokens} tokens, TTFT {ttfts} s")
+    long_pairs = sum(1 for engine, sent in by_engine.items() if engine != "?"
+                     and sum(t["prompt_tokens"] > LONG_FIRST_TURN for t in sent) >= 2)
+    slowest = max(t["ttft"] for sent in by_engine.values() for t in sent)
+    print(f"{run}: opening burst: {'; '.join(parts)}; engines given two long first turns: "
+          f"{long_pairs}; slowest {slowest:.1f} s")
 
 
 def main() -> None:
