@@ -803,6 +803,28 @@ async fn two_slot_gateway(
     gateway
 }
 
+/// A new conversation's first turn to `url` (a system prompt of its own, `blocks` keying
+/// blocks long), held at its [`two_slot_engine`] until released; the task answers with the
+/// engine that served it.
+fn held_new_conversation(url: &str, topic: &str, blocks: usize) -> tokio::task::JoinHandle<String> {
+    let body = json!({"model": MODEL, "messages": [
+        {"role": "system", "content": text(topic, blocks * 256)},
+        {"role": "user", "content": "hi"},
+    ]})
+    .to_string();
+    let url = url.to_owned();
+    tokio::spawn(async move {
+        send_with(
+            Method::POST,
+            &url,
+            &[("content-type", "application/json"), ("x-hold", "1")],
+            body,
+        )
+        .await
+        .engine_name()
+    })
+}
+
 #[tokio::test]
 async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_the_index_holds_least() {
     let (release, released) = tokio::sync::watch::channel(false);
@@ -857,19 +879,7 @@ async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_the_index_ho
         "room-west-a"
     );
     // A request held at north-a (holding least, 30 blocks) fills one of its two slots.
-    let hold = |topic: &'static str| {
-        let body = stranger(topic, 8);
-        let url = url.clone();
-        tokio::spawn(async move {
-            send_with(
-                Method::POST,
-                &url,
-                &[("content-type", "application/json"), ("x-hold", "1")],
-                body,
-            )
-            .await
-        })
-    };
+    let hold = |topic: &'static str| held_new_conversation(&url, topic, 8);
     let first_held = hold("held");
     eventually("north-a runs the held request", || async {
         in_flight("room-north-a") == 1
@@ -889,7 +899,7 @@ async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_the_index_ho
     assert_eq!(place("fifth", 4).await, "room-east-a");
     release.send(true).unwrap();
     for held in [first_held, second_held] {
-        assert_eq!(held.await.unwrap().engine_name(), "room-north-a");
+        assert_eq!(held.await.unwrap(), "room-north-a");
     }
 }
 
@@ -945,24 +955,7 @@ async fn on_slot_engines_a_new_conversation_takes_the_free_slot_behind_the_least
     let url = format!("{}/v1/chat/completions", gateway.url());
     // New conversations, all held at their engines before their first token, as in an
     // opening burst: nothing is confirmed anywhere, so every index holds nothing.
-    let hold = |topic: &'static str, blocks: usize| {
-        let body = json!({"model": MODEL, "messages": [
-            {"role": "system", "content": text(topic, blocks * 256)},
-            {"role": "user", "content": "hi"},
-        ]})
-        .to_string();
-        let url = url.clone();
-        tokio::spawn(async move {
-            send_with(
-                Method::POST,
-                &url,
-                &[("content-type", "application/json"), ("x-hold", "1")],
-                body,
-            )
-            .await
-            .engine_name()
-        })
-    };
+    let hold = |topic: &'static str, blocks: usize| held_new_conversation(&url, topic, blocks);
     // Each placed before the next is sent.
     let in_flight = |count: usize| {
         eventually("the request is in flight", move || async move {
