@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 HEAD_TOKENS = 100
+# The opening burst: turns sent within this long after a run's first.
 BURST_SECONDS = 1.0
 LONG_FIRST_TURN = 500
 LAUNCH = re.compile(r"launch_slot_: id +(\d+) \| task (\d+)")

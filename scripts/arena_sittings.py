@@ -32,10 +32,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from arena_engines import pct, quantiles
+from arena_engines import BURST_SECONDS, pct, quantiles
 
-# The opening burst: turns sent within this long after a run's first.
-BURST_SECONDS = 1.0
 # The router the bar is for: grid-route with a config naming only the grid.
 OURS = "grid-defaults"
 
