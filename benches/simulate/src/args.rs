@@ -162,6 +162,13 @@ pub struct EngineArgs {
     /// Tokens of each slot engine's host prompt cache (llama.cpp --cache-ram); 0: none
     #[arg(long, value_name = "N", default_value_t = EngineModel::default().host_cache_tokens)]
     pub host_cache_tokens: u64,
+    /// A slot engine prefills one prompt at a time, first come first served, and
+    /// `--prefill-tps` is the engine's, shared by its slots: llama.cpp's server fills
+    /// each pass with prompt tokens from every slot that has some, so a request arriving
+    /// during a pass waits for it. Without it each slot prefills on its own at
+    /// `--prefill-tps`
+    #[arg(long)]
+    pub one_prefill_at_a_time: bool,
     /// KV cache tokens
     #[arg(
         long,
@@ -214,6 +221,7 @@ impl EngineArgs {
             kind: self.engine,
             slots: self.slots,
             host_cache_tokens: self.host_cache_tokens,
+            one_prefill_at_a_time: self.one_prefill_at_a_time,
             // The trace's, set from `--block-tokens` by `simulate`.
             block_tokens: TRACE_BLOCK_TOKENS,
             kv_tokens: self.kv_tokens,
@@ -231,6 +239,7 @@ impl From<EngineModel> for EngineArgs {
             engine: model.kind,
             slots: model.slots,
             host_cache_tokens: model.host_cache_tokens,
+            one_prefill_at_a_time: model.one_prefill_at_a_time,
             kv_tokens: model.kv_tokens,
             max_running: model.max_running,
             prefill_tps: model.prefill_tps,

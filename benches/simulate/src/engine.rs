@@ -45,6 +45,9 @@ pub struct EngineModel {
     pub slots: usize,
     /// Tokens of a slot engine's host prompt cache (0: none).
     pub host_cache_tokens: u64,
+    /// Whether a slot engine prefills one prompt at a time (`prefill_tps` is then the
+    /// engine's, shared by its slots) instead of each slot on its own.
+    pub one_prefill_at_a_time: bool,
     /// Tokens in one block of the trace (`--block-tokens`): a batching engine's cache
     /// block, what a slot engine's host cache counts in.
     pub block_tokens: u64,
@@ -68,6 +71,7 @@ impl Default for EngineModel {
             kind: EngineKind::Batching,
             slots: 2,
             host_cache_tokens: 0,
+            one_prefill_at_a_time: false,
             block_tokens: TRACE_BLOCK_TOKENS,
             kv_tokens: 400_000,
             max_running: 256,
@@ -180,8 +184,7 @@ impl Engine {
     pub fn end_prefill(&mut self, _id: usize) {
         match self {
             Self::Batching(e) => e.end_prefill(),
-            // Each slot prefills on its own: nothing waits for a prefill line.
-            Self::Slots(_) => {}
+            Self::Slots(e) => e.end_prefill(),
         }
     }
 
@@ -376,6 +379,7 @@ pub(crate) mod tests {
             kind: EngineKind::Batching,
             slots: 2,
             host_cache_tokens: 0,
+            one_prefill_at_a_time: false,
             block_tokens: TRACE_BLOCK_TOKENS,
             kv_tokens: blocks * TRACE_BLOCK_TOKENS,
             max_running: 4,

@@ -56,6 +56,10 @@ pub struct SlotEngine {
     host: Vec<Saved>,
     host_tokens: u64,
     clock: u64,
+    /// A prompt is being prefilled: nothing else starts until its first token.
+    prefilling: bool,
+    /// When the prefill in progress ends.
+    line_free_at: f64,
 }
 
 /// Blocks `a` and `b` share from the start.
@@ -81,6 +85,8 @@ impl SlotEngine {
             host: Vec::new(),
             host_tokens: 0,
             clock: 0,
+            prefilling: false,
+            line_free_at: 0.0,
         }
     }
 
@@ -89,9 +95,11 @@ impl SlotEngine {
         self.slots.len()
     }
 
-    /// Requests waiting for a slot.
+    /// Requests waiting for a slot: those queued beyond the idle slots (a request
+    /// waiting only for the prefill in progress has a slot to take when it ends).
     pub fn waiting(&self) -> usize {
-        self.waiting.len()
+        let idle = self.slots.iter().filter(|s| s.running.is_none()).count();
+        self.waiting.len().saturating_sub(idle)
     }
 
     /// The idle slot `request` would take, and the blocks it would find cached there
@@ -142,6 +150,11 @@ impl SlotEngine {
                 }
             })
             .collect();
+        let mut line = if self.prefilling {
+            self.line_free_at.max(now)
+        } else {
+            now
+        };
         for &id in &self.waiting {
             let Some((k, at)) = free
                 .iter()
@@ -152,11 +165,19 @@ impl SlotEngine {
                 break;
             };
             let queued = &trace[id];
-            free[k] = at
-                + self.model.prefill_seconds(queued.input_tokens)
-                + queued.output_tokens as f64 / self.model.decode_tps;
+            let first_token = if self.model.one_prefill_at_a_time {
+                line = at.max(line) + self.model.prefill_seconds(queued.input_tokens);
+                line
+            } else {
+                at + self.model.prefill_seconds(queued.input_tokens)
+            };
+            free[k] = first_token + queued.output_tokens as f64 / self.model.decode_tps;
         }
-        let start = free.iter().copied().fold(f64::INFINITY, f64::min);
+        let start = free
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min)
+            .max(line);
         let cached = if start <= now && self.waiting.is_empty() {
             self.cached_tokens(request)
         } else {
@@ -170,8 +191,12 @@ impl SlotEngine {
         self.waiting.push_back(id);
     }
 
-    /// Starts the head of the queue in an idle slot, if one is idle at `now`.
+    /// Starts the head of the queue in an idle slot, if one is idle at `now` (and, with
+    /// one prefill at a time, no other prompt is being prefilled).
     pub fn start_next(&mut self, trace: &[TraceRequest], now: f64) -> Option<Started> {
+        if self.prefilling {
+            return None;
+        }
         let &id = self.waiting.front()?;
         let request = &trace[id];
         let (slot, cached_blocks) = self.choose(request)?;
@@ -199,6 +224,10 @@ impl SlotEngine {
         s.running = Some(id);
         s.used = self.clock;
         s.ends_at = first_token_at + request.output_tokens as f64 / self.model.decode_tps;
+        if self.model.one_prefill_at_a_time {
+            self.prefilling = true;
+            self.line_free_at = first_token_at;
+        }
         Some(Started {
             request: id,
             cached_tokens,
@@ -237,6 +266,12 @@ impl SlotEngine {
             tokens,
             used: self.clock,
         });
+    }
+
+    /// The prefill in progress has ended: with one prefill at a time, the next waiting
+    /// request may start.
+    pub fn end_prefill(&mut self) {
+        self.prefilling = false;
     }
 
     /// Trace request `id` has decoded its last token: its slot is idle, holding its prompt.
@@ -314,6 +349,36 @@ mod tests {
         let started = engine.start_next(&trace, 2.012).unwrap();
         assert_eq!(started.request, 2);
         assert_eq!(engine.waiting(), 0);
+    }
+
+    #[test]
+    fn one_prefill_at_a_time_makes_a_request_arriving_during_a_prefill_wait_for_it() {
+        let trace = [
+            request(1000, 10, &[1, 2]),
+            request(500, 10, &[3]),
+            request(500, 10, &[4]),
+        ];
+        let one_at_a_time = EngineModel {
+            one_prefill_at_a_time: true,
+            ..model(0)
+        };
+        let mut engine = SlotEngine::new(one_at_a_time);
+        let a = run(&mut engine, &trace, 0, 0.0);
+        assert_eq!(a.first_token_at, 1.5);
+        // A slot is idle, but the engine is prefilling: the second request waits, and as it
+        // has a slot to take it is not deferred.
+        engine.enqueue(1);
+        assert_eq!(engine.start_next(&trace, 0.25), None);
+        assert_eq!(engine.waiting(), 0);
+        // Predicted from 0.25 s: the prefill in progress, the waiting one's, then its own.
+        assert!((engine.predicted_ttft(&trace[2], 0.25, &trace) - 3.25).abs() < 1e-9);
+        engine.end_prefill();
+        let b = engine.start_next(&trace, 1.5).unwrap();
+        assert_eq!((b.request, b.first_token_at), (1, 2.5));
+        // Each slot on its own, the same request starts at once.
+        let mut engine = SlotEngine::new(model(0));
+        run(&mut engine, &trace, 0, 0.0);
+        assert_eq!(run(&mut engine, &trace, 1, 0.25).first_token_at, 1.25);
     }
 
     #[test]

@@ -285,6 +285,33 @@ fn the_gateway_load_flags_reach_the_run() {
 }
 
 #[test]
+fn one_prefill_at_a_time_slows_slot_engines_and_leaves_batching_ones_alone() {
+    let (_dir, trace) = head_of_trace(400);
+    let trace = trace.to_str().unwrap();
+    let run = |engine: &[&str], extra: &[&str]| {
+        let base = ["--trace", trace, "--sites", "2", "--policies", "round-robin", "--json"];
+        let output = simulate(&[&base[..], engine, extra].concat());
+        assert!(output.status.success(), "{engine:?} {extra:?}");
+        let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+        report["results"][0].clone()
+    };
+    let slots = ["--engine", "slots", "--slots", "8", "--prefill-tps", "2000"];
+    let side_by_side = run(&slots, &[]);
+    let one_at_a_time = run(&slots, &["--one-prefill-at-a-time"]);
+    // Eight slots prefilling at 2,000 tokens a second each against one line at that
+    // speed: the prompts that overlap wait for one another.
+    for p in ["ttft_p50_s", "ttft_p99_s"] {
+        let (side, one) = (
+            side_by_side[p].as_f64().unwrap(),
+            one_at_a_time[p].as_f64().unwrap(),
+        );
+        assert!(one > side, "{p}: {one} s one at a time, {side} s side by side");
+    }
+    // A batching engine already prefills one request at a time.
+    assert_eq!(run(&[], &[]), run(&[], &["--one-prefill-at-a-time"]));
+}
+
+#[test]
 fn help_names_every_flag_and_the_defaults_it_runs_with() {
     let output = simulate(&["--help"]);
     assert_eq!(output.status.code(), Some(0));
@@ -305,6 +332,7 @@ fn help_names_every_flag_and_the_defaults_it_runs_with() {
         "--engine",
         "--slots",
         "--host-cache-tokens",
+        "--one-prefill-at-a-time",
         "--kv-tokens",
         "--max-running",
         "--prefill-tps",
