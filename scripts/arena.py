@@ -777,9 +777,18 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
                    "--sites", str(ENGINES), "--engine", "slots", "--slots", str(args.slots),
                    "--host-cache-tokens", str(cache_ram_tokens + extra), "--prefill-tps", f"{prefill:.2f}",
                    "--decode-tps", f"{decode:.3f}", "--prefill-overhead-ms", "0", "--policies", policy, "--json",
+                   *(["--one-prefill-at-a-time"] if args.one_prefill_at_a_time else []),
                    *flags.get(router, []), *more]
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         return json.loads(out)["results"][0]
+
+    def misfit(sim: dict, result: RunResult) -> float:
+        """How far a replay lands from its run: the summed absolute log ratio of cached share
+        and TTFT p50 and p99."""
+        ttfts = [t.ttft for t in result.turns]
+        return sum(abs(math.log(max(s, 1e-9) / max(a, 1e-9))) for s, a in (
+            (sim["ttft_p50_s"], pct(ttfts, 50)), (sim["ttft_p99_s"], pct(ttfts, 99)),
+            (sim["hit_share"], result.cached_share)))
 
     factors = [1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0]
     extras = [0, 2048, 4096, 8192]
@@ -793,22 +802,24 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
                             and name.count("-") == 2):
                         continue
                     sim = simulated(trace, policy, prefill * fp, decode * fd, extra)
-                    ttfts = [t.ttft for t in result.turns]
-                    error += sum(abs(math.log(max(s, 1e-9) / max(a, 1e-9))) for s, a in (
-                        (sim["ttft_p50_s"], pct(ttfts, 50)), (sim["ttft_p99_s"], pct(ttfts, 99)),
-                        (sim["hit_share"], result.cached_share)))
+                    error += misfit(sim, result)
                 best = min(best, (error, fp, fd, extra))
-    _, fp, fd, extra = best
+    error, fp, fd, extra = best
+    if args.one_prefill_at_a_time:
+        print("Slots share one prefill line (`--one-prefill-at-a-time`).")
     print(f"Engine speeds: each run's median from its engines' logs, times {fp} (prefill) and {fd} (decode);")
     print(f"host cache: {cache_ram_tokens} tokens of --cache-ram plus {extra} the engines keep besides their slots.")
-    print("The three fit the grid-route runs best.\n")
+    print(f"The three fit the grid-route runs best (summed absolute log ratio {error:.2f}).\n")
     print("| arena run | policy simulated | engine speeds (prefill / decode tok/s) "
           "| cached share, arena / simulate | TTFT p50, arena / simulate | TTFT p99, arena / simulate "
           "| simulated cached share, `--misses-by-load` |")
     print("|---|---|---|---|---|---|---|")
+    peers_misfit = 0.0
     for name, policy, result, trace, (prefill, decode) in replays:
         sim = simulated(trace, policy, prefill * fp, decode * fd, extra)
         ttfts = [t.ttft for t in result.turns]
+        if policy != "grid-route":
+            peers_misfit += misfit(sim, result)
         # grid-route under the rule before the free-slot one: what the simulator expects it to gain.
         before = "—"
         if policy == "grid-route":
@@ -818,6 +829,7 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
               f"| {100 * result.cached_share:.1f}% / {100 * sim['hit_share']:.1f}% "
               f"| {pct(ttfts, 50):.1f} / {sim['ttft_p50_s']:.1f} s | {pct(ttfts, 99):.1f} / {sim['ttft_p99_s']:.1f} s "
               f"| {before} |")
+    print(f"\nThe peers' runs land at a summed absolute log ratio of {peers_misfit:.2f} by the same measure.")
 
 
 # ---------------------------------------------------------------------------------------
@@ -902,6 +914,10 @@ def main() -> None:
                         "cache_aware run of OUT through SIMULATOR (the grid-route-simulate binary) as its "
                         "trace, on slot engines at the run's own engine speeds, and print arena against "
                         "simulate")
+    parser.add_argument("--one-prefill-at-a-time", action="store_true",
+                        help="with --calibrate: simulate engines whose slots share one prefill line "
+                        "(grid-route-simulate --one-prefill-at-a-time), the logged prefill speed "
+                        "being the engine's")
     parser.add_argument("--trace-of", metavar="RUN", default=None,
                         help="run nothing: write OUT/RUN/trace.jsonl, what run RUN (say grid-defaults-1) "
                         "of OUT sent, for simulate, and print the engines' speeds in it")

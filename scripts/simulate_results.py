@@ -4,7 +4,8 @@ Run it through `scripts/simulate-results`, which builds the simulator first. Eac
 table is one or more `grid-route-simulate --json` runs on the bundled trace (seed 1, but
 seeds 1 to 8 in the `seeds` section); the command of
 every run is printed above its table. A fourth argument names the sections to print,
-comma-separated (`defaults,rules,placement,seeds,streams,replicas,window,sessions`); all of them by default.
+comma-separated (`defaults,rules,placement,seeds,streams,replicas,window,sessions,one_line`); all of
+them by default.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ SECTIONS = sys.argv[4].split(",") if len(sys.argv) > 4 else None
 SLOTS = ["--engine", "slots", "--slots", "8", "--prefill-tps", "10000", "--decode-tps", "50",
          "--host-cache-tokens", "65536"]
 KINDS = {"batching": [], "slots": SLOTS}
+# The same slot engine with its slots sharing one prefill line (`--one-prefill-at-a-time`), at
+# eight times the speed: what its eight slots prefill together when all of them do.
+ONE_LINE = ["--engine", "slots", "--slots", "8", "--prefill-tps", "80000", "--decode-tps", "50",
+            "--host-cache-tokens", "65536", "--one-prefill-at-a-time"]
 POLICIES_COMPARED = ("round-robin", "least-queue", "cache-aware", "chwbl")
 # The index without the contract's bounds: 64 times its 16,384 keys a cluster and a 2-hour
 # TTL instead of 600 s (the bundled trace lasts 59 minutes), so nothing is evicted or expires.
@@ -273,6 +278,33 @@ def placement() -> None:
     print()
 
 
+def one_line() -> None:
+    """Every policy on slot engines whose slots share one prefill line, with grid-route's
+    request that matches nothing placed by load first next to its default (a free slot where
+    the index holds least)."""
+    print("## Slots sharing one prefill line\n")
+    print("Hit share / TTFT p50 / p99 of each policy at the defaults on the slot engine above with")
+    print("`--one-prefill-at-a-time` at 80,000 tokens a second (its eight slots' 10,000 each, now")
+    print("shared); *misses by load* as in \"Where the hit share is lost\". The last column is")
+    print("grid-route's bar, as under the tables at the defaults.\n")
+    print("| sites | grid-route | grid-route, misses by load | round-robin | least-queue | cache-aware "
+          "| chwbl | grid-route: hit share ≥ cache-aware's; TTFT p50, p99 against the best other |")
+    print("|---|---|---|---|---|---|---|---|")
+    cell = lambda r: f"{100 * r['hit_share']:.2f}% / {r['ttft_p50_s']:.3f} / {r['ttft_p99_s']:.3f} s"
+    mark = lambda ok: "yes" if ok else "**no**"
+    for sites, extra in (("4", []), ("8", []), ("16", []),
+                         ("8, 4 replicas sharing one index", ["--replicas", "4", "--shared-index"])):
+        run = ["--sites", sites.split(",")[0], *extra, *ONE_LINE]
+        results = simulate(*run, "--policies", "grid-route,round-robin,least-queue,cache-aware,chwbl")["results"]
+        by = {r["policy"]: r for r in results}
+        by_load = simulate(*run, "--policies", "grid-route", "--misses-by-load")["results"][0]
+        hit, p50_ratio, p50, p99_ratio, p99 = bar(results)
+        print(f"| {sites} | {cell(by['grid-route'])} | {cell(by_load)} | "
+              + " | ".join(cell(by[p]) for p in POLICIES_COMPARED)
+              + f" | {mark(hit)}; {p50_ratio:.2f}× ({mark(p50)}), {p99_ratio:.2f}× ({mark(p99)}) |")
+    print()
+
+
 def seeds() -> None:
     """The defaults' runs again under seeds 1 to 8: the seed draws grid-route's 2%
     exploration (and, behind replicas, which replica takes each request), so the bar's
@@ -318,7 +350,7 @@ def seeds() -> None:
 
 def main() -> None:
     sections = {"defaults": defaults, "rules": rules, "placement": placement, "seeds": seeds, "streams": streams,
-                "replicas": replicas, "window": window, "sessions": sessions}
+                "replicas": replicas, "window": window, "sessions": sessions, "one_line": one_line}
     for name, section in sections.items():
         if SECTIONS is None or name in SECTIONS:
             section()
