@@ -173,11 +173,7 @@ impl SlotEngine {
             };
             free[k] = first_token + queued.output_tokens as f64 / self.model.decode_tps;
         }
-        let start = free
-            .iter()
-            .copied()
-            .fold(f64::INFINITY, f64::min)
-            .max(line);
+        let start = free.iter().copied().fold(f64::INFINITY, f64::min).max(line);
         let cached = if start <= now && self.waiting.is_empty() {
             self.cached_tokens(request)
         } else {

@@ -289,7 +289,15 @@ fn one_prefill_at_a_time_slows_slot_engines_and_leaves_batching_ones_alone() {
     let (_dir, trace) = head_of_trace(400);
     let trace = trace.to_str().unwrap();
     let run = |engine: &[&str], extra: &[&str]| {
-        let base = ["--trace", trace, "--sites", "2", "--policies", "round-robin", "--json"];
+        let base = [
+            "--trace",
+            trace,
+            "--sites",
+            "2",
+            "--policies",
+            "round-robin",
+            "--json",
+        ];
         let output = simulate(&[&base[..], engine, extra].concat());
         assert!(output.status.success(), "{engine:?} {extra:?}");
         let report: Value = serde_json::from_slice(&output.stdout).unwrap();
@@ -305,7 +313,10 @@ fn one_prefill_at_a_time_slows_slot_engines_and_leaves_batching_ones_alone() {
             side_by_side[p].as_f64().unwrap(),
             one_at_a_time[p].as_f64().unwrap(),
         );
-        assert!(one > side, "{p}: {one} s one at a time, {side} s side by side");
+        assert!(
+            one > side,
+            "{p}: {one} s one at a time, {side} s side by side"
+        );
     }
     // A batching engine already prefills one request at a time.
     assert_eq!(run(&[], &[]), run(&[], &["--one-prefill-at-a-time"]));
