@@ -20,6 +20,11 @@
 //!   tokens at `prefill_tps`, then `output_tokens / decode_tps`. The slot is busy until the
 //!   last token. Slots do not slow each other: on one CPU thread they do, and the speeds to
 //!   give are what one slot reaches while the others run (docs/routing.md, "The slot engine model").
+//! - **One prefill at a time** (`one_prefill_at_a_time`, `--one-prefill-at-a-time`): the
+//!   slots share one prefill line instead, at the engine's `prefill_tps`. The head of the
+//!   queue starts only when no prompt is being prefilled, as llama.cpp's server fills each
+//!   pass with every slot's prompt tokens and a request arriving during a pass waits for
+//!   it; decoding stays side by side. A request waiting only for the line is not deferred.
 
 use std::collections::VecDeque;
 
