@@ -155,6 +155,9 @@ impl SlotEngine {
                 }
             })
             .collect();
+        // Whether a slot is idle now: the request would take it, holding what it holds,
+        // once the line is free.
+        let idle_now = free.iter().any(|&at| at <= now);
         let mut line = if self.prefilling {
             self.line_free_at.max(now)
         } else {
@@ -179,7 +182,7 @@ impl SlotEngine {
             free[k] = first_token + queued.output_tokens as f64 / self.model.decode_tps;
         }
         let start = free.iter().copied().fold(f64::INFINITY, f64::min).max(line);
-        let cached = if start <= now && self.waiting.is_empty() {
+        let cached = if idle_now && self.waiting.is_empty() {
             self.cached_tokens(request)
         } else {
             0
