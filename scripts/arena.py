@@ -765,6 +765,9 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
         result = RunResult(run["router"], run["repeat"], run["wall"], [Turn(**t) for t in run["turns"]])
         trace = write_trace(args.out / name, conversations, result, args)
         replays.append((name, policy, result, trace, engine_speeds(args.out / name)))
+    # The runs the fit is made on: grid-route at its defaults (grid-defaults-N).
+    fitted = [r for r in replays if r[0].startswith("grid-defaults-")
+              and r[0].rsplit("-", 1)[1].isdigit() and r[0].count("-") == 2]
 
     # The simulated flags of each router beyond its policy.
     flags = {"grid-defaults-t0.3": ["--threshold", "0.3"], "grid-defaults-pck": ["--sessions"],
@@ -797,10 +800,7 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
         for fd in factors:
             for extra in extras:
                 error = 0.0
-                for name, policy, result, trace, (prefill, decode) in replays:
-                    if not (name.startswith("grid-defaults-") and name.rsplit("-", 1)[1].isdigit()
-                            and name.count("-") == 2):
-                        continue
+                for name, policy, result, trace, (prefill, decode) in fitted:
                     sim = simulated(trace, policy, prefill * fp, decode * fd, extra)
                     error += misfit(sim, result)
                 best = min(best, (error, fp, fd, extra))
@@ -809,10 +809,8 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
         print("Slots share one prefill line (`--one-prefill-at-a-time`).")
     print(f"Engine speeds: each run's median from its engines' logs, times {fp} (prefill) and {fd} (decode);")
     print(f"host cache: {cache_ram_tokens} tokens of --cache-ram plus {extra} the engines keep besides their slots.")
-    grid_runs = sum(1 for name, *_ in replays if name.startswith("grid-defaults-")
-                    and name.rsplit("-", 1)[1].isdigit() and name.count("-") == 2)
     print(f"The three fit the grid-route runs best (absolute log ratio summed over cached share and "
-          f"TTFT p50 and p99, {error / max(grid_runs, 1):.2f} a run).\n")
+          f"TTFT p50 and p99, {error / max(len(fitted), 1):.2f} a run).\n")
     print("| arena run | policy simulated | engine speeds (prefill / decode tok/s) "
           "| cached share, arena / simulate | TTFT p50, arena / simulate | TTFT p99, arena / simulate "
           "| simulated cached share, `--misses-by-load` |")

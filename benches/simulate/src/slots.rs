@@ -61,10 +61,9 @@ pub struct SlotEngine {
     host: Vec<Saved>,
     host_tokens: u64,
     clock: u64,
-    /// A prompt is being prefilled: nothing else starts until its first token.
-    prefilling: bool,
-    /// When the prefill in progress ends.
-    line_free_at: f64,
+    /// With one prefill at a time, when the prompt being prefilled gets its first token:
+    /// nothing else starts until then.
+    prefill_ends: Option<f64>,
 }
 
 /// Blocks `a` and `b` share from the start.
@@ -90,8 +89,7 @@ impl SlotEngine {
             host: Vec::new(),
             host_tokens: 0,
             clock: 0,
-            prefilling: false,
-            line_free_at: 0.0,
+            prefill_ends: None,
         }
     }
 
@@ -158,11 +156,7 @@ impl SlotEngine {
         // Whether a slot is idle now: the request would take it, holding what it holds,
         // once the line is free.
         let idle_now = free.iter().any(|&at| at <= now);
-        let mut line = if self.prefilling {
-            self.line_free_at.max(now)
-        } else {
-            now
-        };
+        let mut line = self.prefill_ends.map_or(now, |ends| ends.max(now));
         for &id in &self.waiting {
             let Some((k, at)) = free
                 .iter()
@@ -198,7 +192,7 @@ impl SlotEngine {
     /// Starts the head of the queue in an idle slot, if one is idle at `now` (and, with
     /// one prefill at a time, no other prompt is being prefilled).
     pub fn start_next(&mut self, trace: &[TraceRequest], now: f64) -> Option<Started> {
-        if self.prefilling {
+        if self.prefill_ends.is_some() {
             return None;
         }
         let &id = self.waiting.front()?;
@@ -229,8 +223,7 @@ impl SlotEngine {
         s.used = self.clock;
         s.ends_at = first_token_at + request.output_tokens as f64 / self.model.decode_tps;
         if self.model.one_prefill_at_a_time {
-            self.prefilling = true;
-            self.line_free_at = first_token_at;
+            self.prefill_ends = Some(first_token_at);
         }
         Some(Started {
             request: id,
@@ -275,7 +268,7 @@ impl SlotEngine {
     /// The prefill in progress has ended: with one prefill at a time, the next waiting
     /// request may start.
     pub fn end_prefill(&mut self) {
-        self.prefilling = false;
+        self.prefill_ends = None;
     }
 
     /// Trace request `id` has decoded its last token: its slot is idle, holding its prompt.
