@@ -21,9 +21,10 @@ use grid_route_example::gateway::Gateway;
 use grid_route_example::prometheus;
 use grid_route_mock_engine::{CachedTokens, MockEngine, MockEngineConfig};
 use grid_route_tests::{
-    Answer, ClusterYaml, Conversation, MODEL, chat, client, cluster, cluster_id, config_yaml,
-    empty_vllm_metrics, engine, engine_serving, eventually, measured_gateway, metric, other, parse,
-    read_request, scratch_dir, send, send_with, set_queue, text, wait_measured, whole_answer,
+    Answer, ClusterYaml, Conversation, MODEL, REQUEST_DEADLINE, chat, client, cluster, cluster_id,
+    config_yaml, empty_vllm_metrics, engine, engine_serving, eventually, measured_gateway, metric,
+    other, parse, read_request, scratch_dir, send, send_with, set_queue, text, wait_measured,
+    whole_answer,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -733,7 +734,8 @@ async fn an_answer_that_ends_after_a_reload_removed_its_cluster_teaches_nothing(
 
 /// A stand-in llama.cpp engine with two slots, named `name`: `/metrics` reads no request
 /// waiting, `/props` says two slots, and every other request gets a chat completion with
-/// `x-mock-engine: name`, once `release` turns `true` when it carries `x-hold`.
+/// `x-mock-engine: name`, once `release` turns `true` when it carries `x-hold`. One that
+/// carries `x-stream` gets it as an event stream whose head comes at once, before the hold.
 async fn two_slot_engine(
     name: &'static str,
     release: tokio::sync::watch::Receiver<bool>,
@@ -751,6 +753,29 @@ async fn two_slot_engine(
                         ("text/plain", "llamacpp:requests_deferred 0\n".to_owned())
                     } else if head.starts_with("get /props ") {
                         ("application/json", r#"{"total_slots": 2}"#.to_owned())
+                    } else if head.contains("\r\nx-stream:") {
+                        // As llama.cpp streams: the head at once, the first token once the
+                        // prompt is prefilled (here: once released, when held).
+                        let answer_head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                             x-mock-engine: {name}\r\ntransfer-encoding: chunked\r\n\r\n"
+                        );
+                        if socket.write_all(answer_head.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        if head.contains("\r\nx-hold:") {
+                            let _ = release.wait_for(|released| *released).await;
+                        }
+                        let chunk = json!({
+                            "id": "chatcmpl-1", "object": "chat.completion.chunk", "model": MODEL,
+                            "choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}}],
+                        });
+                        let events = format!("data: {chunk}\n\ndata: [DONE]\n\n");
+                        let body = format!("{:x}\r\n{events}\r\n0\r\n\r\n", events.len());
+                        if socket.write_all(body.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        continue;
                     } else {
                         if head.contains("\r\nx-hold:") {
                             let _ = release.wait_for(|released| *released).await;
@@ -933,6 +958,71 @@ async fn on_slot_engines_a_new_conversation_behind_a_shared_head_takes_the_roomi
     // index holds less, instead.
     let question = text("a long question", 10 * 256);
     assert_eq!(place(&house, &question).await, "head-west-a");
+}
+
+#[tokio::test]
+async fn a_stream_counts_its_prompt_held_from_its_first_token_not_its_head() {
+    let (release, released) = tokio::sync::watch::channel(false);
+    let gateway = two_slot_gateway(
+        &[
+            ("token-east", "token-east-a"),
+            ("token-west", "token-west-a"),
+        ],
+        &released,
+    )
+    .await;
+    let entries = |name: &str| {
+        gateway
+            .affinity()
+            .index()
+            .entries(&cluster_id(&gateway, name))
+    };
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // Two first turns behind one long system prompt (40 blocks: enough to stick to).
+    let turn = |user: &str| {
+        json!({"model": MODEL, "stream": true, "messages": [
+            {"role": "system", "content": text("house", 40 * 256)},
+            {"role": "user", "content": user},
+        ]})
+        .to_string()
+    };
+    let request = Request::post(&url)
+        .header("content-type", "application/json")
+        .header("x-stream", "1")
+        .header("x-hold", "1")
+        .body(Full::new(Bytes::from(turn("a"))))
+        .unwrap();
+    let held = tokio::time::timeout(REQUEST_DEADLINE, client().request(request))
+        .await
+        .expect("the held stream's head within the deadline")
+        .unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    let first = held.headers()["x-mock-engine"].to_str().unwrap().to_owned();
+    let other = if first == "token-east-a" {
+        "token-west-a"
+    } else {
+        "token-east-a"
+    };
+    // Its head is back, its first token is not: its engine has not prefilled the prompt,
+    // so the index holds it nowhere.
+    assert_eq!((entries(&first), entries(other)), (0, 0));
+    // The second turn goes by load to the other engine's free slot. Confirmed at the
+    // first stream's head, it would follow it, to wait behind its prefill.
+    let json = ("content-type", "application/json");
+    let second = send_with(Method::POST, &url, &[json, ("x-stream", "1")], turn("b")).await;
+    assert_eq!(second.engine_name(), other);
+    assert_eq!(entries(&first), 0);
+    let keys = entries(other);
+    assert!(keys > 0, "the second stream, read to its end, is confirmed");
+    // The first stream's first token confirms its prompt where it is served.
+    release.send(true).unwrap();
+    let body = tokio::time::timeout(REQUEST_DEADLINE, held.into_body().collect())
+        .await
+        .expect("the released stream's end within the deadline")
+        .unwrap()
+        .to_bytes();
+    assert!(body.ends_with(b"data: [DONE]\n\n"));
+    assert_eq!(entries(&first), keys);
 }
 
 #[tokio::test]

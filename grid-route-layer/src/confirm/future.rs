@@ -7,8 +7,10 @@ use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
 use http::Response;
+use http::header::CONTENT_TYPE;
 use pin_project_lite::pin_project;
 
+use super::body::{ConfirmBody, Waiting};
 use super::verdict::Verdict;
 use crate::grid::ClusterId;
 use crate::index::PrefixIndex;
@@ -40,7 +42,7 @@ impl Pending {
         })
     }
 
-    fn settle(self, verdict: Verdict, cluster: &ClusterId, status: Option<u16>) {
+    pub(super) fn settle(self, verdict: Verdict, cluster: &ClusterId, status: Option<u16>) {
         verdict.apply_to_request(
             &self.index,
             cluster,
@@ -64,8 +66,9 @@ pin_project! {
     /// The future of [`ConfirmService`](super::ConfirmService): resolves with the inner
     /// service's answer, after applying its verdict to the index.
     ///
-    /// The verdict is applied once, when the head arrives (or the request fails), so a
-    /// streamed body is never waited for. A future dropped before then changes nothing.
+    /// The verdict is applied once, when the head arrives (or the request fails), except
+    /// for a 2xx event stream, whose keys its [`ConfirmBody`] confirms at its first
+    /// output. A future dropped before its head changes nothing.
     #[derive(Debug)]
     pub struct ResponseFuture<F> {
         #[pin]
@@ -85,28 +88,48 @@ where
     F: Future<Output = Result<Response<ResB>, E>>,
     E: Into<BoxError>,
 {
-    type Output = Result<Response<ResB>, BoxError>;
+    type Output = Result<Response<ConfirmBody<ResB>>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let result = ready!(this.inner.poll(cx)).map_err(Into::into);
-        if let Some(pending) = this.pending.take() {
-            match &result {
-                Ok(response) => {
-                    // No `Served`: the balancer did not say where the request went, so
-                    // there is nowhere to record it.
-                    if let Some(served) = response.extensions().get::<Served>() {
-                        let status = response.status().as_u16();
-                        pending.settle(Verdict::of_status(status), served.cluster(), Some(status));
-                    }
+        let pending = this.pending.take();
+        let response = match result {
+            Ok(response) => response,
+            Err(error) => {
+                if let Some(pending) = pending
+                    && let Some(failed) = DispatchError::find_in(&*error)
+                {
+                    pending.settle(Verdict::of_failed_connection(), failed.cluster(), None);
                 }
-                Err(error) => {
-                    if let Some(failed) = DispatchError::find_in(&**error) {
-                        pending.settle(Verdict::of_failed_connection(), failed.cluster(), None);
-                    }
-                }
+                return Poll::Ready(Err(error));
             }
+        };
+        // No `Served`: the balancer did not say where the request went, so there is
+        // nowhere to record it.
+        let (Some(pending), Some(served)) = (pending, response.extensions().get::<Served>()) else {
+            return Poll::Ready(Ok(response.map(ConfirmBody::settled)));
+        };
+        let status = response.status();
+        if status.is_success() && is_event_stream(&response) {
+            let waiting = Waiting::new(pending, served.cluster().clone(), status.as_u16());
+            return Poll::Ready(Ok(response.map(|body| ConfirmBody::waiting(body, waiting))));
         }
-        Poll::Ready(result)
+        pending.settle(
+            Verdict::of_status(status.as_u16()),
+            served.cluster(),
+            Some(status.as_u16()),
+        );
+        Poll::Ready(Ok(response.map(ConfirmBody::settled)))
     }
+}
+
+/// Whether `response` is a server-sent event stream, whose head vLLM, SGLang and
+/// llama.cpp send before they prefill.
+fn is_event_stream<B>(response: &Response<B>) -> bool {
+    response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }

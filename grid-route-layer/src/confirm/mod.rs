@@ -72,11 +72,13 @@
 //! [`DispatchError`]: crate::route::DispatchError
 //! [`AffinitySettings::enabled`]: crate::affinity::AffinitySettings::enabled
 
+mod body;
 mod future;
 mod layer;
 mod service;
 mod verdict;
 
+pub use body::ConfirmBody;
 pub use future::ResponseFuture;
 pub use layer::ConfirmLayer;
 pub use service::ConfirmService;

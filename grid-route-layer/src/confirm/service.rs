@@ -6,6 +6,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::Service;
 
+use super::body::ConfirmBody;
 use super::future::{Pending, ResponseFuture};
 use crate::affinity::Affinity;
 use crate::route::{BoxError, Prompt};
@@ -66,7 +67,7 @@ where
     S: Service<Request<B>, Response = Response<ResB>>,
     S::Error: Into<BoxError>,
 {
-    type Response = Response<ResB>;
+    type Response = Response<ConfirmBody<ResB>>;
     type Error = BoxError;
     type Future = ResponseFuture<S::Future>;
 

@@ -1,9 +1,14 @@
+use std::collections::VecDeque;
 use std::fmt;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use http::{Request, Response, StatusCode};
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
 use tower::{Layer, Service};
 use tower_test::mock;
 
@@ -16,12 +21,56 @@ use crate::keying::{KeySeed, NoKeys};
 use crate::route::{BoxError, DispatchError, Prompt, Served};
 use crate::test_support::{MODEL, chat, poll_once, prompt_of, text};
 
-/// A response body that is never finished: a stream still being generated.
-#[derive(Debug)]
-struct Streaming;
+/// A response body that yields `frames`, then ends when `ends`, else stays pending (a
+/// stream still being generated). It says it has ended (`is_end_stream`) with its last
+/// frame when `announces_end`, as a body of known length does.
+#[derive(Debug, Default)]
+struct Scripted {
+    frames: VecDeque<Result<Frame<Bytes>, BoxError>>,
+    ends: bool,
+    announces_end: bool,
+}
 
-type Mock = mock::Mock<Request<String>, Response<Streaming>>;
-type Handle = mock::Handle<Request<String>, Response<Streaming>>;
+impl Scripted {
+    /// Data frames, each `&str` one frame, still streaming after them.
+    fn events(events: &[&str]) -> Self {
+        Self {
+            frames: events
+                .iter()
+                .map(|event| Ok(Frame::data(Bytes::copy_from_slice(event.as_bytes()))))
+                .collect(),
+            ..Self::default()
+        }
+    }
+}
+
+impl Body for Scripted {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.frames.pop_front() {
+            Some(frame) => Poll::Ready(Some(frame)),
+            None if self.ends => Poll::Ready(None),
+            None => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.announces_end && self.ends && self.frames.is_empty()
+    }
+}
+
+/// A stream's comment line: no output.
+const PING: &str = ": ping\n\n";
+/// A stream's first token.
+const TOKEN: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\n";
+
+type Mock = mock::Mock<Request<String>, Response<Scripted>>;
+type Handle = mock::Handle<Request<String>, Response<Scripted>>;
 
 struct Fixture {
     east: ClusterId,
@@ -58,6 +107,8 @@ fn fixture() -> Fixture {
 
 enum Answer {
     Status(StatusCode, Option<ClusterId>),
+    /// An event stream's head from the cluster, and its body.
+    Stream(StatusCode, ClusterId, Scripted),
     Error(BoxError),
 }
 
@@ -75,7 +126,7 @@ impl Fixture {
         &mut self,
         prompt: Option<Prompt>,
         answer: Answer,
-    ) -> Result<Response<Streaming>, BoxError> {
+    ) -> Result<Response<ConfirmBody<Scripted>>, BoxError> {
         let ready = std::future::poll_fn(|cx| self.service.poll_ready(cx));
         assert!(matches!(
             poll_once(&mut Box::pin(ready)),
@@ -92,11 +143,20 @@ impl Fixture {
         };
         match answer {
             Answer::Status(status, served) => {
-                let mut response = Response::new(Streaming);
+                let mut response = Response::new(Scripted::default());
                 *response.status_mut() = status;
                 if let Some(cluster) = served {
                     response.extensions_mut().insert(Served::new(cluster));
                 }
+                send.send_response(response);
+            }
+            Answer::Stream(status, served, body) => {
+                let response = Response::builder()
+                    .status(status)
+                    .header("content-type", "text/event-stream; charset=utf-8")
+                    .extension(Served::new(served))
+                    .body(body)
+                    .unwrap();
                 send.send_response(response);
             }
             Answer::Error(error) => send.send_error(error),
@@ -112,6 +172,25 @@ impl Fixture {
         self.exchange(prompt, Answer::Status(status, Some(served.clone())))
             .unwrap();
     }
+
+    /// Sends a request with the prompt and answers it with an event stream from `served`
+    /// whose body is `body`; returns the body after the layer.
+    fn stream(
+        &mut self,
+        status: StatusCode,
+        served: &ClusterId,
+        body: Scripted,
+    ) -> ConfirmBody<Scripted> {
+        let prompt = Some(self.prompt.clone());
+        self.exchange(prompt, Answer::Stream(status, served.clone(), body))
+            .unwrap()
+            .into_body()
+    }
+}
+
+/// Polls `body` for its next frame once.
+fn next_frame(body: &mut ConfirmBody<Scripted>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    poll_once(&mut body.frame())
 }
 
 #[test]
@@ -126,10 +205,11 @@ fn a_2xx_confirms_the_keys_at_the_serving_cluster() {
 }
 
 #[test]
-fn a_streamed_answer_confirms_at_its_head() {
+fn an_answer_that_is_not_an_event_stream_confirms_at_its_head() {
     let mut f = fixture();
     let east = f.east.clone();
-    // The body (`Streaming`) is never read: the head alone decides.
+    // A JSON answer's head comes once the answer is generated: its body is never read,
+    // the head alone decides.
     let response = f
         .exchange(
             Some(f.prompt.clone()),
@@ -292,9 +372,124 @@ fn a_request_dropped_before_its_head_changes_nothing() {
     let Poll::Ready(Some((_, send))) = f.handle.poll_request() else {
         panic!("no request");
     };
-    let mut response = Response::new(Streaming);
+    let mut response = Response::new(Scripted::default());
     *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     response.extensions_mut().insert(Served::new(east.clone()));
     send.send_response(response);
     assert_eq!(f.depth(&east), f.keys().len());
+}
+
+#[test]
+fn an_event_stream_confirms_at_its_first_output_not_its_head() {
+    let mut f = fixture();
+    let east = f.east.clone();
+    let mut body = f.stream(StatusCode::OK, &east, Scripted::events(&[PING, TOKEN]));
+    // vLLM, SGLang and llama.cpp send the head before they prefill: nothing yet.
+    assert_eq!(f.depth(&east), 0);
+    assert!(body.awaits_output());
+    // A comment is not output.
+    assert!(matches!(next_frame(&mut body), Poll::Ready(Some(Ok(_)))));
+    assert_eq!(f.depth(&east), 0);
+    // The first token is: the engine has prefilled the prompt.
+    let Poll::Ready(Some(Ok(frame))) = next_frame(&mut body) else {
+        panic!("the token frame passes");
+    };
+    assert_eq!(frame.into_data().unwrap(), TOKEN.as_bytes(), "unchanged");
+    assert_eq!(f.depth(&east), f.keys().len());
+    assert!(!body.awaits_output());
+    assert!(next_frame(&mut body).is_pending(), "still streaming");
+}
+
+#[test]
+fn a_responses_stream_confirms_after_its_opening_events() {
+    let mut f = fixture();
+    let east = f.east.clone();
+    let created = "event: response.created\ndata: {\"type\":\"response.created\"}\n\n";
+    let delta = "event: response.output_text.delta\ndata: {\"delta\":\"ok\"}\n\n";
+    let mut body = f.stream(StatusCode::OK, &east, Scripted::events(&[created, delta]));
+    assert!(next_frame(&mut body).is_ready());
+    assert_eq!(
+        f.depth(&east),
+        0,
+        "response.created comes before the prefill"
+    );
+    assert!(next_frame(&mut body).is_ready());
+    assert_eq!(f.depth(&east), f.keys().len());
+}
+
+#[test]
+fn an_event_stream_that_ends_without_output_confirms_at_its_end() {
+    // The end read as no more frames, as trailers, or told by the last frame.
+    let trailers = Scripted {
+        frames: [
+            Ok(Frame::data(Bytes::from(PING))),
+            Ok(Frame::trailers(HeaderMap::new())),
+        ]
+        .into(),
+        ..Scripted::default()
+    };
+    let said = Scripted {
+        ends: true,
+        announces_end: true,
+        ..Scripted::events(&[PING])
+    };
+    let ended = Scripted {
+        ends: true,
+        ..Scripted::events(&[PING])
+    };
+    for (case, scripted, frames) in [
+        ("trailers", trailers, 2),
+        ("said", said, 1),
+        ("ended", ended, 2),
+    ] {
+        let mut f = fixture();
+        let east = f.east.clone();
+        let mut body = f.stream(StatusCode::OK, &east, scripted);
+        for _ in 0..frames {
+            assert_eq!(f.depth(&east), 0, "{case}");
+            assert!(next_frame(&mut body).is_ready(), "{case}");
+        }
+        assert_eq!(f.depth(&east), f.keys().len(), "{case}");
+    }
+}
+
+#[test]
+fn an_event_stream_that_fails_or_is_dropped_before_its_output_confirms_nothing() {
+    let mut f = fixture();
+    let (east, west) = (f.east.clone(), f.west.clone());
+    f.answer(StatusCode::OK, &west);
+    let broken = Scripted {
+        frames: [
+            Ok(Frame::data(Bytes::from(PING))),
+            Err("connection reset".into()),
+        ]
+        .into(),
+        ..Scripted::default()
+    };
+    let mut body = f.stream(StatusCode::OK, &east, broken);
+    assert!(next_frame(&mut body).is_ready());
+    assert!(matches!(next_frame(&mut body), Poll::Ready(Some(Err(_)))));
+    assert!(!body.awaits_output());
+    // A client that leaves before the first token.
+    let mut left = f.stream(StatusCode::OK, &east, Scripted::events(&[PING, TOKEN]));
+    assert!(next_frame(&mut left).is_ready());
+    drop(left);
+    assert_eq!(f.depth(&east), 0);
+    // Nor is what another cluster holds touched.
+    assert_eq!(f.depth(&west), f.keys().len());
+}
+
+#[test]
+fn an_event_stream_refused_with_429_or_5xx_drops_at_its_head() {
+    for status in [
+        StatusCode::TOO_MANY_REQUESTS,
+        StatusCode::SERVICE_UNAVAILABLE,
+    ] {
+        let mut f = fixture();
+        let east = f.east.clone();
+        f.answer(StatusCode::OK, &east);
+        let body = f.stream(status, &east, Scripted::events(&[TOKEN]));
+        assert_eq!(f.depth(&east), 0, "{status}");
+        assert!(!body.awaits_output(), "{status}");
+    }
 }

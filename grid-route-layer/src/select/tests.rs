@@ -786,7 +786,7 @@ async fn a_users_own_balancer_reads_candidates_and_sets_served() {
     let mut req = plain();
     req.extensions_mut().insert(prompt.clone());
     let response = service.oneshot(req).await.unwrap();
-    assert_eq!(response.body(), "from west/west-a");
+    assert_eq!(response.body().get_ref(), "from west/west-a");
     let west = grid.view().clusters()[1].id().clone();
     let keys = prompt.keys().unwrap().as_slice();
     assert_eq!(index.depth(&west, keys, Instant::now()), keys.len());
