@@ -138,6 +138,6 @@ impl<B: fmt::Debug> fmt::Debug for ConfirmBody<B> {
         f.debug_struct("ConfirmBody")
             .field("body", &self.body)
             .field("awaits_output", &self.awaits_output())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
