@@ -25,7 +25,7 @@
 //! |---|---|---|
 //! | [`KeyingLayer`] | [`with_affinity`](crate::keying::KeyingLayer::with_affinity) | read prompts only while affinity is enabled, and sessions only while session affinity is |
 //! | [`AffinityLayer`] | [`new`](crate::affinity::AffinityLayer::new) | decide: the index's depths, the threshold, the load gate at the learned prices |
-//! | [`ConfirmLayer`] | [`new`](crate::confirm::ConfirmLayer::new) | confirm or drop the request's keys in the index at the answer's head |
+//! | [`ConfirmLayer`] | [`new`](crate::confirm::ConfirmLayer::new) | confirm or drop the request's keys in the index at the answer's head (a 2xx event stream's at its first output) |
 //! | [`FeedbackLayer`] | [`with_affinity`](crate::feedback::FeedbackLayer::with_affinity) | make the index forget what an engine evicted, and teach the prices |
 //!
 //! Clones share one state, and a reload changes it in place

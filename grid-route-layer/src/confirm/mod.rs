@@ -2,7 +2,8 @@
 //!
 //! The index must only believe a cluster holds a prompt once the cluster took it: a
 //! request sent is not a prefix cached. So [`ConfirmLayer`] waits for each answer's head
-//! and applies its [`Verdict`] at the cluster that served it ([`Served`]):
+//! (a 2xx event stream's first output) and applies its [`Verdict`] at the cluster that
+//! served it ([`Served`]):
 //!
 //! - **2xx** confirms the request's keys there (taken from its [`Prompt`] when the
 //!   request went in): later requests sharing the prefix may stick to it. Until the first
@@ -12,10 +13,18 @@
 //! - **Any other status** changes nothing; nor does a request without keys, an answer
 //!   without [`Served`], or a request dropped before its head.
 //!
-//! The verdict is applied at the head, never after the body, so a streamed answer
-//! confirms as soon as it starts. With affinity disabled ([`AffinitySettings::enabled`])
-//! no prompt is read and nothing is confirmed. The core, [`Verdict`], takes `now` and the
-//! status as plain values; the layer reads the clock.
+//! The verdict is applied at the head, except that a 2xx event stream confirms at its
+//! first output ([`ConfirmBody`]): its first token, past a Responses stream's opening
+//! events. vLLM, SGLang and llama.cpp send a stream's head before they prefill, so a
+//! stream confirmed at its head would count its prompt held by an engine still waiting to
+//! prefill it, and a burst behind that prompt would follow it there and wait. A JSON
+//! answer's head comes once it is generated, and a refusal (429, 5xx) drops at its head.
+//! A stream that fails or is dropped before its first output confirms nothing; one that
+//! ends without output confirms at its end.
+//!
+//! With affinity disabled ([`AffinitySettings::enabled`]) no prompt is read and nothing is
+//! confirmed. The core, [`Verdict`], takes `now` and the status as plain values; the layer
+//! reads the clock.
 //!
 //! # Example
 //!

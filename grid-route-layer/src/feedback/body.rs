@@ -177,7 +177,8 @@ impl Prediction {
     /// prompt's deepest matched key, when the engine delivered far less than predicted.
     ///
     /// Runs when the answer's body is done, after confirmation refreshed the prompt at the
-    /// response head, so the prompt itself (which the engine now holds) stays.
+    /// response head (a stream's at its first output), so the prompt itself (which the
+    /// engine now holds) stays.
     fn weigh(self, cluster: &ClusterId, cached_tokens: u64) {
         // Checked again here: a reload may have turned feedback off while the answer ran.
         let Some(teach) = self

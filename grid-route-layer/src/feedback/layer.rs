@@ -43,7 +43,8 @@ impl FeedbackLayer {
     ///
     /// The layer must sit inside [`ConfirmLayer`](crate::confirm::ConfirmLayer), as it
     /// does in the documented stack: confirmation then refreshes the prompt at the response
-    /// head, before the engine's report at the end of the body can forget older entries.
+    /// head (a stream's at its first output), before the engine's report at the end of the
+    /// body can forget older entries.
     #[must_use]
     pub fn with_affinity(mut self, affinity: Affinity) -> Self {
         self.teach = Some(affinity);

@@ -28,8 +28,9 @@
 //! matched key is gone from the engine too, and the index forgets it, for that cluster
 //! alone ([`PrefixIndex::forget_older`](crate::index::PrefixIndex::forget_older)). The
 //! prompt itself stays: the engine has just prefilled it, and confirmation recorded it
-//! again at the response head. The index thus shrinks to what the engine really keeps,
-//! and conversations whose prefixes are gone route by load instead of piling onto an
+//! again at the response head (a stream's at its first output). The index thus shrinks to
+//! what the engine really keeps, and conversations whose prefixes are gone route by load
+//! instead of piling onto an
 //! engine that no longer holds them.
 //!
 //! Answers without a usage (a stream without `stream_options.include_usage`, an error)

@@ -6,7 +6,8 @@
 //! the threshold, the load gate; the session step, with each request's thread and with
 //! `--sessions` its session), then `Select`'s
 //! [`least_loaded`] among the clusters that stay, then p2c inside the cluster. At the
-//! answer head, [`Verdict`] applies the status to the index, as `ConfirmLayer` does: a
+//! answer head, which the engine model sends with the first token (as `ConfirmLayer`
+//! confirms a stream at its first output), [`Verdict`] applies the status to the index: a
 //! 200 confirms the keys and the session, a 503 (an engine refusing, `--fail-share`)
 //! drops them. When the answer ends, engine feedback weighs what the engine served from
 //! its cache against a sticky or session request's predicted match, as `FeedbackLayer` does with
