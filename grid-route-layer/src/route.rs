@@ -13,6 +13,7 @@
 //! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
 //! | [`Outcome`] | request extension | [`AffinityLayer`], when it counted a decision | the gateway (its request log) |
 //! | [`PredictedMatch`] | request extension | [`AffinityLayer`], for a sticky or session request | [`FeedbackLayer`] |
+//! | [`Placed`] | request extension | [`AffinityLayer`], for a new conversation it placed on a free slot | [`Select`] (takes over its count in flight) |
 //! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], [`PinLayer`], [`FeedbackLayer`] |
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
 //! | [`NoCandidate`] | error | [`Select`] | the gateway (404 when no cluster serves the model, else 503) |
@@ -44,12 +45,12 @@
 
 use std::error::Error;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::grid::{ClusterId, SiteName};
+use crate::grid::{ClusterId, InFlight, SiteName};
 use crate::keying::{NoKeys, PrefixKeys, SessionKey};
 
 /// The name of the `tracing` span each request runs in, opened by
@@ -350,6 +351,86 @@ impl PredictedMatch {
     /// Bytes of canonical prompt those keys cover.
     pub fn covered_bytes(&self) -> u64 {
         self.covered_bytes
+    }
+}
+
+/// A new conversation [`AffinityLayer`](crate::affinity::AffinityLayer) placed on a free
+/// slot, already counted in flight at that cluster
+/// ([`Decision::placed`](crate::affinity::Decision::placed)).
+///
+/// Why counted at the decision and not at dispatch: the free-slot rule reads every
+/// cluster's requests in flight, and an opening burst's requests, keyed off the async
+/// threads, reach it within microseconds of each other. Counted only once [`Select`]
+/// dispatched them, two placed at once both saw the same free slot, and a two-slot engine
+/// got three long first turns while another had a slot free (an arena run: the third
+/// waited 24.7 s for its first token). The placement takes the count under the lock the
+/// rule reads under; [`Select`] takes it over ([`take_for`](Self::take_for)) and counts
+/// nothing twice. Dropped unused (the request failed before dispatch, or was sent
+/// elsewhere), it stops counting.
+///
+/// Clones share the count, and only the first [`take_for`](Self::take_for) gets it.
+///
+/// [`Select`]: crate::select::Select
+#[derive(Clone)]
+pub struct Placed {
+    cluster: ClusterId,
+    load: f64,
+    in_flight: Arc<Mutex<Option<InFlight>>>,
+}
+
+impl Placed {
+    /// `in_flight`, counted at `cluster` whose routing load was `load` just before.
+    pub fn new(cluster: ClusterId, load: f64, in_flight: InFlight) -> Self {
+        Self {
+            cluster,
+            load,
+            in_flight: Arc::new(Mutex::new(Some(in_flight))),
+        }
+    }
+
+    /// The cluster the request was placed on.
+    pub fn cluster(&self) -> &ClusterId {
+        &self.cluster
+    }
+
+    /// The count in flight and the cluster's routing load before it, when the request is
+    /// dispatched to `cluster`, the one it was placed on, and nothing took them yet. Any
+    /// call empties it: a request sent elsewhere stops counting where it was placed.
+    ///
+    /// ```
+    /// use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec};
+    /// use grid_route_layer::route::Placed;
+    ///
+    /// let spec = GridSpec::new([SiteSpec::new("east").with_clusters([
+    ///     ClusterSpec::new("east-a").with_models(["m"]).with_endpoints(["http://a:8000"]),
+    ///     ClusterSpec::new("east-b").with_models(["m"]).with_endpoints(["http://b:8000"]),
+    /// ])]);
+    /// let grid = Grid::new(&spec, GridSettings::default()).unwrap();
+    /// let view = grid.view();
+    /// let (a, b) = (&view.clusters()[0], &view.clusters()[1]);
+    /// let placed = Placed::new(a.id().clone(), 0.0, a.load().start_request_prefilling(4_096));
+    /// assert_eq!(a.load().in_flight(), 1);
+    /// // Sent elsewhere: nothing to take over, and it no longer counts at east-a.
+    /// assert!(placed.clone().take_for(b.id()).is_none());
+    /// assert_eq!(a.load().in_flight(), 0);
+    /// assert!(placed.take_for(a.id()).is_none(), "taken once");
+    /// ```
+    pub fn take_for(&self, cluster: &ClusterId) -> Option<(f64, InFlight)> {
+        let in_flight = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()?;
+        (*cluster == self.cluster).then_some((self.load, in_flight))
+    }
+}
+
+impl fmt::Debug for Placed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Placed")
+            .field("cluster", &self.cluster)
+            .field("load", &self.load)
+            .finish_non_exhaustive()
     }
 }
 

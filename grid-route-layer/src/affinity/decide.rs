@@ -13,7 +13,8 @@ use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
 use crate::keying::{PrefixKeys, SessionKey};
-use crate::select::load_rank;
+use crate::route::Placed;
+use crate::select::{load_rank, prefill_bytes};
 
 /// What affinity decided for a request, the `outcome` label of
 /// `grid_route_prefix_affinity_total`.
@@ -340,6 +341,7 @@ impl Affinity {
             deepest: 0,
             covered_bytes: 0,
             clusters,
+            placed: None,
         };
         if !settings.enabled() || candidates.len() < 2 {
             return undecided(None, candidates);
@@ -420,8 +422,10 @@ impl Affinity {
                 None => {}
             }
         }
+        let mut placed = None;
         if narrowing.outcome == Outcome::NoMatch {
-            candidates = self.place_unmatched(&settings, outcome, &candidates, keys, &depths, now);
+            (candidates, placed) =
+                self.place_unmatched(&settings, outcome, &candidates, keys, &depths, now);
         } else {
             let mut depth = depths.iter();
             candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
@@ -448,6 +452,7 @@ impl Affinity {
             deepest: narrowing.deepest,
             covered_bytes: keys.covered_bytes(narrowing.deepest),
             clusters: candidates,
+            placed,
         }
     }
 
@@ -537,6 +542,7 @@ impl SessionFound {
                 deepest: depth,
                 covered_bytes: self.held,
                 clusters: vec![chosen],
+                placed: None,
             }
         } else {
             Decision {
@@ -544,6 +550,7 @@ impl SessionFound {
                 deepest: depth,
                 covered_bytes: self.held,
                 clusters: candidates,
+                placed: None,
             }
         }
     }
@@ -582,7 +589,8 @@ impl Affinity {
     ///
     /// On a grid of engines with slots, when it names one cluster, that cluster is
     /// recorded as sent the prompt's bytes beyond its depth there (unless a reload has
-    /// just removed it).
+    /// just removed it), and the request is counted in flight there at once, under the
+    /// lock the rule reads under ([`Placed`], returned with the clusters).
     fn place_unmatched(
         &self,
         settings: &AffinitySettings,
@@ -591,20 +599,22 @@ impl Affinity {
         keys: &PrefixKeys,
         depths: &[usize],
         now: Instant,
-    ) -> Vec<Arc<Cluster>> {
+    ) -> (Vec<Arc<Cluster>>, Option<Placed>) {
         let on_free_slots = outcome == Outcome::NoMatch && settings.places_on_free_slots();
         let by_depth = settings.ranks_free_slots_by_depth();
+        // One lock for reading the slots, loads and sums and adding to them: two new
+        // conversations placed at once do not both take the same free slot or the same
+        // cluster for the roomiest.
+        let mut placed = on_free_slots.then(|| self.placed.at(now));
         // Whether each candidate has a slot free; `None` unless every one's slots are known.
         let free: Option<Vec<bool>> = if on_free_slots {
             candidates.iter().map(|c| c.load().free_slot(now)).collect()
         } else {
             None
         };
-        let chosen = match free {
-            Some(free) => {
-                // One lock for reading the sums and adding to them: two new conversations
-                // placed at once do not both take the same cluster for the roomiest.
-                let mut placed = self.placed.at(now);
+        let mut counted = None;
+        let chosen = match (free, placed.as_mut()) {
+            (Some(free), Some(placed)) => {
                 // What stands for the room each cluster's engines have: see above.
                 let shared = self.index_shared();
                 let room = |cluster: &ClusterId| {
@@ -625,22 +635,31 @@ impl Affinity {
                 let chosen = Self::freest_slot(candidates, &free, depth, room, now)
                     .map_or_else(|| self.roomiest(candidates, depths, now), |at| vec![at]);
                 if let &[at] = chosen.as_slice() {
-                    let cluster = candidates[at].id();
-                    if self.index.knows(cluster) {
+                    let cluster = &candidates[at];
+                    if self.index.knows(cluster.id()) {
                         let new_bytes = keys
                             .total_covered_bytes()
                             .saturating_sub(keys.covered_bytes(depths[at]));
-                        placed.add(cluster, new_bytes);
+                        placed.add(cluster.id(), new_bytes);
                     }
+                    // Counted in flight before the lock is let go, as `Select` would count
+                    // it (see `Placed`).
+                    let load = cluster.load().routing_load(now);
+                    let in_flight = cluster
+                        .load()
+                        .start_request_prefilling(prefill_bytes(Some(keys), None));
+                    counted = Some(Placed::new(cluster.id().clone(), load, in_flight));
                 }
                 chosen
             }
-            None => self.roomiest(candidates, depths, now),
+            _ => self.roomiest(candidates, depths, now),
         };
-        chosen
+        drop(placed);
+        let chosen = chosen
             .into_iter()
             .map(|at| Arc::clone(&candidates[at]))
-            .collect()
+            .collect();
+        (chosen, counted)
     }
 
     /// The candidate with a free slot (`free[i]` for candidate `i`) a request that matches
@@ -753,6 +772,7 @@ pub struct Decision {
     deepest: usize,
     covered_bytes: u64,
     clusters: Vec<Arc<Cluster>>,
+    placed: Option<Placed>,
 }
 
 impl Decision {
@@ -782,5 +802,12 @@ impl Decision {
     /// The candidates that stay, by value.
     pub fn into_clusters(self) -> Vec<Arc<Cluster>> {
         self.clusters
+    }
+
+    /// A new conversation placed on a free slot: the one cluster that stays, where the
+    /// request already counts in flight until the balancer takes the count over
+    /// ([`Placed::take_for`]) or the decision and its clones are dropped.
+    pub fn placed(&self) -> Option<&Placed> {
+        self.placed.as_ref()
     }
 }

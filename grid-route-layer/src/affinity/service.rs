@@ -12,7 +12,9 @@ use super::draw::random_draw;
 use super::settings::MIN_STICKY_DEPTH;
 use crate::grid::{Cluster, Grid};
 use crate::metrics::{OUTCOME_LABEL, PREFIX_AFFINITY_TOTAL};
-use crate::route::{Candidates, Pinned, PredictedMatch, Prompt, RequestModel, record_on_span};
+use crate::route::{
+    Candidates, Pinned, Placed, PredictedMatch, Prompt, RequestModel, record_on_span,
+};
 
 /// The service [`AffinityLayer`](super::AffinityLayer) builds: sets
 /// [`Candidates`] on each request (and the [`Outcome`] when it counted a decision), then
@@ -66,16 +68,23 @@ impl<S> AffinityService<S> {
 
     crate::define_inner_service_accessors!();
 
-    /// The candidates, the outcome when the request was a counted decision, and the
-    /// predicted match when it is sticky or a session's ([`predicted_match`]).
+    /// The candidates, the outcome when the request was a counted decision, the
+    /// predicted match when it is sticky or a session's ([`predicted_match`]), and the
+    /// count in flight of a new conversation placed on a free slot ([`Placed`]).
     fn candidates<B>(
         &self,
         req: &Request<B>,
-    ) -> (Candidates, Option<Outcome>, Option<PredictedMatch>) {
+    ) -> (
+        Candidates,
+        Option<Outcome>,
+        Option<PredictedMatch>,
+        Option<Placed>,
+    ) {
         if let Some(pinned) = req.extensions().get::<Pinned>() {
             // Stored state lives on one cluster: no choice to make, nothing to count.
             // Whether it still admits is checked by the balancer.
-            return (Candidates::new(vec![pinned.cluster().clone()]), None, None);
+            let pinned = Candidates::new(vec![pinned.cluster().clone()]);
+            return (pinned, None, None, None);
         }
         let view = self.grid.view();
         let prompt = req.extensions().get::<Prompt>();
@@ -90,11 +99,17 @@ impl<S> AffinityService<S> {
             ),
             // Not a request keying could read (another path, not JSON, too large, ...):
             // not a prompt decision, so it routes on load and counts nothing.
-            None => return (ids(&candidates), None, None),
+            None => return (ids(&candidates), None, None, None),
         };
         record(&decision);
         let predicted = predicted_match(&decision);
-        (ids(decision.clusters()), decision.outcome(), predicted)
+        let placed = decision.placed().cloned();
+        (
+            ids(decision.clusters()),
+            decision.outcome(),
+            predicted,
+            placed,
+        )
     }
 }
 
@@ -151,8 +166,11 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let (candidates, outcome, predicted) = self.candidates(&req);
+        let (candidates, outcome, predicted, placed) = self.candidates(&req);
         req.extensions_mut().insert(candidates);
+        if let Some(placed) = placed {
+            req.extensions_mut().insert(placed);
+        }
         if let Some(outcome) = outcome {
             req.extensions_mut().insert(outcome);
         }

@@ -476,6 +476,74 @@ fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_the_index_holds_le
 }
 
 #[test]
+fn on_slot_engines_new_conversations_placed_before_any_is_sent_take_distinct_free_slots() {
+    // An opening burst: six new conversations decided before the balancer sent any, on
+    // three two-slot engines holding nothing.
+    let f = three_slot_sites();
+    let in_flight = |name: &str| f.cluster(name).load().in_flight();
+    let burst: Vec<Decision> = (0..6)
+        .map(|i| f.decide(&stranger(&f, &format!("burst {i}"), 20)))
+        .collect();
+    let mut placed: Vec<&str> = burst.iter().flat_map(names).collect();
+    placed.sort_unstable();
+    assert_eq!(
+        placed,
+        ["east-a", "east-a", "north-a", "north-a", "west-a", "west-a"]
+    );
+    for (decision, name) in burst.iter().zip(burst.iter().flat_map(names)) {
+        assert_eq!(decision.placed().unwrap().cluster().name(), name);
+    }
+    // Each already counts where it was placed, until the balancer takes the count over.
+    assert_eq!(
+        (
+            in_flight("east-a"),
+            in_flight("west-a"),
+            in_flight("north-a")
+        ),
+        (2, 2, 2)
+    );
+    // No slot free: the seventh goes by load (all three tie) and counts nowhere yet.
+    let seventh = f.decide(&stranger(&f, "seventh", 20));
+    assert_eq!(names(&seventh), ["east-a", "west-a", "north-a"]);
+    assert!(seventh.placed().is_none());
+    // Decisions dropped unsent count nowhere.
+    drop(burst);
+    assert_eq!(
+        (
+            in_flight("east-a"),
+            in_flight("west-a"),
+            in_flight("north-a")
+        ),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn on_slot_engines_new_conversations_placed_at_once_from_many_threads_never_overfill_an_engine() {
+    let f = three_slot_sites();
+    for _ in 0..50 {
+        let start = std::sync::Barrier::new(6);
+        let burst: Vec<Decision> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..6)
+                .map(|i| {
+                    let (f, start) = (&f, &start);
+                    scope.spawn(move || {
+                        let prompt = stranger(f, &format!("burst {i}"), 20);
+                        start.wait();
+                        f.decide(&prompt)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for name in ["east-a", "west-a", "north-a"] {
+            let got = burst.iter().filter(|d| names(d) == [name]).count();
+            assert_eq!(got, 2, "{name}");
+        }
+    }
+}
+
+#[test]
 fn on_slot_engines_what_the_index_let_expire_is_room() {
     let f = three_slot_sites();
     f.confirm("east-a", &stranger(&f, "east's", 40));

@@ -7,7 +7,6 @@ use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
 use http::Response;
-use http::header::CONTENT_TYPE;
 use pin_project_lite::pin_project;
 
 use super::body::{ConfirmBody, Waiting};
@@ -16,6 +15,7 @@ use crate::grid::ClusterId;
 use crate::index::PrefixIndex;
 use crate::keying::{PrefixKeys, SessionKey};
 use crate::route::{BoxError, DispatchError, Served};
+use crate::select::is_event_stream;
 
 /// A request's keys and session waiting for its answer.
 #[derive(Debug)]
@@ -111,7 +111,7 @@ where
             return Poll::Ready(Ok(response.map(ConfirmBody::settled)));
         };
         let status = response.status();
-        if status.is_success() && is_event_stream(&response) {
+        if status.is_success() && is_event_stream(response.headers()) {
             let waiting = Waiting::new(pending, served.cluster().clone(), status.as_u16());
             return Poll::Ready(Ok(response.map(|body| ConfirmBody::waiting(body, waiting))));
         }
@@ -122,14 +122,4 @@ where
         );
         Poll::Ready(Ok(response.map(ConfirmBody::settled)))
     }
-}
-
-/// Whether `response` is a server-sent event stream, whose head vLLM, SGLang and
-/// llama.cpp send before they prefill.
-fn is_event_stream<B>(response: &Response<B>) -> bool {
-    response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
-use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
@@ -17,6 +16,7 @@ use super::usage::UsageReader;
 use crate::affinity::Affinity;
 use crate::keying::Api;
 use crate::route::{Candidates, PredictedMatch, Prompt, Served};
+use crate::select::is_event_stream;
 
 /// Reads the engine's usage from every successful answer to a prompt. See the
 /// [module docs](super).
@@ -188,11 +188,7 @@ where
             .get::<Served>()
             .filter(|_| *this.generates && response.status().is_success())
             .map(|served| (served.cluster().clone(), served.load(), served.sent()));
-        let event_stream = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let event_stream = is_event_stream(response.headers());
         Poll::Ready(Ok(response.map(|body| match cluster {
             Some((cluster, load, sent)) => FeedbackBody::read(
                 body,

@@ -109,7 +109,7 @@ mod service;
 
 pub use body::InFlightBody;
 pub use future::ResponseFuture;
-pub(crate) use output::OutputScan;
+pub(crate) use output::{OutputScan, is_event_stream};
 pub(crate) use pick::load_rank;
 pub use pick::{least_loaded, prefill_bytes};
 pub use service::Select;

@@ -2,6 +2,11 @@
 
 use std::fmt;
 
+use http::HeaderMap;
+use http::header::CONTENT_TYPE;
+
+use crate::pin::Framing;
+
 /// The events a Responses API stream opens with before the engine has generated anything
 /// (OpenAI's and vLLM's `response.created` and `response.in_progress`, and
 /// `response.queued`).
@@ -58,6 +63,17 @@ enum LineKind {
 /// Lines end at `\n` (`\r\n` included); a stream ending its lines with a lone `\r`, which
 /// the SSE format allows and no engine sends, is one line that never ends: its request
 /// counts whole until its answer ends, and teaches no prefill speed.
+/// Whether an answer with these `headers` is a server-sent event stream (its media type
+/// read as [`Framing`] reads it), whose head vLLM, SGLang and llama.cpp send before they
+/// prefill and whose output [`OutputScan`] finds.
+pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(Framing::from_content_type)
+        == Some(Framing::EventStream)
+}
+
 #[derive(Clone, Default)]
 pub(crate) struct OutputScan {
     kind: LineKind,

@@ -18,7 +18,8 @@ use super::pick::{least_loaded, prefill_bytes};
 use crate::grid::{Cluster, Grid, GridView};
 use crate::metrics::{CLUSTER_LABEL, DECISIONS_TOTAL, SITE_LABEL};
 use crate::route::{
-    BoxError, Candidates, NoCandidate, Pinned, PredictedMatch, Prompt, RequestModel, record_on_span,
+    BoxError, Candidates, NoCandidate, Pinned, Placed, PredictedMatch, Prompt, RequestModel,
+    record_on_span,
 };
 
 /// The default inner balancer: sends each request to the least loaded of its candidates,
@@ -213,13 +214,18 @@ where
             in_flight = cluster.load().in_flight(),
             "selected"
         );
+        let ext = req.extensions();
+        // Counted already when affinity placed it here on a free slot; a request placed
+        // elsewhere stops counting there.
+        let placed = ext.get::<Placed>().and_then(|placed| placed.take_for(id));
         // The load this request meets, before it counts in it: what its answer's time to
         // first token is learned against.
-        let load = cluster.load().routing_load(now);
-        let ext = req.extensions();
-        let keys = ext.get::<Prompt>().and_then(|prompt| prompt.keys().ok());
-        let prefill = prefill_bytes(keys, ext.get::<PredictedMatch>());
-        let in_flight = cluster.load().start_request_prefilling(prefill);
+        let (load, in_flight) = placed.unwrap_or_else(|| {
+            let load = cluster.load().routing_load(now);
+            let keys = ext.get::<Prompt>().and_then(|prompt| prompt.keys().ok());
+            let prefill = prefill_bytes(keys, ext.get::<PredictedMatch>());
+            (load, cluster.load().start_request_prefilling(prefill))
+        });
         let service = self.service_for(&view, cluster);
         ResponseFuture::dispatched(Oneshot::new(service, req), id.clone(), load, now, in_flight)
     }

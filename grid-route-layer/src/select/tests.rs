@@ -14,7 +14,9 @@ use super::*;
 use crate::grid::{Cluster, ClusterId, Grid, GridSettings, GridSpec};
 use crate::keying::NoKeys;
 use crate::metrics::DECISIONS_TOTAL;
-use crate::route::{BoxError, Candidates, DispatchError, NoCandidate, Pinned, Prompt, Served};
+use crate::route::{
+    BoxError, Candidates, DispatchError, NoCandidate, Pinned, Placed, Prompt, Served,
+};
 use crate::test_support::{MODEL, TestRecorder, grid_spec, poll_once};
 
 type Mock = mock::Mock<Request<String>, Response<String>>;
@@ -325,6 +327,36 @@ fn a_request_counts_in_flight_until_its_answers_body_ends() {
     let (future, name) = f.send(plain());
     drop(future);
     assert_eq!(f.cluster(&name).load().in_flight(), 0);
+}
+
+#[test]
+fn a_request_affinity_placed_and_counted_is_not_counted_twice_and_one_sent_elsewhere_stops_counting_there()
+ {
+    let mut f = three_clusters();
+    let (west, east) = (f.cluster("west-a"), f.cluster("east-a"));
+    let placed = |cluster: &Cluster| {
+        Placed::new(
+            cluster.id().clone(),
+            0.0,
+            cluster.load().start_request_prefilling(2_048),
+        )
+    };
+    let in_flight = |c: &Cluster| (c.load().in_flight(), c.load().prefill_waiting_bytes());
+    // Placed on west-a and sent there: one request in flight, its prompt waiting once.
+    let mut req = with_candidates(&[west.id().clone()]);
+    req.extensions_mut().insert(placed(&west));
+    let (future, name) = f.send(req);
+    assert_eq!(name, "west-a");
+    assert_eq!(in_flight(&west), (1, 2_048));
+    drop(future);
+    assert_eq!(in_flight(&west), (0, 0));
+    // Placed on west-a, sent to east-a (say, west-a stopped admitting meanwhile).
+    let mut req = with_candidates(&[east.id().clone()]);
+    req.extensions_mut().insert(placed(&west));
+    let (_future, name) = f.send(req);
+    assert_eq!(name, "east-a");
+    assert_eq!(in_flight(&west), (0, 0));
+    assert_eq!(in_flight(&east).0, 1);
 }
 
 /// A body of `frames` data frames, then an error when `fails`.

@@ -10,6 +10,7 @@ use std::time::Instant;
 use grid_route_layer::grid::{
     Cluster, ClusterId, ClusterSpec, Grid, GridSettings, GridSpec, InFlight, SiteSpec,
 };
+use grid_route_layer::route::Placed;
 use grid_route_layer::select::least_loaded;
 
 use super::{Setup, instant};
@@ -105,6 +106,7 @@ impl Gateways {
         id: usize,
         now: f64,
         prefill: u64,
+        placed: Option<&Placed>,
     ) -> (usize, f64) {
         let at = instant(self.base, now);
         let state = &mut self.replicas[replica];
@@ -130,7 +132,13 @@ impl Gateways {
             }
         };
         state.pending[engine] += 1;
-        let load = cluster.load().routing_load(at);
+        // As `Select`: a request affinity placed on a free slot counts in flight already.
+        let (load, in_flight) = placed
+            .and_then(|placed| placed.take_for(cluster.id()))
+            .unwrap_or_else(|| {
+                let load = cluster.load().routing_load(at);
+                (load, cluster.load().start_request_prefilling(prefill))
+            });
         self.open.insert(
             id,
             Open {
@@ -138,7 +146,7 @@ impl Gateways {
                 engine,
                 cluster: cluster.id().clone(),
                 headed: false,
-                in_flight: cluster.load().start_request_prefilling(prefill),
+                in_flight,
             },
         );
         (engine, load)

@@ -169,6 +169,7 @@ impl Router for GridRoute {
             route.id,
             route.now,
             prefill,
+            decision.placed(),
         );
         self.timings.insert(
             route.id,

@@ -26,7 +26,7 @@ impl Router for LeastQueue {
             .view()
             .candidates(Some(MODEL));
         self.gateways
-            .dispatch(route.replica, &candidates, route.id, route.now, 0)
+            .dispatch(route.replica, &candidates, route.id, route.now, 0, None)
             .0
     }
 
