@@ -336,19 +336,12 @@ impl Affinity {
         draw: f64,
     ) -> Decision {
         let settings = self.settings();
-        let undecided = |outcome, clusters| Decision {
-            outcome,
-            deepest: 0,
-            covered_bytes: 0,
-            clusters,
-            placed: None,
-        };
         if !settings.enabled() || candidates.len() < 2 {
-            return undecided(None, candidates);
+            return Decision::undecided(None, candidates);
         }
         let session = session.filter(|_| settings.session_affinity());
         if keys.is_none() && session.is_none() {
-            return undecided(Some(Outcome::NotApplicable), candidates);
+            return Decision::undecided(Some(Outcome::NotApplicable), candidates);
         }
         // A conversation's later turn matches its own history beyond any shared head: no
         // other conversation will ask a second site for it, and exploring it would only
@@ -357,12 +350,12 @@ impl Affinity {
             && (settings.explores_continuations()
                 || !keys.is_some_and(PrefixKeys::continues_conversation))
         {
-            return undecided(Some(Outcome::Exploration), candidates);
+            return Decision::undecided(Some(Outcome::Exploration), candidates);
         }
         let Some(keys) = keys else {
             // A session without a prompt to key (token ids, an unknown part type, ...).
             let Some(found) = self.session_gate(&settings, &candidates, session, None, now) else {
-                return undecided(Some(Outcome::NotApplicable), candidates);
+                return Decision::undecided(Some(Outcome::NotApplicable), candidates);
             };
             return found.decided(candidates, 0);
         };
@@ -776,6 +769,17 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// `outcome` with every candidate in `clusters` staying, no depth looked up.
+    fn undecided(outcome: Option<Outcome>, clusters: Vec<Arc<Cluster>>) -> Self {
+        Self {
+            outcome,
+            deepest: 0,
+            covered_bytes: 0,
+            clusters,
+            placed: None,
+        }
+    }
+
     /// The outcome to count; `None` when there was nothing to decide (affinity disabled,
     /// fewer than two candidates).
     pub fn outcome(&self) -> Option<Outcome> {
