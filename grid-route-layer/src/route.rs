@@ -368,7 +368,9 @@ impl PredictedMatch {
 /// nothing twice. Dropped unused (the request failed before dispatch, or was sent
 /// elsewhere), it stops counting.
 ///
-/// Clones share the count, and only the first [`take_for`](Self::take_for) gets it.
+/// Clones share the count, and only the first [`take_for`](Self::take_for) gets it. A
+/// balancer of your own may ignore it: the count then ends when the request is dropped,
+/// which a client does once it has sent it.
 ///
 /// [`Select`]: crate::select::Select
 #[derive(Clone)]
