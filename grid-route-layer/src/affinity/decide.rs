@@ -808,9 +808,10 @@ impl Decision {
         self.clusters
     }
 
-    /// A new conversation placed on a free slot: the one cluster that stays, where the
-    /// request already counts in flight until the balancer takes the count over
-    /// ([`Placed::take_for`]) or the decision and its clones are dropped.
+    /// A new conversation the free-slot rule placed on one cluster (a free slot's, or with
+    /// none free the one least loaded): the cluster that stays, where the request already
+    /// counts in flight until the balancer takes the count over ([`Placed::take_for`]) or
+    /// the decision and its clones are dropped.
     pub fn placed(&self) -> Option<&Placed> {
         self.placed.as_ref()
     }
