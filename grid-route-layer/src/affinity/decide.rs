@@ -14,7 +14,7 @@ use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
 use crate::keying::{PrefixKeys, SessionKey};
 use crate::route::Placed;
-use crate::select::{load_rank, prefill_bytes};
+use crate::select::{count_in_flight, load_rank, prefill_bytes};
 
 /// What affinity decided for a request, the `outcome` label of
 /// `grid_route_prefix_affinity_total`.
@@ -637,10 +637,8 @@ impl Affinity {
                     }
                     // Counted in flight before the lock is let go, as `Select` would count
                     // it (see `Placed`).
-                    let load = cluster.load().routing_load(now);
-                    let in_flight = cluster
-                        .load()
-                        .start_request_prefilling(prefill_bytes(Some(keys), None));
+                    let prefill = prefill_bytes(Some(keys), None);
+                    let (load, in_flight) = count_in_flight(cluster, None, prefill, now);
                     counted = Some(Placed::new(cluster.id().clone(), load, in_flight));
                 }
                 chosen

@@ -111,7 +111,7 @@ pub use body::InFlightBody;
 pub use future::ResponseFuture;
 pub(crate) use output::{OutputScan, is_event_stream};
 pub(crate) use pick::load_rank;
-pub use pick::{least_loaded, prefill_bytes};
+pub use pick::{count_in_flight, least_loaded, prefill_bytes};
 pub use service::Select;
 
 #[cfg(test)]

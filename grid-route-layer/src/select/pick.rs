@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::grid::Cluster;
+use crate::grid::{Cluster, InFlight};
 use crate::keying::PrefixKeys;
-use crate::route::PredictedMatch;
+use crate::route::{Placed, PredictedMatch};
 
 /// The least loaded of `candidates` at `now`: the lowest
 /// [`routing_load`](crate::grid::ClusterLoad::routing_load) (the windowed worst queue depth,
@@ -46,6 +46,25 @@ pub fn least_loaded<'a>(
 pub(crate) fn load_rank(cluster: &Cluster, now: Instant) -> (f64, usize) {
     let load = cluster.load();
     (load.routing_load(now), load.in_flight())
+}
+
+/// Counts a request sent to `cluster` at `now` in its load, as [`Select`](super::Select)
+/// does: takes over the count affinity took when it `placed` the request there
+/// ([`Placed::take_for`]), else starts one with `prefill` bytes waiting for the first
+/// token. Returns the cluster's routing load just before the request counted (what its
+/// time to first token is learned against) and the count.
+pub fn count_in_flight(
+    cluster: &Cluster,
+    placed: Option<&Placed>,
+    prefill: u64,
+    now: Instant,
+) -> (f64, InFlight) {
+    placed
+        .and_then(|placed| placed.take_for(cluster.id()))
+        .unwrap_or_else(|| {
+            let load = cluster.load().routing_load(now);
+            (load, cluster.load().start_request_prefilling(prefill))
+        })
 }
 
 /// The prompt bytes a request is sent to prefill, as [`Select`](super::Select) counts them

@@ -14,7 +14,7 @@ use tower::util::Oneshot;
 
 use super::InFlightBody;
 use super::future::ResponseFuture;
-use super::pick::{least_loaded, prefill_bytes};
+use super::pick::{count_in_flight, least_loaded, prefill_bytes};
 use crate::grid::{Cluster, Grid, GridView};
 use crate::metrics::{CLUSTER_LABEL, DECISIONS_TOTAL, SITE_LABEL};
 use crate::route::{
@@ -215,17 +215,11 @@ where
             "selected"
         );
         let ext = req.extensions();
+        let keys = ext.get::<Prompt>().and_then(|prompt| prompt.keys().ok());
+        let prefill = prefill_bytes(keys, ext.get::<PredictedMatch>());
         // Counted already when affinity placed it here on a free slot; a request placed
         // elsewhere stops counting there.
-        let placed = ext.get::<Placed>().and_then(|placed| placed.take_for(id));
-        // The load this request meets, before it counts in it: what its answer's time to
-        // first token is learned against.
-        let (load, in_flight) = placed.unwrap_or_else(|| {
-            let load = cluster.load().routing_load(now);
-            let keys = ext.get::<Prompt>().and_then(|prompt| prompt.keys().ok());
-            let prefill = prefill_bytes(keys, ext.get::<PredictedMatch>());
-            (load, cluster.load().start_request_prefilling(prefill))
-        });
+        let (load, in_flight) = count_in_flight(cluster, ext.get::<Placed>(), prefill, now);
         let service = self.service_for(&view, cluster);
         ResponseFuture::dispatched(Oneshot::new(service, req), id.clone(), load, now, in_flight)
     }

@@ -11,7 +11,7 @@ use grid_route_layer::grid::{
     Cluster, ClusterId, ClusterSpec, Grid, GridSettings, GridSpec, InFlight, SiteSpec,
 };
 use grid_route_layer::route::Placed;
-use grid_route_layer::select::least_loaded;
+use grid_route_layer::select::{count_in_flight, least_loaded};
 
 use super::{Setup, instant};
 use crate::engine::Engine;
@@ -133,12 +133,7 @@ impl Gateways {
         };
         state.pending[engine] += 1;
         // As `Select`: a request affinity placed on a free slot counts in flight already.
-        let (load, in_flight) = placed
-            .and_then(|placed| placed.take_for(cluster.id()))
-            .unwrap_or_else(|| {
-                let load = cluster.load().routing_load(at);
-                (load, cluster.load().start_request_prefilling(prefill))
-            });
+        let (load, in_flight) = count_in_flight(cluster, placed, prefill, at);
         self.open.insert(
             id,
             Open {
