@@ -19,10 +19,10 @@ pin_project! {
     /// first token, past a Responses stream's opening events), and confirms them then.
     ///
     /// Why not at the head: vLLM, SGLang and llama.cpp send a stream's head before they
-    /// prefill (llama.cpp: 12 ms against 53 s for the first token of a 6,000-word prompt
-    /// on a 2-core Xeon). Confirmed at the head, a prompt that is still waiting for its
-    /// prefill counts as held, and a burst behind it follows it to an engine that holds
-    /// nothing yet, where the requests wait for each other's prefill.
+    /// prefill (in the arena of BENCHMARKS.md a ~1,000-token first turn's head came at
+    /// once and its first token 14 s later). Confirmed at the head, a prompt that is still
+    /// waiting for its prefill counts as held, and a burst behind it follows it to an
+    /// engine that holds nothing yet, where the requests wait for each other's prefill.
     ///
     /// A stream that ends without output (its last frame, or trailers) confirms then: the
     /// engine answered 2xx and took the prompt. One that fails or is dropped (a client that
