@@ -1110,6 +1110,50 @@ async fn on_slot_engines_a_new_conversation_takes_the_free_slot_behind_the_least
 }
 
 #[tokio::test]
+async fn on_slot_engines_a_new_conversation_passes_over_a_roomy_free_slot_behind_a_long_prefill() {
+    let (release, released) = tokio::sync::watch::channel(false);
+    let gateway = two_slot_gateway(
+        &[("wait-east", "wait-east-a"), ("wait-west", "wait-west-a")],
+        &released,
+    )
+    .await;
+    let in_flight = |name: &str| {
+        let view = gateway.grid().view();
+        view.cluster(&cluster_id(&gateway, name))
+            .unwrap()
+            .load()
+            .in_flight()
+    };
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let place = |topic: &'static str, blocks: usize| {
+        let body = json!({"model": MODEL, "messages": [
+            {"role": "system", "content": text(topic, blocks * 256)},
+            {"role": "user", "content": "hi"},
+        ]})
+        .to_string();
+        let url = url.clone();
+        async move { send(Method::POST, &url, body).await.engine_name() }
+    };
+    // Nothing held anywhere: the first goes to the first engine, which holds it.
+    assert_eq!(place("first", 40).await, "wait-east-a");
+    // The next new conversation takes west-a's free slot, where the index holds least,
+    // and is held there before its first token: 40 blocks wait to be prefilled.
+    let long = held_new_conversation(&url, "long", 40);
+    eventually("west-a runs the held request", || async {
+        in_flight("wait-west-a") == 1
+    })
+    .await;
+    // A short new conversation would wait there behind ten times its own prefill (4
+    // blocks to 40, past the default six): it takes east-a's free slot, though east-a
+    // holds more. By room alone it would have gone to west-a.
+    assert_eq!(place("short", 4).await, "wait-east-a");
+    // One of 10 blocks would wait four times its own: room decides, west-a.
+    assert_eq!(place("longer", 10).await, "wait-west-a");
+    release.send(true).unwrap();
+    assert_eq!(long.await.unwrap(), "wait-west-a");
+}
+
+#[tokio::test]
 async fn a_gateway_sharing_its_index_tells_placement_so_and_a_reload_changes_it() {
     // Behind a shared index every replica reads the same entries, so placement goes by
     // this replica's own placements instead (the rule's unit tests show both orders).

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 use clap::builder::RangedU64ValueParser;
-use grid_route_layer::affinity::{AffinitySettings, MOVED_PREFILL_PAYERS};
+use grid_route_layer::affinity::{AffinitySettings, FREE_SLOT_WAIT_FACTOR, MOVED_PREFILL_PAYERS};
 use grid_route_layer::config::{PrefixAffinityConfig, Price};
 use grid_route_layer::grid::GridSettings;
 
@@ -380,6 +380,27 @@ pub struct GatewayArgs {
     /// alone ranked them (what the default is measured against)
     #[arg(long)]
     pub free_slots_by_depth: bool,
+    /// On slot engines a free slot is taken for its room only while the prompts waiting
+    /// there hold a new conversation back by at most this many times its own prefill
+    /// beyond the free slot that starts it soonest; `inf` ranks free slots by room alone,
+    /// as before (what FREE_SLOT_WAIT_FACTOR, the default, is measured against)
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = FREE_SLOT_WAIT_FACTOR,
+        value_parser = wait_factor,
+    )]
+    pub free_slot_wait_factor: f64,
+}
+
+/// `--free-slot-wait-factor`: a number of at least 0, or `inf`.
+fn wait_factor(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(x) if x >= 0.0 => Ok(x),
+        _ => Err(format!(
+            "must be a number of at least 0 or inf, got {value}"
+        )),
+    }
 }
 
 /// `--moved-prefill-payers`: a finite number, at least 1.
@@ -412,6 +433,7 @@ impl Default for GatewayArgs {
             explore_continuations: false,
             misses_by_load: false,
             free_slots_by_depth: false,
+            free_slot_wait_factor: FREE_SLOT_WAIT_FACTOR,
         }
     }
 }
@@ -442,6 +464,7 @@ impl GatewayArgs {
             .with_exploring_continuations(self.explore_continuations)
             .with_free_slot_placement(!self.misses_by_load)
             .with_free_slots_by_depth(self.free_slots_by_depth)
+            .with_free_slot_wait_factor(self.free_slot_wait_factor)
     }
 
     /// How often the queues are polled.

@@ -9,7 +9,7 @@ use arc_swap::ArcSwap;
 
 use super::prices::{AnswerTiming, GatePrices, Learned, LearnedPrices};
 use super::room::RecentPlacements;
-use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
+use super::settings::{AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
 use crate::keying::{PrefixKeys, SessionKey};
@@ -625,7 +625,9 @@ impl Affinity {
                         0
                     }
                 };
-                let chosen = Self::freest_slot(candidates, &free, depth, room, now)
+                let prefill = prefill_bytes(Some(keys), None);
+                let held_back = self.held_back(settings, candidates, &free, prefill);
+                let chosen = Self::freest_slot(candidates, &free, &held_back, depth, room, now)
                     .map_or_else(|| self.roomiest(candidates, depths, now), |at| vec![at]);
                 if let &[at] = chosen.as_slice() {
                     let cluster = &candidates[at];
@@ -637,7 +639,6 @@ impl Affinity {
                     }
                     // Counted in flight before the lock is let go, as `Select` would count
                     // it (see `Placed`).
-                    let prefill = prefill_bytes(Some(keys), None);
                     let (load, in_flight) = count_in_flight(cluster, None, prefill, now);
                     counted = Some(Placed::new(cluster.id().clone(), load, in_flight));
                 }
@@ -653,23 +654,73 @@ impl Affinity {
         (chosen, counted)
     }
 
+    /// Which candidates' free slots (`free[i]` for candidate `i`) would hold a new
+    /// conversation of `prefill` prompt bytes back too long to be taken for their room:
+    /// those where the prompt bytes waiting for their first token would take more than
+    /// [`free_slot_wait_factor`](AffinitySettings::free_slot_wait_factor) times the
+    /// request's own prefill longer than at the free slot where the least waits, both at
+    /// the cluster's prefill speed (see [`FREE_SLOT_WAIT_FACTOR`](super::FREE_SLOT_WAIT_FACTOR)).
+    /// None with an infinite factor, or fewer than two free slots to choose from.
+    fn held_back(
+        &self,
+        settings: &AffinitySettings,
+        candidates: &[Arc<Cluster>],
+        free: &[bool],
+        prefill: u64,
+    ) -> Vec<bool> {
+        let factor = settings.free_slot_wait_factor();
+        let mut held_back = vec![false; candidates.len()];
+        if factor.is_infinite() || free.iter().filter(|&&free| free).count() < 2 {
+            return held_back;
+        }
+        // Seconds at each free slot's cluster: its prompts waiting, the request's own.
+        let seconds: Vec<Option<(f64, f64)>> = candidates
+            .iter()
+            .zip(free)
+            .map(|(cluster, &free)| {
+                free.then(|| {
+                    let speed = self
+                        .prices_under(settings, cluster.id())
+                        .prefill_tokens_per_second
+                        * BYTES_PER_TOKEN;
+                    let waiting = cluster.load().prefill_waiting_bytes() as f64;
+                    (waiting / speed, prefill as f64 / speed)
+                })
+            })
+            .collect();
+        let soonest = seconds
+            .iter()
+            .flatten()
+            .map(|&(waiting, _)| waiting)
+            .fold(f64::INFINITY, f64::min);
+        for (held_back, seconds) in held_back.iter_mut().zip(&seconds) {
+            if let &Some((waiting, own)) = seconds {
+                *held_back = waiting > soonest + factor * own;
+            }
+        }
+        held_back
+    }
+
     /// The candidate with a free slot (`free[i]` for candidate `i`) a request that matches
-    /// nothing takes (see [`place_unmatched`](Self::place_unmatched)); `None` when none has
-    /// one.
+    /// nothing takes (see [`place_unmatched`](Self::place_unmatched)), ranked by `depth`,
+    /// then not `held_back` before held back, then by the rest of the rule; `None` when
+    /// none has one.
     fn freest_slot(
         candidates: &[Arc<Cluster>],
         free: &[bool],
+        held_back: &[bool],
         depth: impl Fn(usize) -> usize,
         room: impl Fn(&ClusterId) -> f64,
         now: Instant,
     ) -> Option<usize> {
-        type Rank = (std::cmp::Reverse<usize>, f64, f64, u64, usize);
+        type Rank = (std::cmp::Reverse<usize>, bool, f64, f64, u64, usize);
         let order = |a: &Rank, b: &Rank| {
             a.0.cmp(&b.0)
-                .then(a.1.total_cmp(&b.1))
+                .then(a.1.cmp(&b.1))
                 .then(a.2.total_cmp(&b.2))
-                .then(a.3.cmp(&b.3))
+                .then(a.3.total_cmp(&b.3))
                 .then(a.4.cmp(&b.4))
+                .then(a.5.cmp(&b.5))
         };
         (0..candidates.len())
             .filter(|&i| free[i])
@@ -679,6 +730,7 @@ impl Affinity {
                 let prefill = c.load().prefill_waiting_bytes();
                 let rank: Rank = (
                     std::cmp::Reverse(depth(i)),
+                    held_back[i],
                     room(c.id()),
                     load,
                     prefill,

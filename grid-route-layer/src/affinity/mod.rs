@@ -217,7 +217,8 @@ pub use prices::{
 pub use room::PLACED_HALF_LIFE;
 pub use service::{AffinityService, predicted_match};
 pub use settings::{
-    AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, MOVED_PREFILL_PAYERS, STICKY_MATCH_BYTES,
+    AffinitySettings, BYTES_PER_TOKEN, FREE_SLOT_WAIT_FACTOR, MIN_STICKY_DEPTH,
+    MOVED_PREFILL_PAYERS, STICKY_MATCH_BYTES,
 };
 
 #[cfg(test)]

@@ -27,6 +27,27 @@ pub const MOVED_PREFILL_PAYERS: f64 = 2.0;
 /// Bytes of canonical prompt per engine token, for pricing a match in prefill time.
 pub const BYTES_PER_TOKEN: f64 = 4.0;
 
+/// How long a new conversation may wait, in multiples of its own prefill, behind prompts
+/// still being prefilled at a free slot beyond the least any free slot makes it wait,
+/// and still be placed there for the room its cluster has (the
+/// [module](super)'s rule, step 2). Past that the free slot goes behind the ones that
+/// start it sooner.
+///
+/// A free slot is not a free engine: a llama.cpp engine prefills one pass at a time, and
+/// a request given a slot while another prompt is prefilled starts when that pass ends.
+/// The prompts still waiting there are also room already taken that the index does not
+/// show yet (it learns a prompt at its answer). Both are read in seconds: the prompt
+/// bytes this replica sent each cluster that wait for their first token
+/// ([`prefill_waiting_bytes`](crate::grid::ClusterLoad::prefill_waiting_bytes)), and the
+/// request's own, at the cluster's prefill speed (learned by default). In `simulate` on
+/// the bundled trace (docs/routing.md, "The wait a free slot may cost"), over seeds 1 to
+/// 16, six kept the slot engines' share of draws meeting the bar where it was or raised
+/// it, and on slots sharing one prefill line brought TTFT p50 from 2.2 / 2.9× the best
+/// other policy's to 1.4 / 1.6× at 8 / 16 sites; smaller factors cut that further and
+/// lose hit share on slots that prefill side by side. `f64::INFINITY` is the rule before:
+/// room alone.
+pub const FREE_SLOT_WAIT_FACTOR: f64 = 6.0;
+
 /// How affinity narrows candidates: validated, so every value is in range.
 ///
 /// Built from [`PrefixAffinityConfig::validate`](crate::config::PrefixAffinityConfig::validate)
@@ -51,6 +72,7 @@ pub struct AffinitySettings {
     explore_continuing: bool,
     free_slot_placement: bool,
     free_slots_by_depth: bool,
+    free_slot_wait_factor: f64,
 }
 
 impl AffinitySettings {
@@ -93,6 +115,7 @@ impl AffinitySettings {
             explore_continuing: false,
             free_slot_placement: true,
             free_slots_by_depth: false,
+            free_slot_wait_factor: FREE_SLOT_WAIT_FACTOR,
         }
     }
 
@@ -136,6 +159,25 @@ impl AffinitySettings {
     pub fn with_free_slots_by_depth(mut self, on: bool) -> Self {
         self.free_slots_by_depth = on;
         self
+    }
+
+    /// These settings with a free slot passed over for its room when the prompts waiting
+    /// there would hold a new conversation back by more than `factor` times its own
+    /// prefill beyond the free slot that starts it soonest, instead of
+    /// [`FREE_SLOT_WAIT_FACTOR`]; `f64::INFINITY` ranks free slots by room alone, as
+    /// before. A factor under 0 or NaN is taken as 0. Not a config setting: what the
+    /// simulator measures the default against.
+    #[must_use]
+    pub fn with_free_slot_wait_factor(mut self, factor: f64) -> Self {
+        self.free_slot_wait_factor = if factor >= 0.0 { factor } else { 0.0 };
+        self
+    }
+
+    /// The wait a free slot may cost a new conversation for its room, in multiples of
+    /// the request's own prefill (see
+    /// [`with_free_slot_wait_factor`](Self::with_free_slot_wait_factor)).
+    pub fn free_slot_wait_factor(&self) -> f64 {
+        self.free_slot_wait_factor
     }
 
     /// Whether free slots are ranked by depth before room (see
@@ -292,6 +334,7 @@ impl Default for AffinitySettings {
             explore_continuing: false,
             free_slot_placement: true,
             free_slots_by_depth: false,
+            free_slot_wait_factor: FREE_SLOT_WAIT_FACTOR,
         }
     }
 }

@@ -606,6 +606,51 @@ fn behind_a_shared_index_on_slot_engines_a_new_conversation_takes_a_free_slot_wh
 }
 
 #[test]
+fn on_slot_engines_a_free_slot_behind_too_much_prefill_is_not_taken_for_its_room() {
+    let f = three_slot_sites();
+    // Room: north-a holds least, then west-a, then east-a.
+    f.confirm("east-a", &stranger(&f, "east's", 40));
+    f.confirm("west-a", &stranger(&f, "west's", 20));
+    f.confirm("north-a", &stranger(&f, "north's", 8));
+    let newcomer = stranger(&f, "newcomer", 4);
+    let own = newcomer.keys().unwrap().total_covered_bytes();
+    let limit = (FREE_SLOT_WAIT_FACTOR * own as f64) as u64;
+    let prefilling =
+        |name: &str, bytes: u64| f.cluster(name).load().start_request_prefilling(bytes);
+    let place = || {
+        let decision = f.decide(&newcomer);
+        assert_eq!(decision.outcome(), Some(Outcome::NoMatch));
+        names(&decision).join(",")
+    };
+    // north-a prefills a prompt that would hold the newcomer back six times its own
+    // prefill: still the roomiest free slot.
+    let at_limit = prefilling("north-a", limit);
+    assert_eq!(place(), "north-a");
+    drop(at_limit);
+    // A byte more, and the next roomiest free slot, which starts it at once.
+    let past_limit = prefilling("north-a", limit + 1);
+    assert_eq!(place(), "west-a");
+    // The wait counts beyond the free slot that starts it soonest: with every engine
+    // prefilling something, north-a is back within the limit.
+    let east = prefilling("east-a", 2);
+    let west = prefilling("west-a", 1);
+    assert_eq!(place(), "north-a");
+    drop(west);
+    assert_eq!(place(), "west-a");
+    // A slot that is not free does not set the soonest: with west-a's two slots busy
+    // (nothing of theirs waiting to prefill), east-a's is the soonest free one, and
+    // north-a is within the limit beyond it.
+    let west = f.running("west-a", 2);
+    assert_eq!(place(), "north-a");
+    drop((east, west));
+    // The rule before, which the simulator measures against: room alone.
+    f.affinity
+        .set_settings(AffinitySettings::default().with_free_slot_wait_factor(f64::INFINITY));
+    assert_eq!(place(), "north-a");
+    drop(past_limit);
+}
+
+#[test]
 fn on_slot_engines_with_none_free_a_new_conversation_goes_by_load_first() {
     let f = three_slot_sites();
     let _east = f.running("east-a", 2);
