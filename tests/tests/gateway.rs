@@ -828,15 +828,36 @@ async fn two_slot_gateway(
     gateway
 }
 
-/// A new conversation's first turn to `url` (a system prompt of its own, `blocks` keying
-/// blocks long), held at its [`two_slot_engine`] until released; the task answers with the
-/// engine that served it.
-fn held_new_conversation(url: &str, topic: &str, blocks: usize) -> tokio::task::JoinHandle<String> {
-    let body = json!({"model": MODEL, "messages": [
+/// A new conversation's first turn: a system prompt of its own, `blocks` keying blocks
+/// long, and a greeting.
+fn new_conversation(topic: &str, blocks: usize) -> String {
+    json!({"model": MODEL, "messages": [
         {"role": "system", "content": text(topic, blocks * 256)},
         {"role": "user", "content": "hi"},
     ]})
-    .to_string();
+    .to_string()
+}
+
+/// The requests `gateway` has in flight at the cluster named `name`.
+fn in_flight_at(gateway: &Gateway, name: &str) -> usize {
+    let view = gateway.grid().view();
+    view.cluster(&cluster_id(gateway, name))
+        .unwrap()
+        .load()
+        .in_flight()
+}
+
+/// A [`new_conversation`] to `url`, answered at once: the engine that served it.
+async fn answered_new_conversation(url: &str, topic: &str, blocks: usize) -> String {
+    send(Method::POST, url, new_conversation(topic, blocks))
+        .await
+        .engine_name()
+}
+
+/// A [`new_conversation`] to `url`, held at its [`two_slot_engine`] until released; the
+/// task answers with the engine that served it.
+fn held_new_conversation(url: &str, topic: &str, blocks: usize) -> tokio::task::JoinHandle<String> {
+    let body = new_conversation(topic, blocks);
     let url = url.to_owned();
     tokio::spawn(async move {
         send_with(
@@ -862,30 +883,9 @@ async fn on_slot_engines_a_new_conversation_takes_a_free_slot_where_the_index_ho
         &released,
     )
     .await;
-    let in_flight = |name: &str| {
-        let view = gateway.grid().view();
-        view.cluster(&cluster_id(&gateway, name))
-            .unwrap()
-            .load()
-            .in_flight()
-    };
-    // A new conversation each: a system prompt of its own, `blocks` keying blocks long.
-    let stranger = |topic: &str, blocks: usize| {
-        json!({"model": MODEL, "messages": [
-            {"role": "system", "content": text(topic, blocks * 256)},
-            {"role": "user", "content": "hi"},
-        ]})
-        .to_string()
-    };
+    let in_flight = |name: &str| in_flight_at(&gateway, name);
     let url = format!("{}/v1/chat/completions", gateway.url());
-    let place = |topic: &'static str, blocks: usize| {
-        let url = url.clone();
-        async move {
-            send(Method::POST, &url, stranger(topic, blocks))
-                .await
-                .engine_name()
-        }
-    };
+    let place = |topic: &'static str, blocks: usize| answered_new_conversation(&url, topic, blocks);
     // Nothing held anywhere yet: the first; then wherever the index holds least.
     assert_eq!(place("first", 40).await, "room-east-a");
     assert_eq!(place("second", 36).await, "room-west-a");
@@ -1117,23 +1117,9 @@ async fn on_slot_engines_a_new_conversation_passes_over_a_roomy_free_slot_behind
         &released,
     )
     .await;
-    let in_flight = |name: &str| {
-        let view = gateway.grid().view();
-        view.cluster(&cluster_id(&gateway, name))
-            .unwrap()
-            .load()
-            .in_flight()
-    };
+    let in_flight = |name: &str| in_flight_at(&gateway, name);
     let url = format!("{}/v1/chat/completions", gateway.url());
-    let place = |topic: &'static str, blocks: usize| {
-        let body = json!({"model": MODEL, "messages": [
-            {"role": "system", "content": text(topic, blocks * 256)},
-            {"role": "user", "content": "hi"},
-        ]})
-        .to_string();
-        let url = url.clone();
-        async move { send(Method::POST, &url, body).await.engine_name() }
-    };
+    let place = |topic: &'static str, blocks: usize| answered_new_conversation(&url, topic, blocks);
     // Nothing held anywhere: the first goes to the first engine, which holds it.
     assert_eq!(place("first", 40).await, "wait-east-a");
     // The next new conversation takes west-a's free slot, where the index holds least,
