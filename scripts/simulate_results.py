@@ -2,9 +2,10 @@
 
 Run it through `scripts/simulate-results`, which builds the simulator first. Each
 table is one or more `grid-route-simulate --json` runs on the bundled trace (seed 1, but
-seeds 1 to 8 in the `seeds` section); the command of
+seeds 1 to 8 in the `seeds` and `free_slot_wait` sections); the command of
 every run is printed above its table. A fourth argument names the sections to print,
-comma-separated (`defaults,rules,placement,seeds,streams,replicas,window,sessions,one_line`); all of
+comma-separated (`defaults,rules,placement,seeds,streams,replicas,window,sessions,one_line,
+free_slot_wait`); all of
 them by default.
 """
 
@@ -305,6 +306,50 @@ def one_line() -> None:
     print()
 
 
+def free_slot_wait() -> None:
+    """grid-route at the defaults but for the wait a free slot may cost a new conversation
+    (`--free-slot-wait-factor`), on both slot engines (side by side, one prefill line), under
+    seeds 1 to 8: how each factor holds the bar and what it does to TTFT."""
+    factors = ("2", "4", "6", "8", "inf")
+    print("## The wait a free slot may cost\n")
+    print("grid-route with `--free-slot-wait-factor` at each value, the rest at the defaults, under")
+    print("seeds 1 to 8, on the slot engines of the tables above (slots side by side) and on")
+    print("slots sharing one prefill line (as in \"Slots sharing one prefill line\"). Each cell:")
+    print("the seeds where the whole bar holds / where the hit share is at least cache-aware's;")
+    print("grid-route's median hit share; TTFT p50 / p99 against the best other policy, each at its")
+    print("worst seed. 6 is the default; `inf` is the rule before (room alone).\n")
+    print("| slots | sites | " + " | ".join(f"factor {f}" + (" (default)" if f == "6" else "")
+                                     for f in factors) + " |")
+    print("|---|---|" + "---|" * len(factors))
+    for kind, flags in (("side by side", SLOTS), ("one prefill line", ONE_LINE)):
+        for sites, extra in (("4", []), ("8", []), ("16", []),
+                             ("8, 4 replicas sharing one index", ["--replicas", "4", "--shared-index"])):
+            run = ["--sites", sites.split(",")[0], *extra, *flags]
+            others = ["--policies", ",".join(POLICIES_COMPARED)]
+            grid = ["--policies", "grid-route", "--free-slot-wait-factor", "X"]
+            print(f"<!-- grid-route-simulate --trace {TRACE} --json {' '.join(run + others)} --seed N, N = 1 to 8 -->")
+            print(f"<!-- grid-route-simulate --trace {TRACE} --json {' '.join(run + grid)} --seed N, "
+                  f"N = 1 to 8, X = {', '.join(factors)} -->")
+            compared = [simulate(*run, *others, "--seed", str(seed), quiet=True)["results"]
+                        for seed in range(1, 9)]
+            cells = []
+            for factor in factors:
+                holds, hits, shares, p50s, p99s = 0, 0, [], [], []
+                for seed in range(1, 9):
+                    results = simulate(*run, *grid[:-1], factor, "--seed", str(seed),
+                                       quiet=True)["results"] + compared[seed - 1]
+                    hit, p50_ratio, p50, p99_ratio, p99 = bar(results)
+                    hits += hit
+                    holds += hit and p50 and p99
+                    shares.append(results[0]["hit_share"])
+                    p50s.append(p50_ratio)
+                    p99s.append(p99_ratio)
+                cells.append(f"{holds} / {hits}; {100 * statistics.median(shares):.2f}%; "
+                             f"{max(p50s):.2f}× / {max(p99s):.2f}×")
+            print(f"| {kind} | {sites} | " + " | ".join(cells) + " |")
+    print()
+
+
 def seeds() -> None:
     """The defaults' runs again under seeds 1 to 8: the seed draws grid-route's 2%
     exploration (and, behind replicas, which replica takes each request), so the bar's
@@ -350,7 +395,8 @@ def seeds() -> None:
 
 def main() -> None:
     sections = {"defaults": defaults, "rules": rules, "placement": placement, "seeds": seeds, "streams": streams,
-                "replicas": replicas, "window": window, "sessions": sessions, "one_line": one_line}
+                "replicas": replicas, "window": window, "sessions": sessions, "one_line": one_line,
+                "free_slot_wait": free_slot_wait}
     for name, section in sections.items():
         if SECTIONS is None or name in SECTIONS:
             section()
