@@ -559,8 +559,11 @@ impl Affinity {
     ///   ([`free_slot`](crate::grid::ClusterLoad::free_slot)): the request starts
     ///   at once on any of them, so load does not rank them, and neither does a match
     ///   too short to stick (a head other conversations share, which pulls every new
-    ///   conversation behind it onto the engines already holding theirs). The one with
-    ///   the most room goes first: the fewest live index entries, or behind a shared
+    ///   conversation behind it onto the engines already holding theirs). A free slot
+    ///   where the prompts waiting for their first token would hold the request back
+    ///   more than [`FREE_SLOT_WAIT_FACTOR`](super::FREE_SLOT_WAIT_FACTOR) times its own
+    ///   prefill beyond the free slot that starts it soonest goes behind the others
+    ///   ([`held_back`](Self::held_back)). Then the one with the most room goes first: the fewest live index entries, or behind a shared
     ///   index ([`index_shared`](Self::index_shared)) the fewest bytes of new prompt this
     ///   replica sent it lately in requests that matched nothing
     ///   ([`PLACED_HALF_LIFE`](super::PLACED_HALF_LIFE)); then the least loaded, then the

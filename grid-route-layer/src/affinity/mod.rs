@@ -39,7 +39,10 @@
 //!    waiting for their first token
 //!    ([`ClusterLoad::prefill_waiting_bytes`](crate::grid::ClusterLoad::prefill_waiting_bytes)):
 //!    llama.cpp prefills a prompt in one pass, and a request that arrives during it waits
-//!    for the pass to end, free slot or not. Behind an index other replicas share
+//!    for the pass to end, free slot or not. So before room, a free slot whose waiting
+//!    prompts would hold the request back more than [`FREE_SLOT_WAIT_FACTOR`] (6) times
+//!    its own prefill beyond the free slot that starts it soonest (both at the cluster's
+//!    prefill speed) goes behind the others. Behind an index other replicas share
 //!    ([`Affinity::set_index_shared`]) every replica reads the same entries and would send
 //!    its new conversations to the same cluster until their answers confirm them, so
 //!    there the room is the bytes of new prompt this replica sent each cluster lately in
