@@ -9,7 +9,7 @@ use arc_swap::ArcSwap;
 
 use super::prices::{AnswerTiming, GatePrices, Learned, LearnedPrices};
 use super::room::RecentPlacements;
-use super::settings::{AffinitySettings, BYTES_PER_TOKEN, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
+use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
 use crate::keying::{PrefixKeys, SessionKey};
@@ -563,8 +563,8 @@ impl Affinity {
     ///   where the prompts waiting for their first token would hold the request back
     ///   more than [`FREE_SLOT_WAIT_FACTOR`](super::FREE_SLOT_WAIT_FACTOR) times its own
     ///   prefill beyond the free slot that starts it soonest goes behind the others
-    ///   ([`held_back`](Self::held_back)). Then the one with the most room goes first: the fewest live index entries, or behind a shared
-    ///   index ([`index_shared`](Self::index_shared)) the fewest bytes of new prompt this
+    ///   ([`held_back`](Self::held_back)). Then the one with the most room goes first:
+    ///   the fewest live index entries, or behind a shared index ([`index_shared`](Self::index_shared)) the fewest bytes of new prompt this
     ///   replica sent it lately in requests that matched nothing
     ///   ([`PLACED_HALF_LIFE`](super::PLACED_HALF_LIFE)); then the least loaded, then the
     ///   one with the fewest prompt bytes waiting for their first token
@@ -682,12 +682,15 @@ impl Affinity {
             .zip(free)
             .map(|(cluster, &free)| {
                 free.then(|| {
-                    let speed = self
-                        .prices_under(settings, cluster.id())
-                        .prefill_tokens_per_second
-                        * BYTES_PER_TOKEN;
-                    let waiting = cluster.load().prefill_waiting_bytes() as f64;
-                    (waiting / speed, prefill as f64 / speed)
+                    // Bytes to prefill seconds as the load gate prices a match.
+                    let gate = self.prices_under(settings, cluster.id());
+                    let at_speed = settings
+                        .priced_at(gate.prefill_tokens_per_second, gate.queued_request_seconds);
+                    let waiting = cluster.load().prefill_waiting_bytes();
+                    (
+                        at_speed.saved_seconds(waiting),
+                        at_speed.saved_seconds(prefill),
+                    )
                 })
             })
             .collect();

@@ -40,7 +40,7 @@
 //!    ([`ClusterLoad::prefill_waiting_bytes`](crate::grid::ClusterLoad::prefill_waiting_bytes)):
 //!    llama.cpp prefills a prompt in one pass, and a request that arrives during it waits
 //!    for the pass to end, free slot or not. So before room, a free slot whose waiting
-//!    prompts would hold the request back more than [`FREE_SLOT_WAIT_FACTOR`] (6) times
+//!    prompts would hold the request back more than [`FREE_SLOT_WAIT_FACTOR`] times
 //!    its own prefill beyond the free slot that starts it soonest (both at the cluster's
 //!    prefill speed) goes behind the others. Behind an index other replicas share
 //!    ([`Affinity::set_index_shared`]) every replica reads the same entries and would send

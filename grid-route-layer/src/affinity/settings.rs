@@ -39,13 +39,11 @@ pub const BYTES_PER_TOKEN: f64 = 4.0;
 /// show yet (it learns a prompt at its answer). Both are read in seconds: the prompt
 /// bytes this replica sent each cluster that wait for their first token
 /// ([`prefill_waiting_bytes`](crate::grid::ClusterLoad::prefill_waiting_bytes)), and the
-/// request's own, at the cluster's prefill speed (learned by default). In `simulate` on
-/// the bundled trace (docs/routing.md, "The wait a free slot may cost"), over seeds 1 to
-/// 8, six held the whole bar in 29 of 32 runs on slots that prefill side by side (room
-/// alone, 23; eight, 30; four, 26), and on slots sharing one prefill line brought TTFT p50
-/// at the worst seed from 2.16 / 2.86× the best other policy's to 1.37 / 1.59× at 8 / 16
-/// sites; smaller factors cut that further and hold the bar in fewer draws side by side.
-/// `f64::INFINITY` is the rule before: room alone.
+/// request's own, at the cluster's prefill speed (learned by default). Six is measured:
+/// docs/routing.md, "The wait a free slot may cost", has the table that chose it (smaller
+/// factors start new conversations sooner on slots sharing one prefill line and hold the
+/// bar in fewer draws on slots that prefill side by side). `f64::INFINITY` is the rule
+/// before: room alone.
 pub const FREE_SLOT_WAIT_FACTOR: f64 = 6.0;
 
 /// How affinity narrows candidates: validated, so every value is in range.
