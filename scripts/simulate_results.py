@@ -5,13 +5,15 @@ table is one or more `grid-route-simulate --json` runs on the bundled trace (see
 seeds 1 to 8 in the `seeds` and `free_slot_wait` sections); the command of
 every run is printed above its table. A fourth argument names the sections to print,
 comma-separated (`defaults,rules,placement,seeds,streams,replicas,window,sessions,one_line,
-free_slot_wait`); all of
-them by default.
+free_slot_wait,tuned`); all of them by default. The `tuned` section compares this build with
+an older one when OLD_SIMULATOR names that build's simulator (OLD_NAME, how the table names
+it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -35,8 +37,8 @@ POLICIES_COMPARED = ("round-robin", "least-queue", "cache-aware", "chwbl")
 UNBOUNDED = ["--capacity", "1048576", "--ttl-secs", "7200"]
 
 
-def simulate(*flags: str, quiet: bool = False) -> dict:
-    command = [BIN, "--trace", TRACE, "--json", *flags]
+def simulate(*flags: str, quiet: bool = False, binary: str | None = None) -> dict:
+    command = [binary or BIN, "--trace", TRACE, "--json", *flags]
     if not quiet:
         print(f"<!-- {' '.join(['grid-route-simulate', *command[1:]])} -->")
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
@@ -350,6 +352,56 @@ def free_slot_wait() -> None:
     print()
 
 
+# The hand-tuned settings the issue behind this wave measured on batching engines (in-flight
+# requests counted, a 1 s queue window, a queued request at 0.5 s, the 80% rule at 0.3, no
+# exploration): what an operator who tuned the gateway before its defaults learned runs.
+TUNED = ["--count-in-flight", "true", "--queue-window-secs", "1", "--queued-request-seconds", "0.5",
+         "--threshold", "0.3", "--exploration", "0"]
+
+
+def tuned() -> None:
+    """grid-route with the hand-tuned settings at this build and, when the environment names
+    an older build's simulator (OLD_SIMULATOR), at that build: whether the settings an operator
+    tuned before the defaults learned do at least as well now. The engine models are the
+    simulator's own, so the older build's must give the other policies the same figures;
+    the section checks that on every shape before it prints a row."""
+    old = os.environ.get("OLD_SIMULATOR")
+    old_name = os.environ.get("OLD_NAME", "the older build")
+    print("## The hand-tuned settings, this build against an older one\n")
+    print(f"Hit share / TTFT p50 / p99 of grid-route with `{' '.join(TUNED)}`, at this build")
+    print(f"and at {old_name} (`OLD_SIMULATOR`), and at this build's defaults. Seed 1; with")
+    print("exploration at 0 only the replicas draw. The last column: the tuned hit share at")
+    print("least the older build's, and the TTFT ratios to the older build's.\n")
+    print(f"| engines | sites | tuned, this build | tuned, {old_name} | defaults, this build "
+          "| tuned: hit share ≥ before's; TTFT p50, p99 against before's |")
+    print("|---|---|---|---|---|---|")
+    cell = lambda r: f"{100 * r['hit_share']:.2f}% / {r['ttft_p50_s']:.3f} / {r['ttft_p99_s']:.3f} s"
+    for kind, flags in KINDS.items():
+        for sites, extra in (("4", []), ("8", []), ("16", []),
+                             ("8, 4 replicas sharing one index", ["--replicas", "4", "--shared-index"])):
+            run = ["--sites", sites.split(",")[0], *extra, *flags]
+            now = simulate(*run, "--policies", "grid-route", *TUNED)["results"][0]
+            defaults = simulate(*run, "--policies", "grid-route")["results"][0]
+            if old is None:
+                print(f"| {kind} | {sites} | {cell(now)} | not run | {cell(defaults)} |  |")
+                continue
+            print(f"<!-- OLD_SIMULATOR: grid-route-simulate --trace {TRACE} --json "
+                  f"{' '.join(run)} --policies grid-route,round-robin,cache-aware,chwbl {' '.join(TUNED)} -->")
+            before = simulate(*run, "--policies", "grid-route,round-robin,cache-aware,chwbl", *TUNED,
+                              quiet=True, binary=old)["results"]
+            peers = simulate(*run, "--policies", "round-robin,cache-aware,chwbl", *TUNED,
+                             quiet=True)["results"]
+            if [(r["policy"], r["hit_share"], r["ttft_p50_s"], r["ttft_p99_s"]) for r in peers] != \
+                    [(r["policy"], r["hit_share"], r["ttft_p50_s"], r["ttft_p99_s"]) for r in before[1:]]:
+                sys.exit(f"{old}: the engine model differs from this build's ({kind}, {sites} sites)")
+            was = before[0]
+            holds = "yes" if now["hit_share"] >= was["hit_share"] else "**no**"
+            print(f"| {kind} | {sites} | {cell(now)} | {cell(was)} | {cell(defaults)} "
+                  f"| {holds}; {now['ttft_p50_s'] / was['ttft_p50_s']:.2f}×, "
+                  f"{now['ttft_p99_s'] / was['ttft_p99_s']:.2f}× |")
+    print()
+
+
 def seeds() -> None:
     """The defaults' runs again under seeds 1 to 8: the seed draws grid-route's 2%
     exploration (and, behind replicas, which replica takes each request), so the bar's
@@ -396,7 +448,7 @@ def seeds() -> None:
 def main() -> None:
     sections = {"defaults": defaults, "rules": rules, "placement": placement, "seeds": seeds, "streams": streams,
                 "replicas": replicas, "window": window, "sessions": sessions, "one_line": one_line,
-                "free_slot_wait": free_slot_wait}
+                "free_slot_wait": free_slot_wait, "tuned": tuned}
     for name, section in sections.items():
         if SECTIONS is None or name in SECTIONS:
             section()
