@@ -212,6 +212,16 @@ pub struct EngineArgs {
         value_parser = rate,
     )]
     pub decode_tps: f64,
+    /// Whether a turn that continues an earlier one finds that turn's partial last block
+    /// and answer at the engine that served it, as real engines keep them. false: only
+    /// whole trace blocks hit, as the trace's ids say (the tables of docs/routing.md)
+    #[arg(
+        long,
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        default_value_t = EngineModel::default().answers_cached,
+    )]
+    pub answers_cached: bool,
 }
 
 impl EngineArgs {
@@ -229,6 +239,7 @@ impl EngineArgs {
             prefill_tps: self.prefill_tps,
             prefill_overhead_s: self.prefill_overhead_ms / 1000.0,
             decode_tps: self.decode_tps,
+            answers_cached: self.answers_cached,
         }
     }
 }
@@ -245,6 +256,7 @@ impl From<EngineModel> for EngineArgs {
             prefill_tps: model.prefill_tps,
             prefill_overhead_ms: model.prefill_overhead_s * 1000.0,
             decode_tps: model.decode_tps,
+            answers_cached: model.answers_cached,
         }
     }
 }

@@ -23,7 +23,7 @@ use std::collections::{HashMap, VecDeque};
 use lru::LruCache;
 
 use super::slots::SlotEngine;
-use super::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
+use super::trace::{TRACE_BLOCK_TOKENS, TraceRequest, held_tokens};
 
 /// Which engine a run models (`--engine`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -61,6 +61,11 @@ pub struct EngineModel {
     pub prefill_overhead_s: f64,
     /// Tokens a second each running request decodes.
     pub decode_tps: f64,
+    /// Whether a turn finds the earlier turn's partial last block and answer at the engine
+    /// that served it ([`with_answers`](super::trace::with_answers)); without, only whole
+    /// trace blocks hit, as the trace's ids alone say. Off by default: every table in
+    /// docs/routing.md was made without it ("Answers held for the next turn" measures it).
+    pub answers_cached: bool,
 }
 
 impl Default for EngineModel {
@@ -78,6 +83,7 @@ impl Default for EngineModel {
             prefill_tps: 20_000.0,
             prefill_overhead_s: 0.02,
             decode_tps: 75.0,
+            answers_cached: false,
         }
     }
 }
@@ -239,14 +245,16 @@ impl BatchingEngine {
         self.waiting.len()
     }
 
-    /// Prompt tokens of `request` the cache holds now (its longest resident prefix).
+    /// Prompt tokens of `request` the cache holds now: its longest resident prefix, and the
+    /// answer of the turn it extends when that turn's last block is resident too (the
+    /// answer's blocks are taken to live and go with it).
     pub fn cached_tokens(&self, request: &TraceRequest) -> u64 {
         let held = request
             .blocks
             .iter()
             .take_while(|id| self.resident.contains_key(id))
             .count();
-        request.prefix_tokens(held)
+        held_tokens(request, held, |last| self.resident.contains_key(&last))
     }
 
     /// Seconds from `now` to `request`'s first token if it were sent here now, with the
@@ -302,6 +310,10 @@ impl BatchingEngine {
         } else {
             (self.waiting_prefill_s - seconds).max(0.0)
         };
+        // The earlier turn's answer it found was used now: the last to go.
+        if let Some(extends) = request.extends {
+            self.evictable.promote(&extends.last_block);
+        }
         // Pin what is resident first, so that making room never evicts the request's own
         // blocks; then evict for the rest. Ids within a request are distinct (the trace
         // reader refuses repeats), so each block is counted once.
@@ -370,6 +382,7 @@ pub(crate) mod tests {
             output_tokens,
             blocks: blocks.to_vec(),
             block_tokens: crate::trace::TRACE_BLOCK_TOKENS,
+            extends: None,
         }
     }
 
@@ -386,6 +399,7 @@ pub(crate) mod tests {
             prefill_tps: 1000.0,
             prefill_overhead_s: 0.5,
             decode_tps: 10.0,
+            answers_cached: false,
         }
     }
 
@@ -422,6 +436,37 @@ pub(crate) mod tests {
         // 0.5 s + (1500 - 1024) / 1000 s.
         assert_eq!(started.cached_tokens, 1024);
         assert!((started.first_token_at - 10.976).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_turn_finds_the_earlier_turns_tail_and_answer_while_its_last_block_is_resident() {
+        let earlier = request(1124, 50, &[1, 2, 3]);
+        let trace = crate::trace::with_answers(&[
+            earlier.clone(),
+            request(2048, 10, &[1, 2, 4, 5]),
+            request(500, 1, &[7]),
+        ]);
+        let mut engine = BatchingEngine::new(model(5));
+        engine.enqueue(0, &trace[0]);
+        engine.start_next(&trace, 0.0).unwrap();
+        engine.end_prefill();
+        engine.finish(&trace[0]);
+        // Its two full blocks, the 100-token tail and the 50-token answer.
+        assert_eq!(engine.cached_tokens(&trace[1]), 1174);
+        engine.enqueue(1, &trace[1]);
+        let started = engine.start_next(&trace, 10.0).unwrap();
+        assert_eq!(started.cached_tokens, 1174);
+        // 0.5 s + (2048 - 1174) / 1000 s.
+        assert!((started.first_token_at - 11.374).abs() < 1e-9);
+        engine.end_prefill();
+        engine.finish(&trace[1]);
+        // Memory for five blocks: the third request (one block, with its answer) evicts the
+        // least recent, block 3 (the next turn's were used later), and the tail goes with it.
+        engine.enqueue(2, &trace[2]);
+        engine.start_next(&trace, 20.0).unwrap();
+        assert_eq!(engine.cached_tokens(&trace[1]), 2048, "its own blocks");
+        let again = crate::trace::with_answers(&[earlier, request(2048, 10, &[1, 2, 8, 9])]);
+        assert_eq!(engine.cached_tokens(&again[1]), 1024, "the tail is gone");
     }
 
     #[test]

@@ -113,6 +113,13 @@ pub fn simulate(
         .prefix_affinity()
         .validate()
         .map_err(|e| SimulateError::Settings(e.to_string()))?;
+    let answered;
+    let trace = if engine.answers_cached {
+        answered = trace::with_answers(trace);
+        &answered[..]
+    } else {
+        trace
+    };
     let (keys, sessions, threads) = what_clients_send(trace, &args.clients);
     let setup = run::RunSetup {
         policies: policy::Setup {

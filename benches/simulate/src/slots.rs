@@ -29,7 +29,7 @@
 use std::collections::VecDeque;
 
 use super::engine::{EngineModel, Started};
-use super::trace::TraceRequest;
+use super::trace::{TraceRequest, held_tokens};
 
 /// One slot.
 #[derive(Debug, Clone)]
@@ -71,6 +71,24 @@ fn common_prefix(a: &[u64], b: &[u64]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// Tokens of `request` a slot or saved prompt holding `prompt` (after its answer) holds:
+/// the blocks they share, and the answer of the turn `request` extends when `prompt` is
+/// that turn's.
+fn shared_tokens(prompt: &[u64], request: &TraceRequest) -> u64 {
+    let shared = common_prefix(prompt, &request.blocks);
+    held_tokens(request, shared, |last| prompt.last() == Some(&last))
+}
+
+/// Whether `request` begins with all of `prompt` and its answer, so a slot holding it keeps
+/// it and prefills only the rest.
+fn extends_whole(prompt: &[u64], request: &TraceRequest) -> bool {
+    let shared = common_prefix(prompt, &request.blocks);
+    shared == prompt.len()
+        || request
+            .extends
+            .is_some_and(|e| shared == e.full_blocks && prompt.last() == Some(&e.last_block))
+}
+
 impl SlotEngine {
     /// An idle engine with empty slots and an empty host cache.
     pub fn new(model: EngineModel) -> Self {
@@ -105,37 +123,36 @@ impl SlotEngine {
         self.waiting.len().saturating_sub(idle)
     }
 
-    /// The idle slot `request` would take, and the blocks it would find cached there
+    /// The idle slot `request` would take, and the prompt tokens it would find cached there
     /// (from the slot or the host cache); `None` when every slot is busy.
-    fn choose(&self, request: &TraceRequest) -> Option<(usize, usize)> {
+    fn choose(&self, request: &TraceRequest) -> Option<(usize, u64)> {
         let (slot, shared) = self
             .slots
             .iter()
             .enumerate()
             .filter(|(_, s)| s.running.is_none())
-            .map(|(i, s)| (i, common_prefix(&s.prompt, &request.blocks), s.used))
+            .map(|(i, s)| (i, shared_tokens(&s.prompt, request), s.used))
             // The longest shared prefix; among equals (none shared, say) the least used.
             .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)))
             .map(|(i, shared, _)| (i, shared))?;
-        let restored = self.restorable(request).map_or(0, |(_, blocks)| blocks);
+        let restored = self.restorable(request).map_or(0, |(_, tokens)| tokens);
         Some((slot, shared.max(restored)))
     }
 
-    /// The saved prompt sharing the longest prefix with `request`'s, and how many blocks.
-    fn restorable(&self, request: &TraceRequest) -> Option<(usize, usize)> {
+    /// The saved prompt sharing the longest prefix with `request`'s, and how many tokens.
+    fn restorable(&self, request: &TraceRequest) -> Option<(usize, u64)> {
         self.host
             .iter()
             .enumerate()
-            .map(|(i, saved)| (i, common_prefix(&saved.blocks, &request.blocks)))
-            .filter(|&(_, blocks)| blocks > 0)
-            .max_by_key(|&(_, blocks)| blocks)
+            .map(|(i, saved)| (i, shared_tokens(&saved.blocks, request)))
+            .filter(|&(_, tokens)| tokens > 0)
+            .max_by_key(|&(_, tokens)| tokens)
     }
 
     /// Prompt tokens of `request` it would find cached if it started now (0 when every
     /// slot is busy: which slot frees first decides).
     pub fn cached_tokens(&self, request: &TraceRequest) -> u64 {
-        self.choose(request)
-            .map_or(0, |(_, blocks)| request.prefix_tokens(blocks))
+        self.choose(request).map_or(0, |(_, tokens)| tokens)
     }
 
     /// Seconds from `now` to `request`'s first token if it were sent here now: the slots
@@ -197,10 +214,10 @@ impl SlotEngine {
         }
         let &id = self.waiting.front()?;
         let request = &trace[id];
-        let (slot, cached_blocks) = self.choose(request)?;
+        let (slot, cached_tokens) = self.choose(request)?;
         self.waiting.pop_front();
         // A prompt restored from the host cache was used now: it is the most recent there.
-        if cached_blocks > common_prefix(&self.slots[slot].prompt, &request.blocks)
+        if cached_tokens > shared_tokens(&self.slots[slot].prompt, request)
             && let Some((i, _)) = self.restorable(request)
         {
             self.clock += 1;
@@ -208,11 +225,10 @@ impl SlotEngine {
         }
         let old = std::mem::replace(&mut self.slots[slot].prompt, request.blocks.clone());
         // The slot's old prompt is saved unless the new one extends it (the slot keeps it).
-        let extended = common_prefix(&old, &request.blocks) == old.len();
+        let extended = extends_whole(&old, request);
         if self.model.host_cache_tokens > 0 && !old.is_empty() && !extended {
             self.save(old);
         }
-        let cached_tokens = request.prefix_tokens(cached_blocks);
         let first_token_at = now
             + self
                 .model
@@ -323,6 +339,27 @@ mod tests {
         let c = run(&mut engine, &trace, 2, 10.0);
         assert_eq!(c.cached_tokens, 1024);
         assert!((c.first_token_at - 10.976).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_turn_extending_a_slots_prompt_and_answer_finds_both_and_the_slot_keeps_them() {
+        let trace = crate::trace::with_answers(&[
+            request(1124, 50, &[1, 2, 3]),
+            request(2048, 10, &[1, 2, 4, 5]),
+            request(1124, 1, &[1, 2, 6]),
+        ]);
+        let mut engine = SlotEngine::new(model(8192));
+        run(&mut engine, &trace, 0, 0.0);
+        engine.finish(0);
+        // The slot holds the first turn's prompt and answer: two full blocks, the 100-token
+        // tail and the 50-token answer.
+        let next = run(&mut engine, &trace, 1, 10.0);
+        assert_eq!(next.cached_tokens, 1174);
+        // The slot extended its prompt: nothing was saved to the host cache.
+        assert_eq!(engine.host_tokens, 0);
+        engine.finish(1);
+        // Another conversation behind the same two blocks finds only those.
+        assert_eq!(engine.cached_tokens(&trace[2]), 1024);
     }
 
     #[test]

@@ -16,6 +16,7 @@ fn request(arrival_ms: u64, blocks: &[u64]) -> TraceRequest {
         output_tokens: 10,
         blocks: blocks.to_vec(),
         block_tokens: crate::trace::TRACE_BLOCK_TOKENS,
+        extends: None,
     }
 }
 

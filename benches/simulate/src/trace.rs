@@ -46,6 +46,26 @@ pub struct TraceRequest {
     pub blocks: Vec<u64>,
     /// Tokens in one block of this trace ([`TRACE_BLOCK_TOKENS`] for Mooncake's).
     pub block_tokens: u64,
+    /// What this prompt finds at the engine that served the earlier turn it extends, past
+    /// that turn's full blocks ([`with_answers`] sets it); `None` as read, and for a prompt
+    /// that extends no earlier turn with its answer.
+    pub extends: Option<Extends>,
+}
+
+/// What a prompt finds, past its leading blocks, at the engine that served the earlier turn
+/// it extends: that turn's partial last block and its answer. The trace names the block
+/// after the earlier turn's full blocks anew (its text grew), so block ids alone cannot
+/// see that the engine holds its head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extends {
+    /// The earlier turn's full blocks, which this prompt begins with.
+    pub full_blocks: usize,
+    /// The earlier turn's last block: an engine holding it (in its cache, or as the prompt
+    /// a slot last ran) holds the answer too.
+    pub last_block: u64,
+    /// Tokens past the full blocks found there: the earlier turn's partial block and its
+    /// answer.
+    pub tokens: u64,
 }
 
 #[derive(Deserialize)]
@@ -107,6 +127,7 @@ pub fn read_trace_of_blocks(
             output_tokens: parsed.output_length,
             blocks: parsed.hash_ids,
             block_tokens,
+            extends: None,
         };
         if request.input_tokens == 0 {
             return Err(malformed("input_length is 0".into()));
@@ -221,6 +242,55 @@ pub fn derive_continued(trace: &[TraceRequest]) -> Vec<Option<usize>> {
     continued
 }
 
+/// `trace` with each continuing turn's [`Extends`]: a request that continues an earlier one
+/// (see [`derive_continued`]) and grew by at least that turn's answer is taken to hold, right
+/// after that turn's full blocks, the turn's partial last block and its answer, as a chat
+/// client sends its history back. An engine that served the earlier turn caches those tokens
+/// too (vLLM and SGLang cache generated tokens' blocks; a llama.cpp slot keeps the prompt it
+/// ran with its answer). A turn that grew by less rewrote its history (or dropped the
+/// answer) and is credited its full blocks only.
+pub fn with_answers(trace: &[TraceRequest]) -> Vec<TraceRequest> {
+    let continued = derive_continued(trace);
+    trace
+        .iter()
+        .zip(&continued)
+        .map(|(request, earlier)| {
+            let extends = earlier.and_then(|earlier| {
+                let earlier = &trace[earlier];
+                let full_blocks = (earlier.input_tokens / earlier.block_tokens) as usize;
+                let held = earlier.input_tokens + earlier.output_tokens;
+                let &last_block = earlier.blocks.last()?;
+                (full_blocks > 0 && request.input_tokens >= held).then(|| Extends {
+                    full_blocks,
+                    last_block,
+                    tokens: held - earlier.prefix_tokens(full_blocks),
+                })
+            });
+            TraceRequest {
+                extends,
+                ..request.clone()
+            }
+        })
+        .collect()
+}
+
+/// Tokens of `request` a cache finds when it holds the request's first `shared` blocks:
+/// those, and, when they are exactly the full blocks of the turn the request extends and
+/// `holds_last` says the cache holds that turn's last block, that turn's tail and answer.
+pub(crate) fn held_tokens(
+    request: &TraceRequest,
+    shared: usize,
+    holds_last: impl FnOnce(u64) -> bool,
+) -> u64 {
+    let tokens = request.prefix_tokens(shared);
+    match request.extends {
+        Some(e) if shared == e.full_blocks && holds_last(e.last_block) => {
+            (tokens + e.tokens).min(request.input_tokens)
+        }
+        _ => tokens,
+    }
+}
+
 /// The session key a gateway would derive for conversation `session` (see
 /// [`sessions_of`]): any fixed spread of the number does, as keys only compare.
 pub fn session_key(session: usize) -> SessionKey {
@@ -262,6 +332,7 @@ mod tests {
             output_tokens: 1,
             blocks: blocks.to_vec(),
             block_tokens: TRACE_BLOCK_TOKENS,
+            extends: None,
         }
     }
 
@@ -330,6 +401,53 @@ mod tests {
         assert_ne!(session_key(0), session_key(1));
     }
 
+    #[test]
+    fn a_turn_that_grew_by_its_answer_extends_the_earlier_turns_tail_and_answer() {
+        let turn = |blocks: &[u64], input_tokens, output_tokens| TraceRequest {
+            output_tokens,
+            ..request(blocks, input_tokens)
+        };
+        let trace = with_answers(&[
+            // Two full blocks, 100 tokens in a partial third, a 50-token answer.
+            turn(&[1, 2, 3], 2 * 512 + 100, 50),
+            // Its next turn: the two full blocks, then (renamed) the tail, the answer and
+            // a question, in two more blocks.
+            turn(&[1, 2, 4, 5], 4 * 512, 600),
+            // The next: grew by less than the 600-token answer (its history was cut).
+            turn(&[1, 2, 4, 5, 6], 5 * 512, 10),
+            // Continues the third, whose prompt is whole blocks: its answer alone.
+            turn(&[1, 2, 4, 5, 6, 7], 6 * 512, 10),
+        ]);
+        let extends: Vec<_> = trace.iter().map(|r| r.extends).collect();
+        assert_eq!(
+            extends,
+            [
+                None,
+                Some(Extends {
+                    full_blocks: 2,
+                    last_block: 3,
+                    tokens: 150
+                }),
+                None,
+                Some(Extends {
+                    full_blocks: 5,
+                    last_block: 6,
+                    tokens: 10
+                }),
+            ]
+        );
+        // The cache holding the earlier turn's full blocks and its last block finds the
+        // tail and the answer; without the last block, or short of the full blocks, not.
+        assert_eq!(held_tokens(&trace[1], 2, |last| last == 3), 2 * 512 + 150);
+        assert_eq!(held_tokens(&trace[1], 2, |_| false), 2 * 512);
+        assert_eq!(held_tokens(&trace[1], 1, |_| true), 512);
+        // As read, a trace has no answers to find.
+        assert_eq!(
+            held_tokens(&request(&[1, 2, 4, 5], 4 * 512), 2, |_| true),
+            1024
+        );
+    }
+
     fn read(text: &str) -> Result<Vec<TraceRequest>, TraceError> {
         read_trace(text.as_bytes())
     }
@@ -348,6 +466,7 @@ mod tests {
                 output_tokens: 52,
                 blocks: vec![46, 47, 2353],
                 block_tokens: crate::trace::TRACE_BLOCK_TOKENS,
+                extends: None,
             }]
         );
         assert_eq!(trace[0].block_tokens(2), 6);
@@ -403,6 +522,7 @@ mod tests {
             output_tokens: 1,
             blocks: blocks.to_vec(),
             block_tokens: crate::trace::TRACE_BLOCK_TOKENS,
+            extends: None,
         };
         let first = request(1024, &[1, 2]).keys().unwrap();
         assert_eq!(first.len(), 16);

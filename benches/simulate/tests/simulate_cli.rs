@@ -323,6 +323,55 @@ fn one_prefill_at_a_time_slows_slot_engines_and_leaves_batching_ones_alone() {
 }
 
 #[test]
+fn answers_cached_credits_a_continuing_turn_where_its_earlier_turn_was_served() {
+    let (_dir, trace) = head_of_trace(2000);
+    let trace = trace.to_str().unwrap();
+    // Cache-aware's and round-robin's hit shares, with `--answers-cached` as given.
+    let run = |engine: &[&str], answers: &[&str]| {
+        let base = [
+            "--trace",
+            trace,
+            "--sites",
+            "4",
+            "--policies",
+            "cache-aware,round-robin",
+            "--json",
+        ];
+        let output = simulate(&[&base[..], engine, answers].concat());
+        assert!(output.status.success(), "{engine:?} {answers:?}");
+        let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+        let hit = |i: usize| report["results"][i]["hit_share"].as_f64().unwrap();
+        (hit(0), hit(1))
+    };
+    let slots = [
+        "--engine",
+        "slots",
+        "--slots",
+        "8",
+        "--prefill-tps",
+        "10000",
+        "--decode-tps",
+        "50",
+        "--host-cache-tokens",
+        "65536",
+    ];
+    for engine in [&[][..], &slots[..]] {
+        let with = run(engine, &["--answers-cached", "true"]);
+        let without = run(engine, &["--answers-cached", "false"]);
+        // Cache-aware sends a continuing turn to where its history is: it finds the answer
+        // there too.
+        assert!(
+            with.0 > without.0,
+            "{engine:?}: cache-aware {} with answers, {} without",
+            with.0,
+            without.0
+        );
+        // Off is the default: the tables of docs/routing.md were made so.
+        assert_eq!(run(engine, &[]), without, "{engine:?}");
+    }
+}
+
+#[test]
 fn help_names_every_flag_and_the_defaults_it_runs_with() {
     let output = simulate(&["--help"]);
     assert_eq!(output.status.code(), Some(0));
@@ -349,6 +398,7 @@ fn help_names_every_flag_and_the_defaults_it_runs_with() {
         "--prefill-tps",
         "--prefill-overhead-ms",
         "--decode-tps",
+        "--answers-cached",
         "--poll-interval-ms",
         "--queue-window-secs",
         "--threshold",
