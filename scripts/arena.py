@@ -781,6 +781,7 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
                    "--host-cache-tokens", str(cache_ram_tokens + extra), "--prefill-tps", f"{prefill:.2f}",
                    "--decode-tps", f"{decode:.3f}", "--prefill-overhead-ms", "0", "--policies", policy, "--json",
                    *(["--one-prefill-at-a-time"] if args.one_prefill_at_a_time else []),
+                   *(["--answers-cached", "true"] if args.answers_cached else []),
                    *flags.get(router, []), *more]
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         return json.loads(out)["results"][0]
@@ -807,6 +808,8 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
     error, fp, fd, extra = best
     if args.one_prefill_at_a_time:
         print("Slots share one prefill line (`--one-prefill-at-a-time`).")
+    if args.answers_cached:
+        print("Engines hold each turn's answer for the next (`--answers-cached true`).")
     print(f"Engine speeds: each run's median from its engines' logs, times {fp} (prefill) and {fd} (decode);")
     print(f"host cache: {cache_ram_tokens} tokens of --cache-ram plus {extra} the engines keep besides their slots.")
     print(f"The three fit the grid-route runs best (absolute log ratio summed over cached share and "
@@ -920,6 +923,9 @@ def main() -> None:
                         help="with --calibrate: simulate engines whose slots share one prefill line "
                         "(grid-route-simulate --one-prefill-at-a-time), the logged prefill speed "
                         "being the engine's")
+    parser.add_argument("--answers-cached", action="store_true",
+                        help="with --calibrate: simulate engines that hold each turn's answer for the "
+                        "next (grid-route-simulate --answers-cached true)")
     parser.add_argument("--trace-of", metavar="RUN", default=None,
                         help="run nothing: write OUT/RUN/trace.jsonl, what run RUN (say grid-defaults-1) "
                         "of OUT sent, for simulate, and print the engines' speeds in it")

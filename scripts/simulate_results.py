@@ -2,10 +2,10 @@
 
 Run it through `scripts/simulate-results`, which builds the simulator first. Each
 table is one or more `grid-route-simulate --json` runs on the bundled trace (seed 1, but
-seeds 1 to 8 in the `seeds` and `free_slot_wait` sections); the command of
+seeds 1 to 8 in the `seeds`, `free_slot_wait` and `answers` sections); the command of
 every run is printed above its table. A fourth argument names the sections to print,
 comma-separated (`defaults,rules,placement,seeds,streams,replicas,window,sessions,one_line,
-free_slot_wait,tuned`); all of them by default. The `tuned` section compares this build with
+free_slot_wait,tuned,answers`); all of them by default. The `tuned` section compares this build with
 an older one when OLD_SIMULATOR names that build's simulator (OLD_NAME, how the table names
 it).
 """
@@ -452,10 +452,64 @@ def seeds() -> None:
     print()
 
 
+def answers() -> None:
+    """The bar with the engines holding each turn's answer for the next (`--answers-cached
+    true`) against the trace's whole blocks alone (the other tables), at seed 1 and over
+    seeds 1 to 8."""
+    print("## Answers held for the next turn\n")
+    print("The bar on the engines of the tables above, as they are (a turn hits only the whole")
+    print("trace blocks an engine holds) and with `--answers-cached true` (a continuing turn also")
+    print("finds the earlier turn's partial last block and answer where that turn was served).")
+    print("Each cell: grid-route's / cache-aware's hit share at seed 1, then whether the whole")
+    print("bar holds there; the TTFT ratios are grid-route's to the best other policy. *Seeds 1")
+    print("to 8*: the draws where the whole bar holds, blocks only / answers held. *No")
+    print("exploration*: grid-route with the contract's 2% at 0, answers held, seed 1. *No")
+    print("threads*: grid-route's hit share at seed 1 with `--no-threads`, blocks only / answers")
+    print("held, to set against its hit share with threads in the first two columns.\n")
+    print("| engines | sites | blocks only | answers held | answers held: TTFT p50 / p99 "
+          "| seeds 1 to 8: bar holds, blocks only / answers held | answers held, no exploration: "
+          "hit share, ≥ cache-aware's | no threads: hit share, blocks only / answers held |")
+    print("|---|---|---|---|---|---|---|---|")
+    held = ["--answers-cached", "true"]
+    share = lambda by: f"{100 * by['grid-route']['hit_share']:.2f} / {100 * by['cache-aware']['hit_share']:.2f}%"
+    for kind, flags in KINDS.items():
+        for sites, extra in SHAPES:
+            run = ["--sites", sites.split(",")[0], *extra, *flags]
+            print(f"<!-- grid-route-simulate --trace {TRACE} --json {' '.join(run)} [--answers-cached true] "
+                  "--seed N, N = 1 to 8 -->")
+            print(f"<!-- grid-route-simulate --trace {TRACE} --json {' '.join(run + held)} "
+                  "--policies grid-route --exploration 0 -->")
+            print(f"<!-- grid-route-simulate --trace {TRACE} --json {' '.join(run)} [--answers-cached true] "
+                  "--policies grid-route --no-threads -->")
+            holds = {False: 0, True: 0}
+            first = {}
+            for answered in (False, True):
+                for seed in range(1, 9):
+                    results = simulate(*run, *(held if answered else []), "--seed", str(seed),
+                                       quiet=True)["results"]
+                    hit, p50_ratio, p50, p99_ratio, p99 = bar(results)
+                    holds[answered] += hit and p50 and p99
+                    if seed == 1:
+                        first[answered] = ({r["policy"]: r for r in results},
+                                           hit and p50 and p99, p50_ratio, p99_ratio)
+            calm = simulate(*run, *held, "--policies", "grid-route", "--exploration", "0",
+                            quiet=True)["results"][0]
+            threadless = [simulate(*run, *(held if answered else []), "--policies", "grid-route",
+                                   "--no-threads", quiet=True)["results"][0]["hit_share"]
+                          for answered in (False, True)]
+            (blocks, blocks_ok, _, _), (with_answers, ok, p50_ratio, p99_ratio) = first[False], first[True]
+            print(f"| {kind} | {sites} | {share(blocks)}, {mark(blocks_ok)} | {share(with_answers)}, {mark(ok)} "
+                  f"| {p50_ratio:.2f}× / {p99_ratio:.2f}× | {holds[False]} / {holds[True]} of 8 "
+                  f"| {100 * calm['hit_share']:.2f}%, "
+                  f"{mark(calm['hit_share'] >= with_answers['cache-aware']['hit_share'])} "
+                  f"| {100 * threadless[0]:.2f} / {100 * threadless[1]:.2f}% |")
+    print()
+
+
 def main() -> None:
     sections = {"defaults": defaults, "rules": rules, "placement": placement, "seeds": seeds, "streams": streams,
                 "replicas": replicas, "window": window, "sessions": sessions, "one_line": one_line,
-                "free_slot_wait": free_slot_wait, "tuned": tuned}
+                "free_slot_wait": free_slot_wait, "tuned": tuned, "answers": answers}
     for name, section in sections.items():
         if SECTIONS is None or name in SECTIONS:
             section()
