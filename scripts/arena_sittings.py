@@ -20,6 +20,10 @@ router, a line a sitting and a tally: cached share at least the peer's in each p
 (runs paired in the order they ran), pooled TTFT p90 and p99 under every peer's, and a
 worst run no worse than each peer's worst (lowest cached share, highest run p99).
 
+Then where each run's cached share comes from: the points of its prompt tokens cached in
+conversations' first turns (a system prompt another conversation brought) and in their
+later turns (a conversation's own history), per run in the order they ran.
+
 Pooling is only meaningful over sittings of the same routing and workload shape; the
 script does not check that, the commands in BENCHMARKS.md do. A sitting whose engines ran
 slower than the others' sets most of the pooled tail.
@@ -95,6 +99,22 @@ def bar(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
           f"{tally['p99']} of {n} | {tally['worst']} of {n} | {tally['whole']} of {n} |")
 
 
+def split(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
+    """Prints each run's cached share as first turns + later turns (see the module's docs)."""
+    print()
+    print("| sitting | router | cached share a run: first turns + later turns, points |")
+    print("|---|---|---|")
+    for name, runs in sittings:
+        for router, its in runs.items():
+            cells = []
+            for run in its:
+                prompt = sum(t["prompt_tokens"] for t in run["turns"]) or 1
+                first = sum(t["cached_tokens"] for t in run["turns"] if t["turn"] == 0)
+                later = sum(t["cached_tokens"] for t in run["turns"] if t["turn"] > 0)
+                cells.append(f"{100 * first / prompt:.1f} + {100 * later / prompt:.1f}")
+            print(f"| {name} | {router} | {'; '.join(cells)} |")
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -117,6 +137,7 @@ def main() -> None:
         for router, its in pooled.items():
             print(row("all", router, its))
     bar(sittings)
+    split(sittings)
 
 
 if __name__ == "__main__":
