@@ -44,31 +44,73 @@ pin_project! {
 /// read as 0, it would make every sticky answer look evicted and the index forget the
 /// cluster, and every prompt look prefilled whole to the learned prices. The first such
 /// answer of a cluster is logged at `warn`, once.
+///
+/// Engines can stop counting: one restarted without the flag, or replaced by one that never
+/// had it. A counting engine answers most requests the index predicted to hit with a count
+/// above 0, and after an eviction the index forgets what it predicted there, so
+/// [`SILENT_PREDICTED_ANSWERS`] answers in a row that were predicted to hit and came back
+/// without a count say the engines stopped: the cluster's count is unknown again (logged at
+/// `warn`) until an answer carries one.
 #[derive(Debug, Default)]
 pub(super) struct CachedCounts {
-    // A plain mutex: one short map operation per answer with a usage. `true`: the
-    // cluster's engines count cached tokens; `false`: they have not yet, which was logged.
-    clusters: Mutex<HashMap<ClusterId, bool>>,
+    // A plain mutex: one short map operation per answer with a usage.
+    clusters: Mutex<HashMap<ClusterId, Counting>>,
+}
+
+/// Answers in a row, predicted to find part of their prompt cached, that come back without
+/// a cached count from a cluster whose engines counted before, after which the count is
+/// taken for unknown (see [`CachedCounts`]). Up to then each reads as 0, so an engine that
+/// stopped counting makes the index forget at most this many times before feedback stops.
+pub(super) const SILENT_PREDICTED_ANSWERS: u32 = 8;
+
+/// What a cluster's answers say of their cached counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counting {
+    /// The engines count; `silent` predicted answers in a row since came back without.
+    Counts { silent: u32 },
+    /// They have not counted, or stopped (logged).
+    Unknown,
 }
 
 impl CachedCounts {
     /// The prompt tokens `cluster`'s engine served from cache by `usage`: its count, 0 when
-    /// it gave none but the cluster's engines have counted before, else `None`.
-    pub(super) fn cached_tokens(&self, cluster: &ClusterId, usage: PromptUsage) -> Option<u64> {
+    /// it gave none but the cluster's engines count, else `None`. `predicted`: the index
+    /// predicted a match at the cluster for the request.
+    pub(super) fn cached_tokens(
+        &self,
+        cluster: &ClusterId,
+        usage: PromptUsage,
+        predicted: bool,
+    ) -> Option<u64> {
         let mut clusters = self.clusters.lock().unwrap_or_else(PoisonError::into_inner);
-        let counts = clusters.get_mut(cluster);
-        match (usage.cached_tokens, counts) {
-            (Some(cached), Some(counts)) => {
-                *counts = true;
-                Some(cached)
+        if let Some(cached) = usage.cached_tokens {
+            clusters.insert(cluster.clone(), Counting::Counts { silent: 0 });
+            return Some(cached);
+        }
+        match clusters.get_mut(cluster) {
+            Some(Counting::Counts { silent }) => {
+                if !predicted {
+                    return Some(0);
+                }
+                *silent += 1;
+                if *silent < SILENT_PREDICTED_ANSWERS {
+                    return Some(0);
+                }
+                clusters.insert(cluster.clone(), Counting::Unknown);
+                drop(clusters);
+                tracing::warn!(
+                    cluster = %cluster,
+                    answers = SILENT_PREDICTED_ANSWERS,
+                    "engine answers stopped counting cached prompt tokens (answers in a row \
+                     predicted to hit came back without a count): the cluster's prices keep \
+                     what they learned and engine feedback is off for it until they count \
+                     again (vLLM: --enable-prompt-tokens-details; SGLang: --enable-cache-report)"
+                );
+                None
             }
-            (Some(cached), None) => {
-                clusters.insert(cluster.clone(), true);
-                Some(cached)
-            }
-            (None, Some(&mut counts)) => counts.then_some(0),
-            (None, None) => {
-                clusters.insert(cluster.clone(), false);
+            Some(Counting::Unknown) => None,
+            None => {
+                clusters.insert(cluster.clone(), Counting::Unknown);
                 drop(clusters);
                 tracing::warn!(
                     cluster = %cluster,
@@ -137,7 +179,11 @@ impl Drop for Tally {
         )
         .increment(usage.prompt_tokens);
         // Without a cached count the answer says nothing about the cache (see CachedCounts).
-        let Some(cached) = self.counts.cached_tokens(&self.cluster, usage) else {
+        let predicted = self
+            .prediction
+            .as_ref()
+            .is_some_and(|p| p.matched.covered_bytes() > 0);
+        let Some(cached) = self.counts.cached_tokens(&self.cluster, usage, predicted) else {
             return;
         };
         metrics::counter!(

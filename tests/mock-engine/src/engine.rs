@@ -14,7 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::cache::{PrefixCache, block_hashes};
 use super::error::ApiError;
 use super::store::Store;
-use super::{BodySummary, MockEngineConfig, MockStats, WaitingOverride};
+use super::{BodySummary, CachedTokens, MockEngineConfig, MockStats, WaitingOverride};
 
 /// Raw request bodies kept for `GET /mock/last_body`.
 const KEPT_BODIES: usize = 16;
@@ -151,6 +151,9 @@ pub(crate) struct Engine {
     waiting_override: Mutex<WaitingOverride>,
     /// `/metrics` answers 503 while set (`POST /mock/metrics`).
     metrics_failing: AtomicBool,
+    /// What usage says of cached tokens, when changed from the config's
+    /// ([`MockEngine::count_cached_tokens`](crate::MockEngine::count_cached_tokens)).
+    cached_tokens: Mutex<Option<CachedTokens>>,
     tally: Mutex<Tally>,
     ids: IdSource,
 }
@@ -171,6 +174,7 @@ impl Engine {
             stall: Mutex::new(Stall::default()),
             waiting_override: Mutex::new(WaitingOverride::default()),
             metrics_failing: AtomicBool::new(false),
+            cached_tokens: Mutex::new(None),
             tally: Mutex::new(Tally::default()),
             ids: IdSource {
                 keys: RandomState::new(),
@@ -342,6 +346,15 @@ impl Engine {
         self.metrics_failing.load(Ordering::SeqCst)
     }
 
+    pub(crate) fn set_cached_tokens(&self, counted: CachedTokens) {
+        *lock(&self.cached_tokens) = Some(counted);
+    }
+
+    /// When usage counts cached tokens now: as changed, else as configured.
+    pub(crate) fn cached_tokens(&self) -> CachedTokens {
+        lock(&self.cached_tokens).unwrap_or(self.config.cached_tokens)
+    }
+
     /// Each served model's reported waiting and running counts.
     pub(crate) fn load_report(&self) -> Vec<(&str, u64, u64)> {
         let waiting_override = *lock(&self.waiting_override);
@@ -402,6 +415,7 @@ impl Engine {
         *lock(&self.stall) = Stall::default();
         *lock(&self.waiting_override) = WaitingOverride::default();
         self.set_metrics_failing(false);
+        *lock(&self.cached_tokens) = None;
         *lock(&self.tally) = Tally::default();
         lock(&self.cache).clear();
         lock(&self.store).clear();

@@ -35,7 +35,7 @@
 //!
 //! | endpoint | answers |
 //! | --- | --- |
-//! | `POST /v1/chat/completions` | `chat.completion` (`chatcmpl-…`), or `chat.completion.chunk` events ending `data: [DONE]`; usage in the last chunk only with `stream_options.include_usage`, as in OpenAI; `prompt_tokens_details.cached_tokens` as [`MockEngineConfig::cached_tokens`] says |
+//! | `POST /v1/chat/completions` | `chat.completion` (`chatcmpl-…`), or `chat.completion.chunk` events ending `data: [DONE]`; usage in the last chunk only with `stream_options.include_usage`, as in OpenAI; `prompt_tokens_details.cached_tokens` as [`MockEngineConfig::cached_tokens`] says, or [`MockEngine::count_cached_tokens`] once called |
 //! | `POST /v1/completions` | `text_completion` (`cmpl-…`), streamed alike |
 //! | `POST /v1/messages` | Anthropic `message` (`msg_…`) with `usage.cache_read_input_tokens`, or its event sequence |
 //! | `POST /v1/responses` | `response` (`resp_…`) with `input_tokens_details.cached_tokens`, or its event sequence; `previous_response_id`, `conversation`, `store`, `background` |
@@ -428,6 +428,13 @@ impl MockEngine {
     /// Makes `/metrics` answer 503 (or serve again), as `POST /mock/metrics` does.
     pub fn fail_metrics(&self, fail: bool) {
         self.engine.set_metrics_failing(fail);
+    }
+
+    /// Changes when Chat and Completions usage counts cached tokens from then on, as an
+    /// engine restarted with other flags behind the same URL would (`reset` restores the
+    /// config's).
+    pub fn count_cached_tokens(&self, counted: CachedTokens) {
+        self.engine.set_cached_tokens(counted);
     }
 
     /// Forgets knobs, counters, kept bodies, the prefix cache and the stores, as

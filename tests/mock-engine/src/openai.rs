@@ -25,7 +25,7 @@ fn usage(engine: &Engine, prompt: PromptUsage, completion_tokens: u64) -> Value 
         "completion_tokens": completion_tokens,
         "total_tokens": prompt.prompt_tokens + completion_tokens,
     });
-    let counted = match engine.config.cached_tokens {
+    let counted = match engine.cached_tokens() {
         CachedTokens::Always => true,
         CachedTokens::UnlessNone => prompt.cached_tokens > 0,
         CachedTokens::Never => false,
