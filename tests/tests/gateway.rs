@@ -2339,6 +2339,75 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_what_came_
 }
 
 /// The value of the gauge `series` on the admin port, when present.
+/// An engine that stops counting cached tokens behind the same URL (restarted without
+/// vLLM's `--enable-prompt-tokens-details`, say) would, read as reporting 0, make every
+/// sticky answer look evicted for good. After `SILENT_PREDICTED_ANSWERS` sticky answers in a
+/// row without a count the gateway takes its cluster's count for unknown and stops weighing
+/// its answers, until one counts again.
+#[tokio::test]
+async fn an_engine_that_stops_counting_cached_tokens_stops_being_weighed() {
+    use grid_route_layer::feedback::SILENT_PREDICTED_ANSWERS;
+    // Sites of their own: no other test of this binary counts under their labels.
+    let (east, west, gateway) = two_sites_named("mute-east", "mute-west").await;
+    let mut conversation = Conversation::new("muted", 12 * 1024);
+    let home = conversation
+        .turn(&gateway.url(), "hello")
+        .await
+        .engine_name();
+    let predicted = format!(
+        r#"grid_route_predicted_cached_tokens_total{{site="{}",cluster="{home}"}}"#,
+        &home[..home.len() - 2]
+    );
+    let engine = if home == east.name() { &east } else { &west };
+    assert_eq!(
+        conversation
+            .turn(&gateway.url(), "and then?")
+            .await
+            .engine_name(),
+        home
+    );
+    eventually("the sticky turn weighed", || async {
+        scraped(&gateway, &predicted).await > 0
+    })
+    .await;
+
+    engine.count_cached_tokens(CachedTokens::Never);
+    // Until the limit each silent sticky answer is weighed as a reported 0.
+    for turn in 1..SILENT_PREDICTED_ANSWERS {
+        let before = scraped(&gateway, &predicted).await;
+        let answer = conversation
+            .turn(&gateway.url(), &format!("silent {turn}"))
+            .await;
+        assert_eq!(answer.engine_name(), home, "still sticky");
+        assert!(answer.json()["usage"]["prompt_tokens_details"].is_null());
+        eventually("the silent answer weighed", || async {
+            scraped(&gateway, &predicted).await > before
+        })
+        .await;
+    }
+    // The limit's answer and those after it are not.
+    let stopped = scraped(&gateway, &predicted).await;
+    for turn in 0..3 {
+        let answer = conversation
+            .turn(&gateway.url(), &format!("unweighed {turn}"))
+            .await;
+        assert_eq!(answer.engine_name(), home, "still sticky");
+        // Usage is counted when the gateway drops the answer's body, just after the client
+        // read its end: give a (wrong) weighing the time to land before looking.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(scraped(&gateway, &predicted).await, stopped, "turn {turn}");
+    }
+    // The engine counts again: its answers are weighed again.
+    engine.count_cached_tokens(CachedTokens::Always);
+    let answer = conversation.turn(&gateway.url(), "counted").await;
+    assert_eq!(answer.engine_name(), home);
+    assert!(answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"].is_u64());
+    eventually("the counted answer weighed", || async {
+        scraped(&gateway, &predicted).await > stopped
+    })
+    .await;
+}
+
 async fn scraped_gauge(gateway: &Gateway, series: &str) -> Option<f64> {
     let text = get(format!("{}/metrics", gateway.admin_url())).await.text();
     text.lines()

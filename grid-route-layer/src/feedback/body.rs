@@ -57,11 +57,16 @@ pub(super) struct CachedCounts {
     clusters: Mutex<HashMap<ClusterId, Counting>>,
 }
 
-/// Answers in a row, predicted to find part of their prompt cached, that come back without
-/// a cached count from a cluster whose engines counted before, after which the count is
-/// taken for unknown (see [`CachedCounts`]). Up to then each reads as 0, so an engine that
-/// stopped counting makes the index forget at most this many times before feedback stops.
-pub(super) const SILENT_PREDICTED_ANSWERS: u32 = 8;
+/// Answers in a row, predicted by the index to find part of their prompt cached, that come
+/// back without a cached count from a cluster whose engines counted before, after which
+/// [`FeedbackLayer`](super::FeedbackLayer) takes that cluster's count for unknown again:
+/// its answers teach neither the index nor the learned prices until one carries a count
+/// (logged at `warn`). Engines that stop counting are one restarted without the flag behind
+/// the same URL (vLLM's `--enable-prompt-tokens-details`, SGLang's `--enable-cache-report`).
+/// A counting engine answers a predicted hit with a count above 0, and after an eviction the
+/// index forgets what it predicted there, so this many in a row is an engine that stopped;
+/// up to then each reads as 0, and the index forgets at most this many times.
+pub const SILENT_PREDICTED_ANSWERS: u32 = 8;
 
 /// What a cluster's answers say of their cached counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

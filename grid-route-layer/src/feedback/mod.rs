@@ -61,7 +61,7 @@ mod layer;
 mod service;
 mod usage;
 
-pub use body::FeedbackBody;
+pub use body::{FeedbackBody, SILENT_PREDICTED_ANSWERS};
 pub use forget::{EvictionMarks, FORGET_BELOW_SHARE, fell_short, predicted_tokens};
 pub use layer::FeedbackLayer;
 pub use service::{FeedbackService, ResponseFuture};

@@ -413,6 +413,43 @@ fn a_prediction_of_nothing_never_falls_short() {
     assert!(!fell_short(nothing, 0));
 }
 
+/// Only answers the index predicted to hit count towards taking a counting cluster's
+/// engines for stopped: a cluster whose prompts share nothing answers without a count (a
+/// vLLM count of 0 left out) as long as it likes.
+#[test]
+fn answers_without_a_count_and_without_a_prediction_never_make_a_counting_cluster_unknown() {
+    use super::SILENT_PREDICTED_ANSWERS;
+    use super::body::CachedCounts;
+    let counts = CachedCounts::default();
+    let east = ClusterId::new(SiteName::new("east").unwrap(), "east-a");
+    let silent = PromptUsage::without_cached(4000);
+    assert_eq!(
+        counts.cached_tokens(&east, silent, false),
+        None,
+        "never counted"
+    );
+    assert_eq!(
+        counts.cached_tokens(&east, PromptUsage::new(4000, 12), false),
+        Some(12)
+    );
+    for _ in 0..10 * SILENT_PREDICTED_ANSWERS {
+        assert_eq!(counts.cached_tokens(&east, silent, false), Some(0));
+    }
+    for _ in 1..SILENT_PREDICTED_ANSWERS {
+        assert_eq!(counts.cached_tokens(&east, silent, true), Some(0));
+    }
+    // A count between them starts the run again.
+    assert_eq!(
+        counts.cached_tokens(&east, PromptUsage::new(4000, 0), true),
+        Some(0)
+    );
+    for _ in 1..SILENT_PREDICTED_ANSWERS {
+        assert_eq!(counts.cached_tokens(&east, silent, true), Some(0));
+    }
+    assert_eq!(counts.cached_tokens(&east, silent, true), None, "stopped");
+    assert_eq!(counts.cached_tokens(&east, silent, false), None);
+}
+
 mod teaching {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
@@ -597,6 +634,38 @@ mod teaching {
             &json!({"prompt_tokens": 4000}),
         );
         assert_eq!(f.depth_of(&f.other, "east-a"), other);
+    }
+
+    /// An engine that stopped counting (restarted without the flag, say): its silent
+    /// answers read as 0 until `SILENT_PREDICTED_ANSWERS` predicted ones in a row, then
+    /// teach nothing until an answer counts again.
+    #[test]
+    fn engines_that_stop_counting_stop_teaching_until_they_count_again() {
+        use crate::feedback::SILENT_PREDICTED_ANSWERS;
+        let f = fixture(true);
+        let feedback = FeedbackLayer::new().with_affinity(f.affinity.clone());
+        let unsaid = json!({"prompt_tokens": 4000, "completion_tokens": 5});
+        let other = f.other.keys().unwrap().len();
+        f.confirm_ago(&f.prompt, "east-a", 40);
+        f.send_through(&feedback, 4000);
+        // Up to the limit each silent answer reads as 0: the engine evicted what came
+        // before the prompt.
+        for _ in 1..SILENT_PREDICTED_ANSWERS {
+            f.confirm_ago(&f.other, "east-a", 60);
+            f.send_usage(&feedback, &unsaid);
+            assert_eq!(f.depth_of(&f.other, "east-a"), 0, "forgotten as for a 0");
+        }
+        // At the limit the count is unknown again: nothing is forgotten, then or after.
+        for _ in 0..3 {
+            f.confirm_ago(&f.other, "east-a", 60);
+            f.send_usage(&feedback, &unsaid);
+            assert_eq!(f.depth_of(&f.other, "east-a"), other, "nothing forgotten");
+        }
+        // The engines count again: a silent answer is a 0 once more.
+        f.send_through(&feedback, 4000);
+        f.confirm_ago(&f.other, "east-a", 60);
+        f.send_usage(&feedback, &unsaid);
+        assert_eq!(f.depth_of(&f.other, "east-a"), 0);
     }
 
     #[test]
