@@ -45,12 +45,7 @@ pin_project! {
 /// cluster, and every prompt look prefilled whole to the learned prices. The first such
 /// answer of a cluster is logged at `warn`, once.
 ///
-/// Engines can stop counting: one restarted without the flag, or replaced by one that never
-/// had it. A counting engine answers most requests the index predicted to hit with a count
-/// above 0, and after an eviction the index forgets what it predicted there, so
-/// [`SILENT_PREDICTED_ANSWERS`] answers in a row that were predicted to hit and came back
-/// without a count say the engines stopped: the cluster's count is unknown again (logged at
-/// `warn`) until an answer carries one.
+/// Engines can stop counting: see [`SILENT_PREDICTED_ANSWERS`].
 #[derive(Debug, Default)]
 pub(super) struct CachedCounts {
     // A plain mutex: one short map operation per answer with a usage.
