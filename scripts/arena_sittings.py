@@ -24,6 +24,16 @@ Then where each run's cached share comes from: the points of its prompt tokens c
 conversations' first turns (a system prompt another conversation brought) and in their
 later turns (a conversation's own history), per run in the order they ran.
 
+Last, what sets each router's pooled TTFT p90 in each sitting: the turns at or over it, by
+kind. Burst turns; first turns behind a shared system prompt sent after the burst (a first
+turn of more than the workload's `system_chars` / 8 tokens, half a system prompt at about
+4 characters a token, where a first turn without one is a message of at most
+`message_chars`, about 200 tokens); other first turns; later turns. Beside them, how many
+first turns behind a shared system prompt were sent after the burst, how many found it
+cached (more than half of it), and their TTFT median. Such a first turn either finds its
+system prompt at the engine it is sent to or prefills all of it, which on these engines
+takes about as long as one of the burst's.
+
 Pooling is only meaningful over sittings of the same routing and workload shape; the
 script does not check that, the commands in BENCHMARKS.md do. A sitting whose engines ran
 slower than the others' sets most of the pooled tail.
@@ -115,6 +125,38 @@ def split(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
             print(f"| {name} | {router} | {'; '.join(cells)} |")
 
 
+def tail(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
+    """Prints what sets each router's pooled TTFT p90 (see the module's docs)."""
+    print()
+    print("| sitting | router | pooled p90 | turns at or over it: burst / first behind a "
+          "system prompt / other first / later | first turns behind a system prompt after "
+          "the burst: turns, found it cached, TTFT p50 |")
+    print("|---|---|---:|---|---|")
+    for name, runs in sittings:
+        for router, its in runs.items():
+            kinds = []
+            for run in its:
+                start = min((t["sent_at"] for t in run["turns"]), default=0.0)
+                for t in run["turns"]:
+                    if t["sent_at"] - start < BURST_SECONDS:
+                        kind = "burst"
+                    elif t["turn"] > 0:
+                        kind = "later"
+                    elif t["prompt_tokens"] > run["system_tokens"]:
+                        kind = "system"
+                    else:
+                        kind = "first"
+                    kinds.append((kind, t))
+            p90 = pct([t["ttft"] for _, t in kinds], 90)
+            over = [kind for kind, t in kinds if t["ttft"] >= p90]
+            counts = " / ".join(str(over.count(k)) for k in ("burst", "system", "first", "later"))
+            system = [t for kind, t in kinds if kind == "system"]
+            found = sum(t["cached_tokens"] > t["prompt_tokens"] / 2 for t in system)
+            median = statistics.median(t["ttft"] for t in system) if system else float("nan")
+            print(f"| {name} | {router} | {p90:.2f} s | {len(over)}: {counts} | "
+                  f"{len(system)}, {found}, {median:.2f} s |")
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -126,8 +168,10 @@ def main() -> None:
     print("|---|---|---:|---|---|---|---|---|---|")
     for out in map(Path, sys.argv[1:]):
         runs: dict[str, list[dict]] = {}
+        workload = json.loads((out / "workload.json").read_text())
         for line in (out / "results.jsonl").read_text().splitlines():
             run = json.loads(line)
+            run["system_tokens"] = workload["system_chars"] / 8
             runs.setdefault(run["router"], []).append(run)
         for router, its in runs.items():
             print(row(out.name, router, its))
@@ -138,6 +182,7 @@ def main() -> None:
             print(row("all", router, its))
     bar(sittings)
     split(sittings)
+    tail(sittings)
 
 
 if __name__ == "__main__":
