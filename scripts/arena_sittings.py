@@ -34,6 +34,12 @@ cached (more than half of it), and their TTFT median. Such a first turn either f
 system prompt at the engine it is sent to or prefills all of it, which on these engines
 takes about as long as one of the burst's.
 
+Last, for grid-route's runs (`grid-*` routers, whose request logs name each answer's
+affinity outcome: `arena_turns.py`), the first turns behind a shared system prompt after
+the burst by outcome, and how many of each found it cached: whether an engine the index
+names as holding a system prompt still holds it when the next conversation behind it
+comes (`sticky`), which is what a host prompt cache changes.
+
 Pooling is only meaningful over sittings of the same routing and workload shape; the
 script does not check that, the commands in BENCHMARKS.md do. A sitting whose engines ran
 slower than the others' sets most of the pooled tail.
@@ -47,6 +53,7 @@ import sys
 from pathlib import Path
 
 from arena_engines import BURST_SECONDS, pct, quantiles
+from arena_turns import turns
 
 # The router the bar is for: grid-route with a config naming only the grid.
 OURS = "grid-defaults"
@@ -157,6 +164,35 @@ def tail(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
                   f"{len(system)}, {found}, {median:.2f} s |")
 
 
+# Where each sitting's runs are: its OUT, by name (`held` reads the runs' request logs).
+paths: dict[str, Path] = {}
+
+
+def held(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
+    """Prints grid-route's first turns behind a shared system prompt by outcome (see the
+    module's docs)."""
+    print()
+    print("| sitting | router | first turns behind a system prompt after the burst, by "
+          "affinity outcome: found it cached / turns |")
+    print("|---|---|---|")
+    for name, runs in sittings:
+        for router, its in runs.items():
+            if not router.startswith("grid-"):
+                continue
+            found: dict[str, list[int]] = {}
+            for run in its:
+                rows = turns(paths[name], f"{router}-{run['repeat']}")
+                start = min((t["sent_at"] for t in rows), default=0.0)
+                for t in rows:
+                    if (t["turn"] == 0 and t["sent_at"] - start >= BURST_SECONDS
+                            and t["prompt_tokens"] > run["system_tokens"]):
+                        tally = found.setdefault(t["outcome"], [0, 0])
+                        tally[0] += t["cached_tokens"] > t["prompt_tokens"] / 2
+                        tally[1] += 1
+            cells = ", ".join(f"{o} {f} / {n}" for o, (f, n) in sorted(found.items()))
+            print(f"| {name} | {router} | {cells} |")
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -169,6 +205,7 @@ def main() -> None:
     for out in map(Path, sys.argv[1:]):
         runs: dict[str, list[dict]] = {}
         workload = json.loads((out / "workload.json").read_text())
+        paths[out.name] = out
         for line in (out / "results.jsonl").read_text().splitlines():
             run = json.loads(line)
             run["system_tokens"] = workload["system_chars"] / 8
@@ -183,6 +220,7 @@ def main() -> None:
     bar(sittings)
     split(sittings)
     tail(sittings)
+    held(sittings)
 
 
 if __name__ == "__main__":
