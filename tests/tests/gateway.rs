@@ -2338,7 +2338,6 @@ async fn an_engine_that_evicted_a_conversation_makes_the_index_forget_what_came_
     assert_eq!(counters(home.clone()).await.0, before_older.0);
 }
 
-/// The value of the gauge `series` on the admin port, when present.
 /// An engine that stops counting cached tokens behind the same URL (restarted without
 /// vLLM's `--enable-prompt-tokens-details`, say) would, read as reporting 0, make every
 /// sticky answer look evicted for good. After `SILENT_PREDICTED_ANSWERS` sticky answers in a
@@ -2408,6 +2407,7 @@ async fn an_engine_that_stops_counting_cached_tokens_stops_being_weighed() {
     .await;
 }
 
+/// The value of the gauge `series` on the admin port, when present.
 async fn scraped_gauge(gateway: &Gateway, series: &str) -> Option<f64> {
     let text = get(format!("{}/metrics", gateway.admin_url())).await.text();
     text.lines()
