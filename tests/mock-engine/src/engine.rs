@@ -151,9 +151,9 @@ pub(crate) struct Engine {
     waiting_override: Mutex<WaitingOverride>,
     /// `/metrics` answers 503 while set (`POST /mock/metrics`).
     metrics_failing: AtomicBool,
-    /// What usage says of cached tokens, when changed from the config's
+    /// When usage counts cached tokens: the config's until changed
     /// ([`MockEngine::count_cached_tokens`](crate::MockEngine::count_cached_tokens)).
-    cached_tokens: Mutex<Option<CachedTokens>>,
+    cached_tokens: Mutex<CachedTokens>,
     tally: Mutex<Tally>,
     ids: IdSource,
 }
@@ -174,7 +174,7 @@ impl Engine {
             stall: Mutex::new(Stall::default()),
             waiting_override: Mutex::new(WaitingOverride::default()),
             metrics_failing: AtomicBool::new(false),
-            cached_tokens: Mutex::new(None),
+            cached_tokens: Mutex::new(config.cached_tokens),
             tally: Mutex::new(Tally::default()),
             ids: IdSource {
                 keys: RandomState::new(),
@@ -347,12 +347,12 @@ impl Engine {
     }
 
     pub(crate) fn set_cached_tokens(&self, counted: CachedTokens) {
-        *lock(&self.cached_tokens) = Some(counted);
+        *lock(&self.cached_tokens) = counted;
     }
 
-    /// When usage counts cached tokens now: as changed, else as configured.
+    /// When usage counts cached tokens now.
     pub(crate) fn cached_tokens(&self) -> CachedTokens {
-        lock(&self.cached_tokens).unwrap_or(self.config.cached_tokens)
+        *lock(&self.cached_tokens)
     }
 
     /// Each served model's reported waiting and running counts.
@@ -415,7 +415,7 @@ impl Engine {
         *lock(&self.stall) = Stall::default();
         *lock(&self.waiting_override) = WaitingOverride::default();
         self.set_metrics_failing(false);
-        *lock(&self.cached_tokens) = None;
+        *lock(&self.cached_tokens) = self.config.cached_tokens;
         *lock(&self.tally) = Tally::default();
         lock(&self.cache).clear();
         lock(&self.store).clear();
