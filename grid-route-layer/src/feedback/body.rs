@@ -84,7 +84,13 @@ impl CachedCounts {
     ) -> Option<u64> {
         let mut clusters = self.clusters.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(cached) = usage.cached_tokens {
-            clusters.insert(cluster.clone(), Counting::Counts { silent: 0 });
+            let counts = Counting::Counts { silent: 0 };
+            match clusters.get_mut(cluster) {
+                Some(counting) => *counting = counts,
+                None => {
+                    clusters.insert(cluster.clone(), counts);
+                }
+            }
             return Some(cached);
         }
         match clusters.get_mut(cluster) {
@@ -182,7 +188,7 @@ impl Drop for Tally {
         let predicted = self
             .prediction
             .as_ref()
-            .is_some_and(|p| p.matched.covered_bytes() > 0);
+            .is_some_and(|p| predicted_tokens(p.matched.covered_bytes()) > 0);
         let Some(cached) = self.counts.cached_tokens(&self.cluster, usage, predicted) else {
             return;
         };
