@@ -132,6 +132,21 @@ def split(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
             print(f"| {name} | {router} | {'; '.join(cells)} |")
 
 
+def kinds_of(run: dict, turns: list[dict]) -> list[tuple[str, dict]]:
+    """Each of `run`'s `turns` with its kind: `burst`, `later`, `system` (a first turn
+    behind a shared system prompt, after the burst) or `first` (see the module's docs)."""
+    start = min((t["sent_at"] for t in turns), default=0.0)
+
+    def kind(t: dict) -> str:
+        if t["sent_at"] - start < BURST_SECONDS:
+            return "burst"
+        if t["turn"] > 0:
+            return "later"
+        return "system" if t["prompt_tokens"] > run["system_tokens"] else "first"
+
+    return [(kind(t), t) for t in turns]
+
+
 def tail(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
     """Prints what sets each router's pooled TTFT p90 (see the module's docs)."""
     print()
@@ -141,19 +156,7 @@ def tail(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
     print("|---|---|---:|---|---|")
     for name, runs in sittings:
         for router, its in runs.items():
-            kinds = []
-            for run in its:
-                start = min((t["sent_at"] for t in run["turns"]), default=0.0)
-                for t in run["turns"]:
-                    if t["sent_at"] - start < BURST_SECONDS:
-                        kind = "burst"
-                    elif t["turn"] > 0:
-                        kind = "later"
-                    elif t["prompt_tokens"] > run["system_tokens"]:
-                        kind = "system"
-                    else:
-                        kind = "first"
-                    kinds.append((kind, t))
+            kinds = [(kind, t) for run in its for kind, t in kinds_of(run, run["turns"])]
             p90 = pct([t["ttft"] for _, t in kinds], 90)
             over = [kind for kind, t in kinds if t["ttft"] >= p90]
             counts = " / ".join(str(over.count(k)) for k in ("burst", "system", "first", "later"))
@@ -162,10 +165,6 @@ def tail(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
             median = statistics.median(t["ttft"] for t in system) if system else float("nan")
             print(f"| {name} | {router} | {p90:.2f} s | {len(over)}: {counts} | "
                   f"{len(system)}, {found}, {median:.2f} s |")
-
-
-# Where each sitting's runs are: its OUT, by name (`held` reads the runs' request logs).
-paths: dict[str, Path] = {}
 
 
 def held(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
@@ -181,11 +180,9 @@ def held(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
                 continue
             found: dict[str, list[int]] = {}
             for run in its:
-                rows = turns(paths[name], f"{router}-{run['repeat']}")
-                start = min((t["sent_at"] for t in rows), default=0.0)
-                for t in rows:
-                    if (t["turn"] == 0 and t["sent_at"] - start >= BURST_SECONDS
-                            and t["prompt_tokens"] > run["system_tokens"]):
+                rows = turns(run["out"], f"{router}-{run['repeat']}")
+                for kind, t in kinds_of(run, rows):
+                    if kind == "system":
                         tally = found.setdefault(t["outcome"], [0, 0])
                         tally[0] += t["cached_tokens"] > t["prompt_tokens"] / 2
                         tally[1] += 1
@@ -205,10 +202,11 @@ def main() -> None:
     for out in map(Path, sys.argv[1:]):
         runs: dict[str, list[dict]] = {}
         workload = json.loads((out / "workload.json").read_text())
-        paths[out.name] = out
         for line in (out / "results.jsonl").read_text().splitlines():
             run = json.loads(line)
+            # What `kinds_of` and `held` need of the sitting: see the module's docs.
             run["system_tokens"] = workload["system_chars"] / 8
+            run["out"] = out
             runs.setdefault(run["router"], []).append(run)
         for router, its in runs.items():
             print(row(out.name, router, its))
