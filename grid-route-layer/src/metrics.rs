@@ -16,6 +16,7 @@
 //! | `grid_route_index_forgotten_total` | counter | `site`, `cluster` | `FeedbackLayer` (with `engine_feedback`) |
 //! | `grid_route_prefill_tokens_per_second` | gauge | `site`, `cluster` | `FeedbackLayer` (with `auto`) |
 //! | `grid_route_queued_request_seconds` | gauge | `site`, `cluster` | `FeedbackLayer` (with `auto`) |
+//! | `grid_route_shared_head_found_share` | gauge | `site`, `cluster` | `FeedbackLayer` (with `engine_feedback`) |
 //! | `grid_route_keying_seconds` | histogram | | `KeyingLayer` |
 //! | `grid_route_keys_per_request` | histogram | | `KeyingLayer` |
 //! | `grid_route_index_entries` | gauge | `site`, `cluster` | [`record_grid_gauges`] |
@@ -66,6 +67,9 @@ pub const PREFILL_TOKENS_PER_SECOND: &str = "grid_route_prefill_tokens_per_secon
 /// Each cluster's learned price of one more request in its load, seconds
 /// (`queued_request_seconds: auto`).
 pub const QUEUED_REQUEST_SECONDS: &str = "grid_route_queued_request_seconds";
+/// Each cluster's share of new conversations' first turns that found the short shared head
+/// they asked its engines for, weighed by recency (with `engine_feedback`).
+pub const SHARED_HEAD_FOUND_SHARE: &str = "grid_route_shared_head_found_share";
 /// Time spent keying a request body, in seconds.
 pub const KEYING_SECONDS: &str = "grid_route_keying_seconds";
 /// Prefix keys per keyed request.
@@ -159,6 +163,12 @@ pub fn describe_metrics() {
         "What one more request in a backend cluster's load costs a new one, learned with \
          queued_request_seconds: auto: the least-squares fit of streamed answers' time to \
          first token on their load at dispatch and their uncached prompt tokens."
+    );
+    metrics::describe_gauge!(
+        SHARED_HEAD_FOUND_SHARE,
+        "Share of new conversations' first turns, sent to a backend cluster for a short \
+         system prompt it held, whose answer found it cached, weighed by recency. Over one \
+         half, new conversations may join a busier holder of their head with a free slot."
     );
     metrics::describe_histogram!(
         KEYING_SECONDS,
@@ -294,6 +304,7 @@ mod tests {
             (INDEX_FORGOTTEN_TOTAL, MetricKind::Counter),
             (PREFILL_TOKENS_PER_SECOND, MetricKind::Gauge),
             (QUEUED_REQUEST_SECONDS, MetricKind::Gauge),
+            (SHARED_HEAD_FOUND_SHARE, MetricKind::Gauge),
             (KEYING_SECONDS, MetricKind::Histogram),
             (KEYS_PER_REQUEST, MetricKind::Histogram),
             (INDEX_ENTRIES, MetricKind::Gauge),

@@ -331,6 +331,7 @@ impl Candidates {
 pub struct PredictedMatch {
     depth: usize,
     covered_bytes: u64,
+    asks_shared_head: bool,
 }
 
 impl PredictedMatch {
@@ -340,7 +341,24 @@ impl PredictedMatch {
         Self {
             depth,
             covered_bytes,
+            asks_shared_head: false,
         }
+    }
+
+    /// The same match, made by a conversation's first turn that stuck to a holder of a
+    /// short head other conversations share, no busier than the other candidates: its
+    /// answer tells whether the holder's engines keep such heads
+    /// ([`Decision::asks_shared_head`](crate::affinity::Decision::asks_shared_head)).
+    #[must_use]
+    pub fn asking_shared_head(mut self) -> Self {
+        self.asks_shared_head = true;
+        self
+    }
+
+    /// Whether the answer tells if the serving cluster keeps shared heads
+    /// ([`asking_shared_head`](Self::asking_shared_head)).
+    pub fn asks_shared_head(&self) -> bool {
+        self.asks_shared_head
     }
 
     /// Matched keys at the serving cluster.

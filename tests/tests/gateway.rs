@@ -780,11 +780,24 @@ async fn two_slot_engine(
                         if head.contains("\r\nx-hold:") {
                             let _ = release.wait_for(|released| *released).await;
                         }
+                        // The cached tokens the request's `x-cached-tokens` asks for, as
+                        // llama.cpp reports them; none without it.
+                        let cached = head
+                            .lines()
+                            .find_map(|line| line.strip_prefix("x-cached-tokens:"))
+                            .map(|value| value.trim().parse::<u64>().unwrap());
+                        let usage = match cached {
+                            Some(cached) => json!({"prompt_tokens": 4000, "completion_tokens": 1,
+                                "total_tokens": 4001,
+                                "prompt_tokens_details": {"cached_tokens": cached}}),
+                            None => json!({"prompt_tokens": 10, "completion_tokens": 1,
+                                "total_tokens": 11}),
+                        };
                         let answer = json!({
                             "id": "chatcmpl-1", "object": "chat.completion", "model": MODEL,
                             "choices": [{"index": 0, "finish_reason": "stop",
                                          "message": {"role": "assistant", "content": "ok"}}],
-                            "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
+                            "usage": usage,
                         });
                         ("application/json", answer.to_string())
                     };
@@ -807,9 +820,23 @@ async fn two_slot_gateway(
     sites: &[(&'static str, &'static str)],
     released: &tokio::sync::watch::Receiver<bool>,
 ) -> Arc<Gateway> {
-    let mut yaml = String::from(
-        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nqueue: { poll_interval_ms: 50 }\n\
-         grid_site_route: { prefix_affinity: { exploration: 0.0 } }\nsites:\n",
+    two_slot_gateway_with(
+        sites,
+        released,
+        "grid_site_route: { prefix_affinity: { exploration: 0.0 } }\n",
+    )
+    .await
+}
+
+/// [`two_slot_gateway`] with `grid_site_route` as given.
+async fn two_slot_gateway_with(
+    sites: &[(&'static str, &'static str)],
+    released: &tokio::sync::watch::Receiver<bool>,
+    grid_site_route: &str,
+) -> Arc<Gateway> {
+    let mut yaml = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nqueue: {{ poll_interval_ms: 50 }}\n\
+         {grid_site_route}sites:\n"
     );
     for &(site, cluster) in sites {
         let url = two_slot_engine(cluster, released.clone()).await;
@@ -958,6 +985,93 @@ async fn on_slot_engines_a_new_conversation_behind_a_shared_head_takes_the_roomi
     // index holds less, instead.
     let question = text("a long question", 10 * 256);
     assert_eq!(place(&house, &question).await, "head-west-a");
+}
+
+/// Where a new conversation behind a short house system prompt goes, on two two-slot
+/// engines, when its holder east-a is a request busier with a slot free: after one earlier
+/// first turn there found the head cached (`found`), or found none of it.
+async fn newcomer_beside_a_busier_holder(prefix: &'static str, found: bool) -> String {
+    let (east, west) = if found {
+        (("kept-east", "kept-east-a"), ("kept-west", "kept-west-a"))
+    } else {
+        (("lost-east", "lost-east-a"), ("lost-west", "lost-west-a"))
+    };
+    let (release, released) = tokio::sync::watch::channel(false);
+    // At a CPU engine's prefill speed: the head saves 12.8 s there, worth more than the
+    // one request's load, so the load gate alone would let the newcomer stick.
+    let gateway = two_slot_gateway_with(&[east, west], &released, CPU_PRICES).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // A 20-block system prompt (1,280 tokens at 4 bytes a token): a greeting behind it
+    // sticks by covering 80% of the prompt, under 32 blocks.
+    let house = text(prefix, 20 * 256);
+    let first_turn = |question: &str, cached: &'static str, hold: bool| {
+        let body = json!({"model": MODEL, "messages": [
+            {"role": "system", "content": house},
+            {"role": "user", "content": question},
+        ]})
+        .to_string();
+        let url = url.clone();
+        async move {
+            let mut headers = vec![
+                ("content-type", "application/json"),
+                ("x-cached-tokens", cached),
+            ];
+            if hold {
+                headers.push(("x-hold", "1"));
+            }
+            send_with(Method::POST, &url, &headers, body)
+                .await
+                .engine_name()
+        }
+    };
+    // The first conversation behind it: nothing held anywhere, the first engine.
+    assert_eq!(first_turn("hi", "0", false).await, east.1);
+    // The second: both engines idle, so it sticks to east-a for the head, and east-a's
+    // answer says whether the head was still cached.
+    let cached = if found { "1280" } else { "0" };
+    assert_eq!(first_turn("hello", cached, false).await, east.1);
+    let east_id = cluster_id(&gateway, east.1);
+    eventually("the answer counted", || async {
+        scraped_gauge(
+            &gateway,
+            &format!(
+                r#"grid_route_shared_head_found_share{{site="{}",cluster="{}"}}"#,
+                east.0, east.1
+            ),
+        )
+        .await
+            == Some(if found { 1.0 } else { 0.0 })
+    })
+    .await;
+    assert_eq!(gateway.affinity().keeps_shared_heads(&east_id), found);
+    // A third, held at east-a (idle again, so it sticks there): east-a is a request
+    // busier, with one slot free.
+    let held = tokio::spawn(first_turn("held", "1280", true));
+    eventually("east-a runs the held request", || async {
+        in_flight_at(&gateway, east.1) == 1
+    })
+    .await;
+    let newcomer = first_turn("a newcomer", "1280", false).await;
+    release.send(true).unwrap();
+    assert_eq!(held.await.unwrap(), east.1);
+    newcomer
+}
+
+#[tokio::test]
+async fn on_slot_engines_that_kept_a_shared_head_a_new_conversation_joins_its_busier_holder() {
+    // East-a's engine kept the head while it served others (llama.cpp's host prompt
+    // cache): the newcomer takes its free slot, and the live conversation whose idle slot
+    // that is gets its prompt back from that cache.
+    assert_eq!(
+        newcomer_beside_a_busier_holder("kept house", true).await,
+        "kept-east-a"
+    );
+    // Its engine had lost the head: the newcomer is not crowded in beside the
+    // conversation there, and goes by load.
+    assert_eq!(
+        newcomer_beside_a_busier_holder("lost house", false).await,
+        "lost-west-a"
+    );
 }
 
 #[tokio::test]

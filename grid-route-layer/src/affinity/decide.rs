@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
+use super::heads::{HeadVerdict, SharedHeads};
 use super::prices::{AnswerTiming, GatePrices, Learned, LearnedPrices};
 use super::room::RecentPlacements;
 use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
@@ -167,6 +168,7 @@ pub struct Affinity {
     settings: Arc<ArcSwap<AffinitySettings>>,
     prices: Arc<LearnedPrices>,
     placed: Arc<RecentPlacements>,
+    heads: Arc<SharedHeads>,
     /// Whether other replicas write into the index too ([`Affinity::set_index_shared`]).
     index_shared: Arc<AtomicBool>,
 }
@@ -179,6 +181,7 @@ impl Affinity {
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             prices: Arc::default(),
             placed: Arc::default(),
+            heads: Arc::default(),
             index_shared: Arc::default(),
         }
     }
@@ -291,6 +294,27 @@ impl Affinity {
     pub fn forget_removed_clusters(&self) {
         self.prices.retain(|cluster| self.index.knows(cluster));
         self.placed.retain(|cluster| self.index.knows(cluster));
+        self.heads.retain(|cluster| self.index.knows(cluster));
+    }
+
+    /// Counts an answer to a conversation's first turn that asked `cluster` for a short
+    /// shared head ([`Decision::asks_shared_head`]): whether the engine `found` it cached.
+    /// Returns the cluster's verdict before and after. A cluster the index does not know
+    /// (a reload removed it while the answer ran) counts nothing and keeps nothing.
+    ///
+    /// Where heads are kept, a new conversation may join a busier holder of its head that
+    /// has a free slot ([`decide`](Self::decide); why: the `heads` module).
+    pub fn count_shared_head(&self, cluster: &ClusterId, found: bool) -> Option<HeadVerdict> {
+        self.index
+            .knows(cluster)
+            .then(|| self.heads.count(cluster, found))
+    }
+
+    /// Whether `cluster`'s engines are believed to keep a head other conversations share
+    /// while they serve others (a host prompt cache): learned from
+    /// [`count_shared_head`](Self::count_shared_head), `false` until an answer says so.
+    pub fn keeps_shared_heads(&self, cluster: &ClusterId) -> bool {
+        self.heads.kept(cluster)
     }
 
     /// The whole affinity rule for one request.
@@ -314,7 +338,13 @@ impl Affinity {
     ///   crowded in beside the conversations there. A head that long sticks on its own
     ///   length and is the load gate's to weigh: its prefill is worth saving wherever it
     ///   lives, while a shorter one sticks only because the question after it is shorter
-    ///   still, and the conversation outgrows it within a turn or two;
+    ///   still, and the conversation outgrows it within a turn or two. Except where a
+    ///   busier holder has a free slot and its engines [keep shared
+    ///   heads](Self::keeps_shared_heads) (a host prompt cache, learned from answers): the
+    ///   request stays [`Outcome::Sticky`] with those holders alone, since the live
+    ///   conversation whose idle slot it takes gets its prompt back from that cache. Such
+    ///   a first turn stuck to a holder no busier than the others
+    ///   [asks](Decision::asks_shared_head) whether the head was kept;
     /// - a sticky prefix match wins. Otherwise, with
     ///   [`session_affinity`](AffinitySettings::session_affinity) on and the prompt the
     ///   request continues ([`PrefixKeys::follows`]) or else its session last answered at
@@ -385,15 +415,15 @@ impl Affinity {
         let mut narrowing = narrow(&priced, keys, &depths, |i| {
             candidates[i].load().routing_load(now)
         });
-        if narrowing.outcome == Outcome::Sticky
-            && narrowing.holder_busier
-            && keys.covered_bytes(narrowing.deepest) < STICKY_MATCH_BYTES
-            && (keys.opens_conversation()
-                || session.is_some_and(|session| self.is_new(&candidates, session, now)))
-        {
-            // A new conversation is not crowded onto a busier holder (see the docs above).
-            narrowing.outcome = Outcome::LoadOverride;
-        }
+        let first_turn = self.first_turn(
+            &settings,
+            &mut narrowing,
+            &candidates,
+            &depths,
+            keys,
+            session,
+            now,
+        );
         let mut outcome = narrowing.outcome;
         // The prompt this one continues, to the byte: where its conversation was served.
         let thread = keys.follows().filter(|_| settings.session_affinity());
@@ -419,6 +449,9 @@ impl Affinity {
         if narrowing.outcome == Outcome::NoMatch {
             (candidates, placed) =
                 self.place_unmatched(&settings, outcome, &candidates, keys, &depths, now);
+        } else if let Some(joinable) = first_turn.joins {
+            let mut joins = joinable.into_iter();
+            candidates.retain(|_| joins.next() == Some(true));
         } else {
             let mut depth = depths.iter();
             candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
@@ -446,7 +479,56 @@ impl Affinity {
             covered_bytes: keys.covered_bytes(narrowing.deepest),
             clusters: candidates,
             placed,
+            asks_shared_head: first_turn.asks_shared_head && outcome == Outcome::Sticky,
         }
+    }
+
+    /// A new conversation behind a short shared head (see [`decide`](Self::decide)): turns
+    /// a sticky `narrowing` at a busier holder into [`Outcome::LoadOverride`], unless some
+    /// busier holder has a free slot and keeps shared heads, and says which holders it
+    /// may join and whether its answer teaches the tally. Any other request is left as
+    /// it is.
+    #[allow(clippy::too_many_arguments)]
+    fn first_turn(
+        &self,
+        settings: &AffinitySettings,
+        narrowing: &mut Narrowing,
+        candidates: &[Arc<Cluster>],
+        depths: &[usize],
+        keys: &PrefixKeys,
+        session: Option<SessionKey>,
+        now: Instant,
+    ) -> FirstTurn {
+        let mut first = FirstTurn::default();
+        let opens = narrowing.outcome == Outcome::Sticky
+            && keys.covered_bytes(narrowing.deepest) < STICKY_MATCH_BYTES
+            && (keys.opens_conversation()
+                || session.is_some_and(|session| self.is_new(candidates, session, now)));
+        if !opens {
+            return first;
+        }
+        if narrowing.holder_busier {
+            let joinable: Vec<bool> = candidates
+                .iter()
+                .zip(depths)
+                .map(|(c, &depth)| {
+                    depth == narrowing.deepest
+                        && c.load().free_slot(now) == Some(true)
+                        && self.heads.kept(c.id())
+                })
+                .collect();
+            if joinable.contains(&true) {
+                first.joins = Some(joinable);
+            } else {
+                narrowing.outcome = Outcome::LoadOverride;
+            }
+        } else {
+            // Sent under the rule that does not crowd: its answer says whether the holder
+            // kept the head. One that joined a busier holder would find it in a live
+            // conversation's idle slot either way.
+            first.asks_shared_head = settings.engine_feedback();
+        }
+        first
     }
 
     /// Whether no candidate has answered `session`: the request is a conversation's first
@@ -517,6 +599,16 @@ impl Affinity {
     }
 }
 
+/// What [`Affinity::first_turn`] decided for a new conversation behind a short shared head.
+#[derive(Default)]
+struct FirstTurn {
+    /// Which candidates it may join (busier holders with a free slot that keep shared
+    /// heads), when it joins any.
+    joins: Option<Vec<bool>>,
+    /// Whether its answer tells if its holder kept the head.
+    asks_shared_head: bool,
+}
+
 /// What the session step found: the cluster that last answered the session, the prompt it
 /// is believed to hold for the request, and whether the load gate lets it stick.
 struct SessionFound {
@@ -536,6 +628,7 @@ impl SessionFound {
                 covered_bytes: self.held,
                 clusters: vec![chosen],
                 placed: None,
+                asks_shared_head: false,
             }
         } else {
             Decision {
@@ -544,6 +637,7 @@ impl SessionFound {
                 covered_bytes: self.held,
                 clusters: candidates,
                 placed: None,
+                asks_shared_head: false,
             }
         }
     }
@@ -809,6 +903,7 @@ impl fmt::Debug for Affinity {
             .field("settings", &self.settings())
             .field("prices", &self.prices)
             .field("placed", &self.placed)
+            .field("heads", &self.heads)
             .field("index_shared", &self.index_shared())
             .finish()
     }
@@ -822,6 +917,7 @@ pub struct Decision {
     covered_bytes: u64,
     clusters: Vec<Arc<Cluster>>,
     placed: Option<Placed>,
+    asks_shared_head: bool,
 }
 
 impl Decision {
@@ -833,7 +929,16 @@ impl Decision {
             covered_bytes: 0,
             clusters,
             placed: None,
+            asks_shared_head: false,
         }
+    }
+
+    /// Whether the request is a conversation's first turn that stuck to a holder of a
+    /// short head other conversations share, no busier than the other candidates, with
+    /// engine feedback on: its answer's cached tokens tell whether the holder's engines
+    /// kept that head while they served others ([`Affinity::count_shared_head`]).
+    pub fn asks_shared_head(&self) -> bool {
+        self.asks_shared_head
     }
 
     /// The outcome to count; `None` when there was nothing to decide (affinity disabled,

@@ -201,6 +201,7 @@
 
 mod decide;
 mod draw;
+mod heads;
 mod layer;
 mod prices;
 mod room;
@@ -210,6 +211,7 @@ mod settings;
 pub use decide::{Affinity, Decision, Narrowing, Outcome, narrow};
 #[cfg(test)]
 pub(crate) use draw::random_draw;
+pub use heads::{HeadVerdict, OWN_SHARED_HEAD_ANSWERS, SHARED_HEAD_MEMORY};
 pub use layer::AffinityLayer;
 pub use prices::{
     AnswerTiming, ClusterPrices, FIT_COLLINEAR, FIT_DECAY, FIT_RIDGE, GatePrices, Learned,

@@ -119,11 +119,19 @@ impl<S> AffinityService<S> {
 /// is believed to hold, when that depth is at least [`MIN_STICKY_DEPTH`] as a sticky
 /// match's is (a shorter prefix is too small to weigh an engine's report against: engines
 /// cache in blocks, and one shared short key would make the index forget most of the
-/// cluster). `None` for any other outcome.
+/// cluster). `None` for any other outcome. A conversation's first turn that asks whether
+/// its holder kept a shared head ([`Decision::asks_shared_head`]) says so
+/// ([`PredictedMatch::asking_shared_head`]).
 pub fn predicted_match(decision: &Decision) -> Option<PredictedMatch> {
     let weighed = matches!(decision.outcome(), Some(Outcome::Sticky | Outcome::Session));
-    (weighed && decision.deepest() >= MIN_STICKY_DEPTH)
-        .then(|| PredictedMatch::new(decision.deepest(), decision.covered_bytes()))
+    (weighed && decision.deepest() >= MIN_STICKY_DEPTH).then(|| {
+        let predicted = PredictedMatch::new(decision.deepest(), decision.covered_bytes());
+        if decision.asks_shared_head() {
+            predicted.asking_shared_head()
+        } else {
+            predicted
+        }
+    })
 }
 
 fn ids(clusters: &[Arc<Cluster>]) -> Candidates {

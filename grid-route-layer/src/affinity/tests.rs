@@ -1829,6 +1829,81 @@ fn a_new_conversation_matching_a_short_shared_head_is_not_crowded_in_beside_othe
 }
 
 #[test]
+fn a_new_conversation_joins_a_busier_holder_with_a_free_slot_once_its_engines_keep_shared_heads() {
+    let SharedHead { f, first_turns, .. } = shared_head_at_slow_east(16);
+    for name in ["east-a", "west-a"] {
+        f.set_slots(name, Some(2));
+    }
+    let east = f.id("east-a");
+    // With the loads equal they stick, and their answers will say whether east kept the
+    // head.
+    for first in &first_turns {
+        let decision = f.decide(first);
+        assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+        assert!(decision.asks_shared_head());
+    }
+    let _in_flight = f.running("east-a", 1);
+    // East is busier and nothing is learned yet: they are not crowded in beside a.
+    assert!(!f.affinity.keeps_shared_heads(&east));
+    for first in &first_turns {
+        let decision = f.decide(first);
+        assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+        assert!(!decision.asks_shared_head());
+    }
+    // An answer found the head at east: its engines keep shared heads (a host prompt
+    // cache), so a new conversation takes east's free slot, and a gets its prompt back
+    // from that cache. Sent to a busier holder, it would find the head either way: it
+    // asks nothing.
+    let verdict = f.affinity.count_shared_head(&east, true).unwrap();
+    assert!(verdict.kept && !verdict.kept_before);
+    for first in &first_turns {
+        let decision = f.decide(first);
+        assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+        assert_eq!(names(&decision), ["east-a"]);
+        assert!(!decision.asks_shared_head());
+        let predicted = predicted_match(&decision).unwrap();
+        assert!(!predicted.asks_shared_head());
+    }
+    // East's slots full: by load again.
+    let full = f.running("east-a", 1);
+    for first in &first_turns {
+        assert_eq!(f.decide(first).outcome(), Some(Outcome::LoadOverride));
+    }
+    drop(full);
+    // Engines whose slots are not known (batching) are never joined this way.
+    f.set_slots("east-a", None);
+    for first in &first_turns {
+        assert_eq!(f.decide(first).outcome(), Some(Outcome::LoadOverride));
+    }
+    // A miss after the find outweighs it (the find decayed): not kept any more.
+    f.set_slots("east-a", Some(2));
+    let verdict = f.affinity.count_shared_head(&east, false).unwrap();
+    assert!(!verdict.kept && verdict.kept_before);
+    for first in &first_turns {
+        assert_eq!(f.decide(first).outcome(), Some(Outcome::LoadOverride));
+    }
+}
+
+#[test]
+fn without_engine_feedback_a_first_turn_asks_nothing_and_nothing_is_learned_elsewhere() {
+    let SharedHead { f, first_turns, .. } = shared_head_at_slow_east(16);
+    f.affinity.set_settings(settings(
+        &PrefixAffinityConfig::default()
+            .with_queued_request_seconds(Price::Fixed(2.0))
+            .with_engine_feedback(false),
+    ));
+    for first in &first_turns {
+        let decision = f.decide(first);
+        assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+        assert!(!decision.asks_shared_head());
+    }
+    // A cluster the index does not know counts nothing.
+    let gone = ClusterId::new(crate::grid::SiteName::new("gone").unwrap(), "gone-a");
+    assert_eq!(f.affinity.count_shared_head(&gone, true), None);
+    assert!(!f.affinity.keeps_shared_heads(&f.id("east-a")));
+}
+
+#[test]
 fn a_new_conversation_matching_a_shared_head_of_8_kib_is_the_load_gates_to_weigh() {
     // 40 blocks stick on their length alone and save 25.6 s at east, 12.8 queued requests.
     let SharedHead { f, first_turns, .. } = shared_head_at_slow_east(40);

@@ -10,14 +10,14 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::forget::{EvictionMarks, predicted_tokens};
+use super::forget::{EvictionMarks, fell_short, predicted_tokens};
 use super::usage::{PromptUsage, UsageReader};
 use crate::affinity::{Affinity, AnswerTiming};
 use crate::grid::ClusterId;
 use crate::metrics::{
     CACHED_PROMPT_TOKENS_TOTAL, CLUSTER_LABEL, DELIVERED_CACHED_TOKENS_TOTAL,
-    INDEX_FORGOTTEN_TOTAL, PREDICTED_CACHED_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL, SITE_LABEL,
-    record_learned_prices,
+    INDEX_FORGOTTEN_TOTAL, PREDICTED_CACHED_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL,
+    SHARED_HEAD_FOUND_SHARE, SITE_LABEL, record_learned_prices,
 };
 use crate::route::PredictedMatch;
 use crate::select::OutputScan;
@@ -239,6 +239,9 @@ impl Prediction {
         else {
             return;
         };
+        if self.matched.asks_shared_head() {
+            count_shared_head(&teach.affinity, cluster, self.matched, cached_tokens);
+        }
         let index = teach.affinity.index();
         let Some(forgotten) = teach
             .marks
@@ -258,6 +261,38 @@ impl Prediction {
             cached_tokens,
             forgotten,
             "engine feedback: forgot what the engine evicted"
+        );
+    }
+}
+
+/// Counts a first turn's answer that asked `cluster` for a shared head: found unless the
+/// engine [`fell_short`] of it. Publishes the cluster's found share and logs a changed
+/// verdict, which changes where new conversations may go.
+fn count_shared_head(
+    affinity: &Affinity,
+    cluster: &ClusterId,
+    matched: PredictedMatch,
+    cached_tokens: u64,
+) {
+    let found = !fell_short(matched, cached_tokens);
+    let Some(verdict) = affinity.count_shared_head(cluster, found) else {
+        return;
+    };
+    metrics::gauge!(
+        SHARED_HEAD_FOUND_SHARE,
+        SITE_LABEL => Arc::clone(cluster.site().as_arc()),
+        CLUSTER_LABEL => Arc::clone(cluster.name_arc())
+    )
+    .set(verdict.found_share);
+    if verdict.kept != verdict.kept_before {
+        tracing::info!(
+            cluster = %cluster,
+            found_share = verdict.found_share,
+            keeps_shared_heads = verdict.kept,
+            "engine feedback: a first turn {} its shared head; new conversations {} join a \
+             busier holder of their head with a free slot",
+            if found { "found" } else { "missed" },
+            if verdict.kept { "may" } else { "no longer" },
         );
     }
 }
