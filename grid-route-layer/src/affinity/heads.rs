@@ -9,10 +9,10 @@
 //! conversation's first turn that sticks to a holder of a short shared head (under
 //! [`STICKY_MATCH_BYTES`](super::STICKY_MATCH_BYTES)) no busier than the other candidates
 //! asks the holder for a head that the conversations it ran since may have pushed out of
-//! every slot; its cached tokens say whether the head was still there. In the arena's
-//! three sittings each way (BENCHMARKS.md, "Where a system prompt is still held") such
-//! first turns found their head in 2 of 21 on engines without a host cache, and in 16 of
-//! 21 on engines with one.
+//! every slot; its cached tokens say whether the head was still there. In three arena
+//! sittings each way (BENCHMARKS.md, "25a4b73: a free slot behind too much prefill is
+//! passed over") such first turns found their head in 2 of 21 on engines without a host
+//! cache, and in 16 of 21 on engines with one.
 //!
 //! Where heads are kept, a new conversation may join a busier holder of its head when
 //! that holder has a free slot ([`Affinity::decide`](super::Affinity::decide)): the head

@@ -74,7 +74,14 @@
 //!    holder with the conversations already there for as long as it lasts; on an engine
 //!    with a few slots (llama.cpp's `--parallel 2`) one of them loses its prompt at every
 //!    turn. A longer head is the gate's to weigh: its prefill is worth saving wherever it
-//!    lives.
+//!    lives. Except where a busier holder has a free slot (its engines' slots known) and
+//!    its engines keep shared heads ([`Affinity::keeps_shared_heads`]: a host prompt
+//!    cache, learned from answers): the request stays [`Outcome::Sticky`] with those
+//!    holders alone, since the conversation whose idle slot it takes gets its prompt back
+//!    from that cache. A first turn stuck to a holder no busier than the others asks
+//!    whether the head was kept ([`Decision::asks_shared_head`]); engine feedback counts
+//!    the answer ([`Affinity::count_shared_head`], [`SHARED_HEAD_MEMORY`],
+//!    [`OWN_SHARED_HEAD_ANSWERS`]).
 //! 4. Else → [`Outcome::Sticky`]: only the deepest holders stay; the balancer picks
 //!    among them by queue.
 //! 5. **Sessions.** A request that did not stick at step 2 or 3 but names a session
