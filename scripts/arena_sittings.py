@@ -15,8 +15,9 @@ has anything to go on but load, and how long each waits is mostly how the engine
 the cores) and for every other turn, where the router decides what a turn prefills and
 where it waits.
 
-Last, issue 19's bar for grid-route at its defaults (`grid-defaults`) against each other
-router, a line a sitting and a tally: cached share at least the peer's in each pairing
+Last, issue 19's bar for grid-route at its defaults (`grid-defaults`) against each peer
+(every router not named `grid-*`: another build or config of grid-route in the same
+sitting is a baseline, not a peer), a line a sitting and a tally: cached share at least the peer's in each pairing
 (runs paired in the order they ran), pooled TTFT p90 and p99 under every peer's, and a
 worst run no worse than each peer's worst (lowest cached share, highest run p99).
 
@@ -89,7 +90,7 @@ def bar(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
         ours = runs.get(OURS)
         if not ours:
             continue
-        peers = {router: its for router, its in runs.items() if router != OURS}
+        peers = {router: its for router, its in runs.items() if not router.startswith("grid-")}
         kept = pairs = 0
         for its in peers.values():
             for a, b in zip(ours, its):

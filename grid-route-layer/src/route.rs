@@ -12,22 +12,22 @@
 //! | [`Pinned`] | request extension | [`PinLayer`] | [`AffinityLayer`], [`Select`] |
 //! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
 //! | [`Outcome`] | request extension | [`AffinityLayer`], when it counted a decision | the gateway (its request log) |
-//! | [`PredictedMatch`] | request extension | [`AffinityLayer`], for a sticky or session request | [`FeedbackLayer`] |
+//! | [`PredictedMatch`] | request extension | [`AffinityLayer`], for a sticky or session request (saying whether it asks for a shared head) | [`FeedbackLayer`] |
 //! | [`Placed`] | request extension | [`AffinityLayer`], for a new conversation it placed on a free slot | [`Select`] (takes over its count in flight) |
 //! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], [`PinLayer`], [`FeedbackLayer`] |
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
 //! | [`NoCandidate`] | error | [`Select`] | the gateway (404 when no cluster serves the model, else 503) |
 //!
 //! One seam is not an extension: the [`Affinity`] handle, which the gateway builds once
-//! (its prefix index, its settings, the prices it learns) and hands to the four layers
+//! (its prefix index, its settings, the prices and the shared heads it learns) and hands to the four layers
 //! that share that state. Each takes it by name:
 //!
 //! | layer | takes the handle through | and uses it to |
 //! |---|---|---|
 //! | [`KeyingLayer`] | [`with_affinity`](crate::keying::KeyingLayer::with_affinity) | read prompts only while affinity is enabled, and sessions only while session affinity is |
-//! | [`AffinityLayer`] | [`new`](crate::affinity::AffinityLayer::new) | decide: the index's depths, the threshold, the load gate at the learned prices |
+//! | [`AffinityLayer`] | [`new`](crate::affinity::AffinityLayer::new) | decide: the index's depths, the threshold, the load gate at the learned prices, where new conversations may join a holder that keeps shared heads |
 //! | [`ConfirmLayer`] | [`new`](crate::confirm::ConfirmLayer::new) | confirm or drop the request's keys in the index at the answer's head (a 2xx event stream's at its first output) |
-//! | [`FeedbackLayer`] | [`with_affinity`](crate::feedback::FeedbackLayer::with_affinity) | make the index forget what an engine evicted, and teach the prices |
+//! | [`FeedbackLayer`] | [`with_affinity`](crate::feedback::FeedbackLayer::with_affinity) | make the index forget what an engine evicted, teach the prices, and count whether a cluster kept the shared head a first turn asked for |
 //!
 //! Clones share one state, and a reload changes it in place
 //! ([`Affinity::set_settings`](crate::affinity::Affinity::set_settings),
