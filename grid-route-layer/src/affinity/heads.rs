@@ -76,7 +76,7 @@ pub(crate) struct SharedHeads {
     by_cluster: Mutex<HashMap<ClusterId, Tally>>,
 }
 
-/// What one answer changed ([`SharedHeads::count`]).
+/// What one answer changed ([`Affinity::count_shared_head`](super::Affinity::count_shared_head)).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HeadVerdict {
     /// The share of the cluster's own counted first turns that found their head, weighed
