@@ -60,8 +60,7 @@ pub fn fell_short(predicted: PredictedMatch, delivered_tokens: u64) -> bool {
 /// match asked nothing, or the cluster is no longer known
 /// ([`Affinity::count_shared_head`]).
 ///
-/// The one implementation of the rule: [`FeedbackLayer`](super::FeedbackLayer) uses it,
-/// and so does the example gateway's simulator.
+/// The one implementation of the rule, which [`FeedbackLayer`](super::FeedbackLayer) uses.
 ///
 /// ```
 /// use std::sync::Arc;
