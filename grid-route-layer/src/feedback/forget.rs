@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use crate::affinity::{Affinity, BYTES_PER_TOKEN, HeadVerdict};
+use crate::affinity::BYTES_PER_TOKEN;
 use crate::grid::ClusterId;
 use crate::index::{Confirmation, PrefixIndex};
 use crate::keying::PrefixKeys;
@@ -52,45 +52,6 @@ pub fn predicted_tokens(covered_bytes: u64) -> u64 {
 pub fn fell_short(predicted: PredictedMatch, delivered_tokens: u64) -> bool {
     let predicted_tokens = predicted_tokens(predicted.covered_bytes());
     predicted_tokens > 0 && (delivered_tokens as f64) < FORGET_BELOW_SHARE * predicted_tokens as f64
-}
-
-/// Counts an answer to a conversation's first turn that asked `served` for a short shared
-/// head ([`PredictedMatch::asks_shared_head`]) into `affinity`'s tally of whether that
-/// cluster keeps such heads: found unless the engine [`fell_short`] of it. `None` when the
-/// match asked nothing, or the cluster is no longer known
-/// ([`Affinity::count_shared_head`]).
-///
-/// The one implementation of the rule, which [`FeedbackLayer`](super::FeedbackLayer) uses.
-///
-/// ```
-/// use std::sync::Arc;
-///
-/// use grid_route_layer::affinity::{Affinity, AffinitySettings};
-/// use grid_route_layer::feedback::count_shared_head;
-/// use grid_route_layer::grid::{ClusterId, SiteName};
-/// use grid_route_layer::index::{IndexSettings, PrefixIndex};
-/// use grid_route_layer::route::PredictedMatch;
-///
-/// let east = ClusterId::new(SiteName::new("east").unwrap(), "east-a");
-/// let index = Arc::new(PrefixIndex::new(IndexSettings::default(), [east.clone()]));
-/// let affinity = Affinity::new(index, AffinitySettings::default());
-/// // A first turn stuck to east for a 16-block (4 KiB, 1024-token) system prompt.
-/// let asked = PredictedMatch::new(16, 4096).asking_shared_head();
-/// assert_eq!(count_shared_head(&affinity, &east, PredictedMatch::new(16, 4096), 1024), None);
-/// // East's engine served 1000 of those tokens from cache: it kept the head.
-/// assert!(count_shared_head(&affinity, &east, asked, 1000).unwrap().kept);
-/// assert!(affinity.keeps_shared_heads(&east));
-/// ```
-pub fn count_shared_head(
-    affinity: &Affinity,
-    served: &ClusterId,
-    matched: PredictedMatch,
-    delivered_tokens: u64,
-) -> Option<HeadVerdict> {
-    if !matched.asks_shared_head() {
-        return None;
-    }
-    affinity.count_shared_head(served, !fell_short(matched, delivered_tokens))
 }
 
 /// When each candidate of a predicted match was last confirmed for the prompt's deepest

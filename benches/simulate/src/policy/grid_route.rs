@@ -232,7 +232,7 @@ impl Router for GridRoute {
             return;
         };
         if let Some(served) = prediction.served {
-            // Whether the cluster kept a shared head (`feedback::count_shared_head`) is not
+            // Whether the cluster kept a shared head (`Affinity::count_shared_head`) is not
             // counted: docs/routing.md, "Left out everywhere".
             let index = self.affinity[prediction.replica].index();
             prediction
