@@ -79,6 +79,8 @@ pub(crate) struct SharedHeads {
 /// What one answer changed ([`Affinity::count_shared_head`](super::Affinity::count_shared_head)).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HeadVerdict {
+    /// Whether the answer counted found its head.
+    pub found: bool,
     /// The share of the cluster's own counted first turns that found their head, weighed
     /// by recency.
     pub found_share: f64,
@@ -104,6 +106,7 @@ impl SharedHeads {
         tally.count(found);
         let found_share = tally.found / (tally.found + tally.missed);
         HeadVerdict {
+            found,
             found_share,
             kept: verdict(&by_cluster, cluster),
             kept_before,

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::forget::{EvictionMarks, fell_short, predicted_tokens};
+use super::forget::{EvictionMarks, count_shared_head, predicted_tokens};
 use super::usage::{PromptUsage, UsageReader};
 use crate::affinity::{Affinity, AnswerTiming};
 use crate::grid::ClusterId;
@@ -264,20 +264,15 @@ impl Prediction {
 }
 
 /// Counts a first turn's answer that asked `cluster` for a shared head
-/// ([`PredictedMatch::asks_shared_head`]): found unless the engine [`fell_short`] of it
-/// ([`Affinity::count_shared_head`]). Publishes the cluster's found share and logs a
-/// changed verdict, which changes where new conversations may go.
+/// ([`count_shared_head`]). Publishes the cluster's found share and logs a changed
+/// verdict, which changes where new conversations may go.
 fn record_shared_head(
     affinity: &Affinity,
     cluster: &ClusterId,
     matched: PredictedMatch,
     cached_tokens: u64,
 ) {
-    if !matched.asks_shared_head() {
-        return;
-    }
-    let found = !fell_short(matched, cached_tokens);
-    let Some(verdict) = affinity.count_shared_head(cluster, found) else {
+    let Some(verdict) = count_shared_head(affinity, cluster, matched, cached_tokens) else {
         return;
     };
     metrics::gauge!(
@@ -293,7 +288,7 @@ fn record_shared_head(
             keeps_shared_heads = verdict.kept,
             "engine feedback: a first turn {} its shared head; new conversations {} join a \
              busier holder of their head with a free slot",
-            if found { "found" } else { "missed" },
+            if verdict.found { "found" } else { "missed" },
             if verdict.kept { "may" } else { "no longer" },
         );
     }

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use crate::affinity::BYTES_PER_TOKEN;
+use crate::affinity::{Affinity, BYTES_PER_TOKEN, HeadVerdict};
 use crate::grid::ClusterId;
 use crate::index::{Confirmation, PrefixIndex};
 use crate::keying::PrefixKeys;
@@ -52,6 +52,50 @@ pub fn predicted_tokens(covered_bytes: u64) -> u64 {
 pub fn fell_short(predicted: PredictedMatch, delivered_tokens: u64) -> bool {
     let predicted_tokens = predicted_tokens(predicted.covered_bytes());
     predicted_tokens > 0 && (delivered_tokens as f64) < FORGET_BELOW_SHARE * predicted_tokens as f64
+}
+
+/// Counts the answer to a conversation's first turn that asked `served` for a short shared
+/// head ([`PredictedMatch::asks_shared_head`]) into `affinity`'s tally of whether that
+/// cluster's engines keep such heads: found unless the engine reporting `delivered_tokens`
+/// [`fell_short`] of `matched`. Returns the cluster's verdict
+/// ([`Affinity::count_shared_head`]); `None` when the request asked nothing, or the
+/// cluster is gone.
+///
+/// The one implementation of the count: [`FeedbackLayer`](super::FeedbackLayer) uses it,
+/// and so does the example gateway's simulator.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Instant;
+///
+/// use grid_route_layer::affinity::{Affinity, AffinitySettings};
+/// use grid_route_layer::feedback::count_shared_head;
+/// use grid_route_layer::grid::{ClusterId, SiteName};
+/// use grid_route_layer::index::{IndexSettings, PrefixIndex};
+/// use grid_route_layer::route::PredictedMatch;
+///
+/// let east = ClusterId::new(SiteName::new("east").unwrap(), "east-a");
+/// let index = PrefixIndex::starting_at(IndexSettings::default(), [east.clone()], Instant::now());
+/// let affinity = Affinity::new(Arc::new(index), AffinitySettings::default());
+/// // A 1 KiB system prompt, 256 tokens predicted.
+/// let asked = PredictedMatch::new(4, 1024).asking_shared_head();
+/// // A request that did not ask counts nothing.
+/// assert_eq!(count_shared_head(&affinity, &east, PredictedMatch::new(4, 1024), 0), None);
+/// let found = count_shared_head(&affinity, &east, asked, 256).unwrap();
+/// assert!(found.found && found.kept);
+/// let missed = count_shared_head(&affinity, &east, asked, 0).unwrap();
+/// assert!(!missed.found && !missed.kept);
+/// ```
+pub fn count_shared_head(
+    affinity: &Affinity,
+    served: &ClusterId,
+    matched: PredictedMatch,
+    delivered_tokens: u64,
+) -> Option<HeadVerdict> {
+    if !matched.asks_shared_head() {
+        return None;
+    }
+    affinity.count_shared_head(served, !fell_short(matched, delivered_tokens))
 }
 
 /// When each candidate of a predicted match was last confirmed for the prompt's deepest

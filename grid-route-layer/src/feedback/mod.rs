@@ -67,7 +67,9 @@ mod service;
 mod usage;
 
 pub use body::{FeedbackBody, SILENT_PREDICTED_ANSWERS};
-pub use forget::{EvictionMarks, FORGET_BELOW_SHARE, fell_short, predicted_tokens};
+pub use forget::{
+    EvictionMarks, FORGET_BELOW_SHARE, count_shared_head, fell_short, predicted_tokens,
+};
 pub use layer::FeedbackLayer;
 pub use service::{FeedbackService, ResponseFuture};
 pub use usage::{

@@ -12,9 +12,10 @@
 //! drops them. When the answer ends, engine feedback weighs what the engine served from
 //! its cache against a sticky or session request's predicted match, as `FeedbackLayer` does with
 //! `engine_feedback` on: an engine that fell short evicted the prompt, and the index
-//! forgets what it recorded at that cluster before it: the library's [`EvictionMarks`],
-//! as in `serve` (but for whether a cluster keeps shared heads, which is not counted:
-//! docs/routing.md, "Left out everywhere"); and the answer's time to first token, its uncached tokens and its
+//! forgets what it recorded at that cluster before it (the library's [`EvictionMarks`]);
+//! a conversation's first turn that asked for a shared head counts whether it was found
+//! into the cluster's tally (the library's [`count_shared_head`]), both as in `serve`;
+//! and the answer's time to first token, its uncached tokens and its
 //! cluster's load at dispatch teach the cluster's two prices ([`Affinity::learn`]), as
 //! `FeedbackLayer` does.
 //!
@@ -25,7 +26,7 @@ use std::sync::Arc;
 
 use grid_route_layer::affinity::{Affinity, AnswerTiming, Outcome, predicted_match};
 use grid_route_layer::confirm::Verdict;
-use grid_route_layer::feedback::EvictionMarks;
+use grid_route_layer::feedback::{EvictionMarks, count_shared_head};
 use grid_route_layer::grid::ClusterId;
 use grid_route_layer::index::PrefixIndex;
 use grid_route_layer::keying::{PrefixKeys, SessionKey};
@@ -232,12 +233,11 @@ impl Router for GridRoute {
             return;
         };
         if let Some(served) = prediction.served {
-            // Whether the cluster kept a shared head (`Affinity::count_shared_head`) is not
-            // counted: docs/routing.md, "Left out everywhere".
-            let index = self.affinity[prediction.replica].index();
+            let affinity = &self.affinity[prediction.replica];
             prediction
                 .marks
-                .weigh(index, &served, prediction.matched, cached_tokens);
+                .weigh(affinity.index(), &served, prediction.matched, cached_tokens);
+            count_shared_head(affinity, &served, prediction.matched, cached_tokens);
         }
     }
 
