@@ -181,6 +181,50 @@ fn grid_route_forgets_what_an_engine_evicted_before_a_prompt_it_reported_missing
     assert_eq!(untaught.hit_share, 0.0);
 }
 
+/// A request of `tokens` prompt tokens over `blocks` (the last one partial when fewer).
+fn request_of(arrival_ms: u64, blocks: &[u64], tokens: u64) -> TraceRequest {
+    TraceRequest {
+        input_tokens: tokens,
+        ..request(arrival_ms, blocks)
+    }
+}
+
+#[test]
+fn grid_route_learns_from_a_first_turn_that_found_its_head_to_join_a_busier_holder() {
+    // Two sites of one 2-slot engine with a host cache, a queued request priced at 1 s.
+    // Every conversation opens with the three-block head 1, 2, 3 and 300 tokens of its
+    // own: the head covers 24 of its 28 keys (over 80%, under 32 blocks), a short shared
+    // head, worth 1.5 queued requests.
+    let trace = [
+        // O goes past the head, so no later request ending at it continues another.
+        request(0, &[1, 2, 3, 4]),
+        // B: its holder is no busier than the other site, so it sticks and asks; the
+        // engine finds the head in O's idle slot.
+        request_of(5_000, &[1, 2, 3, 5], 1836),
+        // O's next turn holds one of the holder's slots from 9 s to 11.15 s...
+        request(9_000, &[1, 2, 3, 4, 6, 7, 8, 9]),
+        // ...when C opens: the holder is busier, with a free slot.
+        request_of(10_000, &[1, 2, 3, 10], 1836),
+    ];
+    let mut slots = args(2, Policy::GridRoute);
+    slots.engine.engine = EngineKind::Slots;
+    slots.engine.slots = 2;
+    slots.engine.host_cache_tokens = 512 * 100;
+    slots.gateway.prefill_price = Price::Fixed(1000.0);
+    slots.gateway.queued_request_seconds = Price::Fixed(1.0);
+    let taught = run(&slots, &trace);
+    // B's answer taught that the holder keeps shared heads: C joins it.
+    assert_eq!(outcomes(&taught), [("no_match", 1), ("sticky", 3)]);
+    // Without engine feedback nothing is learned: C goes by load, as the first-turn rule
+    // without the tally says.
+    slots.gateway.engine_feedback = false;
+    let untaught = run(&slots, &trace);
+    assert_eq!(
+        outcomes(&untaught),
+        [("load_override", 1), ("no_match", 1), ("sticky", 2)]
+    );
+}
+
 #[test]
 fn cache_aware_follows_its_tree_then_fills_the_smallest_tenant() {
     let mut trace = three_turns();
