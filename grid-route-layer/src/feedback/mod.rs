@@ -34,9 +34,8 @@
 //! engine that no longer holds them. A conversation's first turn that asked its cluster
 //! for a short shared head ([`PredictedMatch::asks_shared_head`](crate::route::PredictedMatch::asks_shared_head))
 //! counts the same verdict ([`fell_short`] or not) into the cluster's tally of whether its
-//! engines keep such heads
-//! ([`Affinity::count_shared_head`](crate::affinity::Affinity::count_shared_head)),
-//! published as `grid_route_shared_head_found_share{site,cluster}`.
+//! engines keep such heads ([`count_shared_head`]), published as
+//! `grid_route_shared_head_found_share{site,cluster}`.
 //!
 //! Answers without a usage (a stream without `stream_options.include_usage`, an error)
 //! count nothing, and neither do answers to other requests: embeddings, paths added with
