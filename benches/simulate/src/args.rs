@@ -43,6 +43,13 @@ pub struct ClientArgs {
     /// as the gateway keys it from a history sent back as it was
     #[arg(long)]
     pub no_threads: bool,
+    /// Replays closed-loop, as N clients like scripts/arena's: each sends one conversation's
+    /// turns in order, each as soon as the answer to the one before has ended, then starts
+    /// the next conversation not yet begun, in trace order. The trace's times then place
+    /// only the first N conversations' first turns. Without it every request is sent at its
+    /// trace time, whatever the engines did before (open-loop)
+    #[arg(long, value_name = "N", value_parser = at_least_one())]
+    pub closed_loop: Option<usize>,
 }
 
 /// The arguments of `grid-route-simulate`: the trace, the deployment and the

@@ -383,6 +383,7 @@ pub(crate) mod tests {
             blocks: blocks.to_vec(),
             block_tokens: crate::trace::TRACE_BLOCK_TOKENS,
             extends: None,
+            conversation: None,
         }
     }
 

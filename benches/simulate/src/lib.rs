@@ -120,7 +120,12 @@ pub fn simulate(
     } else {
         trace
     };
-    let (keys, sessions, threads) = what_clients_send(trace, &args.clients);
+    let continued = trace::continued_of(trace);
+    let (keys, sessions, threads) = what_clients_send(trace, &continued, &args.clients);
+    let closed_loop = args
+        .clients
+        .closed_loop
+        .map(|clients| run::ClosedLoop::new(clients, &continued));
     let setup = run::RunSetup {
         policies: policy::Setup {
             sites: args.sites,
@@ -139,6 +144,7 @@ pub fn simulate(
         engine,
         poll_interval_s: args.gateway.poll_interval().as_secs_f64(),
         fail_share: args.fail_share,
+        closed_loop,
     };
     let mut results = Vec::with_capacity(args.policies.len());
     for (i, &policy) in args.policies.iter().enumerate() {
@@ -190,12 +196,16 @@ type ClientInputs = (Vec<Option<PrefixKeys>>, Vec<SessionKey>, Vec<SessionKey>);
 /// clients send ([`ClientArgs`]). A request that continues no earlier one opens its
 /// conversation: a gateway reads that from the messages (no earlier answer in them). One
 /// that does names the thread of the request it continues, as a gateway keys it from a
-/// history sent back as it was.
-fn what_clients_send(trace: &[TraceRequest], clients: &ClientArgs) -> ClientInputs {
-    let continued = trace::derive_continued(trace);
+/// history sent back as it was. `continued` is the request each one continues
+/// ([`trace::continued_of`]).
+fn what_clients_send(
+    trace: &[TraceRequest],
+    continued: &[Option<usize>],
+    clients: &ClientArgs,
+) -> ClientInputs {
     let keys = trace
         .iter()
-        .zip(&continued)
+        .zip(continued)
         .map(|(request, earlier)| {
             let follows = earlier
                 .filter(|_| !clients.no_threads)
@@ -206,7 +216,7 @@ fn what_clients_send(trace: &[TraceRequest], clients: &ClientArgs) -> ClientInpu
         })
         .collect();
     let sessions = if clients.sessions {
-        trace::sessions_of(&continued)
+        trace::sessions_of(continued)
             .into_iter()
             .map(trace::session_key)
             .collect()

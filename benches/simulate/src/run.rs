@@ -1,12 +1,12 @@
 //! The event loop: arrivals, queue polls and engine events in virtual time.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 use grid_route_layer::keying::{PrefixKeys, SessionKey};
 
 use super::engine::{Engine, EngineModel};
-use super::policy::{Policy, Route, Setup, router};
+use super::policy::{Policy, Route, Router, Setup, router};
 use super::report::{PerRequest, PolicyResult};
 use super::trace::TraceRequest;
 
@@ -21,6 +21,121 @@ pub struct RunSetup {
     pub poll_interval_s: f64,
     /// Share of requests an engine refuses with a 503 on arrival.
     pub fail_share: f64,
+    /// Closed-loop clients (`--closed-loop`); `None` sends every request at its trace time.
+    pub closed_loop: Option<ClosedLoop>,
+}
+
+/// Clients that send each conversation's next turn when the answer to the one before has
+/// ended, and start a new conversation when one of theirs ends (`--closed-loop`).
+#[derive(Debug, Clone)]
+pub struct ClosedLoop {
+    clients: usize,
+    /// The request that continues each one, if any.
+    next_turn: Vec<Option<usize>>,
+    /// The requests that begin a conversation, in trace order.
+    first_turns: Vec<usize>,
+}
+
+impl ClosedLoop {
+    /// `clients` of them, over a trace whose requests continue `continued` (see
+    /// [`continued_of`](super::trace::continued_of)).
+    pub fn new(clients: usize, continued: &[Option<usize>]) -> Self {
+        let mut next_turn = vec![None; continued.len()];
+        let mut first_turns = Vec::new();
+        for (id, earlier) in continued.iter().enumerate() {
+            match *earlier {
+                Some(earlier) => next_turn[earlier] = Some(id),
+                None => first_turns.push(id),
+            }
+        }
+        Self {
+            clients,
+            next_turn,
+            first_turns,
+        }
+    }
+}
+
+/// When each request is sent: at its trace time (open-loop), or as [`ClosedLoop`] clients
+/// send it.
+struct Arrivals<'a> {
+    /// Requests whose send time is known, soonest first (ties in trace order).
+    due: BinaryHeap<Reverse<Due>>,
+    /// Closed-loop: the clients, and the conversations not yet begun, in trace order.
+    closed: Option<(&'a ClosedLoop, VecDeque<usize>)>,
+    /// Requests sent so far.
+    sent: usize,
+}
+
+/// A request due to be sent at `at` seconds.
+#[derive(Debug, Clone, Copy)]
+struct Due {
+    at: f64,
+    id: usize,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Due {}
+
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.at.total_cmp(&other.at).then(self.id.cmp(&other.id))
+    }
+}
+
+impl<'a> Arrivals<'a> {
+    fn new(trace: &[TraceRequest], closed: Option<&'a ClosedLoop>) -> Self {
+        let at = |id: usize| trace[id].arrival_ms as f64 / 1000.0;
+        let mut due = BinaryHeap::new();
+        let closed = closed.map(|loop_| {
+            let mut firsts: VecDeque<usize> = loop_.first_turns.iter().copied().collect();
+            for id in firsts.drain(..loop_.clients.min(firsts.len())) {
+                due.push(Reverse(Due { at: at(id), id }));
+            }
+            (loop_, firsts)
+        });
+        if closed.is_none() {
+            due.extend((0..trace.len()).map(|id| Reverse(Due { at: at(id), id })));
+        }
+        Self {
+            due,
+            closed,
+            sent: 0,
+        }
+    }
+
+    /// The next request due, and when.
+    fn peek(&self) -> Option<Due> {
+        self.due.peek().map(|Reverse(due)| *due)
+    }
+
+    fn pop(&mut self) -> Option<Due> {
+        let due = self.due.pop().map(|Reverse(due)| due);
+        self.sent += usize::from(due.is_some());
+        due
+    }
+
+    /// Request `id`'s answer ended at `now` (or it was refused): closed-loop, its client
+    /// sends the conversation's next turn, or begins the next conversation.
+    fn answered(&mut self, id: usize, now: f64) {
+        let Some((loop_, firsts)) = &mut self.closed else {
+            return;
+        };
+        if let Some(next) = loop_.next_turn[id].or_else(|| firsts.pop_front()) {
+            self.due.push(Reverse(Due { at: now, id: next }));
+        }
+    }
 }
 
 /// Mixed into `--seed` for the draws that decide which requests fail, so that they do
@@ -68,9 +183,40 @@ struct Loop<'a> {
     events: BinaryHeap<Reverse<Event>>,
     seq: u64,
     per_request: PerRequest,
+    /// When each request was sent, for its time to first token.
+    sent_at: Vec<f64>,
 }
 
 impl Loop<'_> {
+    /// Runs engine event `event` at `now`: the router hears of it, and closed-loop clients
+    /// of an ended answer (`arrivals`); then the engine starts what it can.
+    fn engine_event(
+        &mut self,
+        event: &Event,
+        router: &mut dyn Router,
+        arrivals: &mut Arrivals<'_>,
+        decode_tps: f64,
+        now: f64,
+    ) {
+        let request = &self.trace[event.request];
+        match event.kind {
+            Kind::FirstToken => {
+                self.engines[event.engine].end_prefill(event.request);
+                self.per_request.ttft[event.request] = now - self.sent_at[event.request];
+                router.head(event.request, 200, now);
+                let decode = request.output_tokens as f64 / decode_tps;
+                self.schedule(now + decode, Kind::Finished, event.engine, event.request);
+            }
+            Kind::Finished => {
+                self.engines[event.engine].finish(event.request, request);
+                router.ended(event.request, self.per_request.cached[event.request], now);
+                router.finished(event.request, now);
+                arrivals.answered(event.request, now);
+            }
+        }
+        self.start(event.engine, now);
+    }
+
     fn schedule(&mut self, at: f64, kind: Kind, engine: usize, request: usize) {
         self.seq += 1;
         self.events.push(Reverse(Event {
@@ -116,19 +262,25 @@ pub fn run_policy(
         events: BinaryHeap::new(),
         seq: 0,
         per_request: PerRequest::new(trace.len()),
+        sent_at: vec![0.0; trace.len()],
     };
     // The L4 balancer in front of the replicas: a uniform draw per request, the same
     // sequence for every policy.
     let mut balancer = fastrand::Rng::with_seed(setup.policies.seed);
     let mut failures = fastrand::Rng::with_seed(setup.policies.seed ^ FAILURE_SEED_SALT);
     let replicas = setup.policies.replicas;
-    let (mut next, mut polls) = (0usize, 0u64);
+    let mut arrivals = Arrivals::new(trace, setup.closed_loop.as_ref());
+    let mut polls = 0u64;
     let step = (trace.len() / 100).max(1);
     loop {
-        let arrival_at = trace.get(next).map(|r| r.arrival_ms as f64 / 1000.0);
+        let arrival_at = arrivals.peek().map(|due| due.at);
         let event_at = state.events.peek().map(|Reverse(e)| e.at);
-        // Polls run while requests still arrive; after the last one nothing routes.
-        let poll_at = arrival_at.map(|_| polls as f64 * setup.poll_interval_s);
+        if arrival_at.is_none() && event_at.is_none() {
+            // Nothing in flight and nothing due: every request was sent and answered.
+            break;
+        }
+        // Polls run while requests are still to be sent; after the last one nothing routes.
+        let poll_at = (arrivals.sent < trace.len()).then_some(polls as f64 * setup.poll_interval_s);
         // Ties: engine events first, then the poll, then the arrival.
         let first = [event_at, poll_at, arrival_at]
             .into_iter()
@@ -143,31 +295,18 @@ pub fn run_policy(
                 let Some(Reverse(event)) = state.events.pop() else {
                     break;
                 };
-                let request = &trace[event.request];
-                match event.kind {
-                    Kind::FirstToken => {
-                        state.engines[event.engine].end_prefill(event.request);
-                        state.per_request.ttft[event.request] =
-                            now - request.arrival_ms as f64 / 1000.0;
-                        router.head(event.request, 200, now);
-                        let decode = request.output_tokens as f64 / setup.engine.decode_tps;
-                        state.schedule(now + decode, Kind::Finished, event.engine, event.request);
-                    }
-                    Kind::Finished => {
-                        state.engines[event.engine].finish(event.request, request);
-                        router.ended(event.request, state.per_request.cached[event.request], now);
-                        router.finished(event.request, now);
-                    }
-                }
-                state.start(event.engine, now);
+                let decode_tps = setup.engine.decode_tps;
+                state.engine_event(&event, router.as_mut(), &mut arrivals, decode_tps, now);
             }
             1 => {
                 router.poll(now, &state.engines);
                 polls += 1;
             }
             _ => {
-                let id = next;
-                next += 1;
+                let Some(Due { id, .. }) = arrivals.pop() else {
+                    break;
+                };
+                state.sent_at[id] = now;
                 let replica = if replicas > 1 {
                     balancer.usize(..replicas)
                 } else {
@@ -198,12 +337,13 @@ pub fn run_policy(
                     state.per_request.failed[id] = true;
                     router.head(id, 503, now);
                     router.finished(id, now);
+                    arrivals.answered(id, now);
                 } else {
                     state.engines[engine].enqueue(id, &trace[id]);
                     state.start(engine, now);
                 }
-                if next % step == 0 || next == trace.len() {
-                    progress(next);
+                if arrivals.sent.is_multiple_of(step) || arrivals.sent == trace.len() {
+                    progress(arrivals.sent);
                 }
             }
         }

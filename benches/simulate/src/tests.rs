@@ -17,6 +17,7 @@ fn request(arrival_ms: u64, blocks: &[u64]) -> TraceRequest {
         blocks: blocks.to_vec(),
         block_tokens: crate::trace::TRACE_BLOCK_TOKENS,
         extends: None,
+        conversation: None,
     }
 }
 
@@ -406,4 +407,43 @@ fn policies_are_named_on_the_command_line_as_in_the_output() {
         assert_eq!(value.get_name(), policy.name());
     }
     assert_eq!(Policy::value_variants(), Policy::ALL);
+}
+
+/// Conversation a's two turns and b's one, sent 1 ms apart, naming their conversations
+/// (`conversation`) when `named`.
+fn two_conversations(named: bool) -> Vec<TraceRequest> {
+    let of = |conversation: u64, request: TraceRequest| TraceRequest {
+        conversation: named.then_some(conversation),
+        ..request
+    };
+    vec![
+        of(0, request(0, &[1, 2])),
+        of(0, request(1, &[1, 2, 3])),
+        of(1, request(2, &[7, 8])),
+    ]
+}
+
+#[test]
+fn closed_loop_clients_send_a_turn_when_the_answer_before_it_has_ended() {
+    // One client: a's first turn at 0 s (cold, first token at 1.124 s, answer ended at
+    // 1.134 s); a's second turn then, finding the first's 1024 tokens (0.1 s + 512 tokens
+    // = 0.612 s, ended at 1.756 s); then b's first turn, cold again.
+    let mut closed = args(1, Policy::RoundRobin);
+    closed.clients.closed_loop = Some(1);
+    for named in [true, false] {
+        let result = run(&closed, &two_conversations(named));
+        assert_eq!(ttfts(&result), [0.612, 1.124, 1.124], "named {named}");
+        assert_eq!(result.hit_share, 0.2857);
+    }
+    // Two clients: b's first turn is sent at its trace time, 2 ms, and prefills after a's
+    // (first token at 2.248 s); a's second turn, sent at 1.134 s, prefills after that
+    // (first token at 2.860 s).
+    closed.clients.closed_loop = Some(2);
+    let result = run(&closed, &two_conversations(true));
+    assert_eq!(ttfts(&result), [1.124, 1.726, 2.246]);
+    // Open-loop, a's second turn is sent at 1 ms, b's at 2 ms: each waits behind the
+    // prefills before it.
+    let result = run(&args(1, Policy::RoundRobin), &two_conversations(true));
+    assert_eq!(ttfts(&result), [1.124, 1.735, 2.858]);
+    assert_eq!(result.hit_share, 0.2857);
 }

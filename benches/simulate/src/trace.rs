@@ -5,6 +5,12 @@
 //! and an id stands for the whole prefix up to its block, so equal ids are a reusable
 //! prefix. Any file in this format is accepted; a line that is not is refused with its
 //! number, and nothing is simulated.
+//!
+//! One field beyond Mooncake's may follow: `"conversation": id`, the same number on every
+//! turn of one conversation, which `scripts/arena` writes for the runs it replays. Then
+//! every line names one, and each request continues the one before it in its
+//! conversation; Mooncake's traces name none, and the conversations are derived from the
+//! blocks ([`derive_continued`]).
 
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
@@ -50,6 +56,9 @@ pub struct TraceRequest {
     /// that turn's full blocks ([`with_answers`] sets it); `None` as read, and for a prompt
     /// that extends no earlier turn with its answer.
     pub extends: Option<Extends>,
+    /// The conversation the trace says the request belongs to (the `conversation` field);
+    /// `None` in a trace that names none.
+    pub conversation: Option<u64>,
 }
 
 /// What a prompt finds, past its leading blocks, at the engine that served the earlier turn
@@ -75,6 +84,8 @@ struct Line {
     input_length: u64,
     output_length: u64,
     hash_ids: Vec<u64>,
+    #[serde(default)]
+    conversation: Option<u64>,
 }
 
 /// A trace that cannot be read: the line (from 1) and what is wrong with it, or an I/O
@@ -128,6 +139,7 @@ pub fn read_trace_of_blocks(
             blocks: parsed.hash_ids,
             block_tokens,
             extends: None,
+            conversation: parsed.conversation,
         };
         if request.input_tokens == 0 {
             return Err(malformed("input_length is 0".into()));
@@ -143,6 +155,15 @@ pub fn read_trace_of_blocks(
         let mut seen = std::collections::HashSet::with_capacity(request.blocks.len());
         if let Some(repeated) = request.blocks.iter().find(|&&id| !seen.insert(id)) {
             return Err(malformed(format!("hash_ids repeats {repeated}")));
+        }
+        if let Some(first) = requests.first()
+            && first.conversation.is_some() != request.conversation.is_some()
+        {
+            return Err(malformed(if first.conversation.is_some() {
+                "no conversation, where the first request names one".into()
+            } else {
+                "a conversation, where the first request names none".into()
+            }));
         }
         if let Some(previous) = requests.last()
             && previous.arrival_ms > request.arrival_ms
@@ -192,8 +213,22 @@ impl TraceRequest {
     }
 }
 
+/// The request each request continues: the one before it in its conversation where the
+/// trace names conversations, else as [`derive_continued`] derives them from the blocks.
+pub fn continued_of(trace: &[TraceRequest]) -> Vec<Option<usize>> {
+    if trace.first().is_none_or(|r| r.conversation.is_none()) {
+        return derive_continued(trace);
+    }
+    let mut latest: HashMap<u64, usize> = HashMap::new();
+    trace
+        .iter()
+        .enumerate()
+        .map(|(id, r)| r.conversation.and_then(|c| latest.insert(c, id)))
+        .collect()
+}
+
 /// Each request's session: the first request of its conversation (see
-/// [`derive_continued`]), from the request each one continues.
+/// [`continued_of`]), from the request each one continues.
 pub fn sessions_of(continued: &[Option<usize>]) -> Vec<usize> {
     let mut sessions: Vec<usize> = Vec::with_capacity(continued.len());
     for (id, earlier) in continued.iter().enumerate() {
@@ -243,14 +278,14 @@ pub fn derive_continued(trace: &[TraceRequest]) -> Vec<Option<usize>> {
 }
 
 /// `trace` with each continuing turn's [`Extends`]: a request that continues an earlier one
-/// (see [`derive_continued`]) and grew by at least that turn's answer is taken to hold, right
+/// (see [`continued_of`]) and grew by at least that turn's answer is taken to hold, right
 /// after that turn's full blocks, the turn's partial last block and its answer, as a chat
 /// client sends its history back. An engine that served the earlier turn caches those tokens
 /// too (vLLM and SGLang cache generated tokens' blocks; a llama.cpp slot keeps the prompt it
 /// ran with its answer). A turn that grew by less rewrote its history (or dropped the
 /// answer) and is credited its full blocks only.
 pub fn with_answers(trace: &[TraceRequest]) -> Vec<TraceRequest> {
-    let continued = derive_continued(trace);
+    let continued = continued_of(trace);
     trace
         .iter()
         .zip(&continued)
@@ -333,6 +368,7 @@ mod tests {
             blocks: blocks.to_vec(),
             block_tokens: TRACE_BLOCK_TOKENS,
             extends: None,
+            conversation: None,
         }
     }
 
@@ -402,6 +438,39 @@ mod tests {
     }
 
     #[test]
+    fn a_trace_naming_conversations_links_each_turn_to_the_one_before_in_its_own() {
+        let trace = read(concat!(
+            "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [1, 2], \"conversation\": 7}\n",
+            "{\"timestamp\": 1, \"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [1, 3], \"conversation\": 8}\n",
+            // Its blocks do not begin with the first request's: derived, it would begin a
+            // conversation of its own.
+            "{\"timestamp\": 2, \"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [4, 5], \"conversation\": 7}\n",
+            "{\"timestamp\": 3, \"input_length\": 1536, \"output_length\": 1, \"hash_ids\": [4, 5, 6], \"conversation\": 7}\n",
+        ))
+        .unwrap();
+        assert_eq!(trace[0].conversation, Some(7));
+        assert_eq!(continued_of(&trace), [None, None, Some(0), Some(2)]);
+        assert_eq!(derive_continued(&trace), [None, None, None, Some(2)]);
+        assert_eq!(sessions_of(&continued_of(&trace)), [0, 1, 0, 0]);
+        // Every line names one, or none does.
+        let named = "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1], \"conversation\": 0}";
+        let unnamed =
+            "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}";
+        assert_eq!(
+            read(&format!("{named}\n{unnamed}\n"))
+                .unwrap_err()
+                .to_string(),
+            "line 2: no conversation, where the first request names one"
+        );
+        assert_eq!(
+            read(&format!("{unnamed}\n{named}\n"))
+                .unwrap_err()
+                .to_string(),
+            "line 2: a conversation, where the first request names none"
+        );
+    }
+
+    #[test]
     fn a_turn_that_grew_by_its_answer_extends_the_earlier_turns_tail_and_answer() {
         let turn = |blocks: &[u64], input_tokens, output_tokens| TraceRequest {
             output_tokens,
@@ -467,6 +536,7 @@ mod tests {
                 blocks: vec![46, 47, 2353],
                 block_tokens: crate::trace::TRACE_BLOCK_TOKENS,
                 extends: None,
+                conversation: None,
             }]
         );
         assert_eq!(trace[0].block_tokens(2), 6);
@@ -523,6 +593,7 @@ mod tests {
             blocks: blocks.to_vec(),
             block_tokens: crate::trace::TRACE_BLOCK_TOKENS,
             extends: None,
+            conversation: None,
         };
         let first = request(1024, &[1, 2]).keys().unwrap();
         assert_eq!(first.len(), 16);

@@ -381,6 +381,8 @@ fn help_names_every_flag_and_the_defaults_it_runs_with() {
         "--replicas",
         "--shared-index",
         "--sessions",
+        "--no-threads",
+        "--closed-loop",
         "--policies",
         "--seed",
         "--fail-share",
@@ -454,4 +456,58 @@ fn a_bad_flag_or_value_exits_2_naming_the_flag_and_the_rule() {
         assert!(message.contains(expected), "{args:?}: {message}");
         assert!(output.stdout.is_empty(), "{args:?}");
     }
+}
+
+#[test]
+// The JSON's times are rounded to the millisecond: hand-computed ones compare exactly.
+#[allow(clippy::float_cmp)]
+fn closed_loop_clients_send_each_turn_after_the_answer_before_it() {
+    // Conversation 0's two turns and conversation 1's one, sent 1 ms apart, on one engine
+    // prefilling 1,000 tokens a second after 0.1 s, and answering 1,000 tokens a second.
+    let (_dir, path) = scratch("conversations.jsonl");
+    let line = |at: u64, tokens: u64, blocks: &str, conversation: u64| {
+        format!(
+            r#"{{"timestamp": {at}, "input_length": {tokens}, "output_length": 10, "hash_ids": [{blocks}], "conversation": {conversation}}}"#
+        )
+    };
+    let lines = [
+        line(0, 1024, "1, 2", 0),
+        line(1, 1536, "1, 2, 3", 0),
+        line(2, 1024, "7, 8", 1),
+    ];
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let trace = path.to_str().unwrap();
+    let engine = [
+        "--prefill-tps",
+        "1000",
+        "--prefill-overhead-ms",
+        "100",
+        "--decode-tps",
+        "1000",
+    ];
+    let ttfts = |clients: &[&str]| {
+        let result =
+            results(trace, "1", "round-robin", &[&engine[..], clients].concat())[0].clone();
+        ["ttft_p50_s", "ttft_p99_s"].map(|p| result[p].as_f64().unwrap())
+    };
+    // Open-loop: the second turn waits behind the first's prefill (1.735 s), the other
+    // conversation behind both (2.858 s).
+    assert_eq!(ttfts(&[]), [1.735, 2.858]);
+    // One client: each request starts on an idle engine, the second turn finding the
+    // first's 1,024 tokens (0.612 s).
+    assert_eq!(ttfts(&["--closed-loop", "1"]), [1.124, 1.124]);
+    // Two: conversation 1 begins at once (2.246 s behind the first prefill), and the
+    // second turn still waits for the first's answer (1.726 s).
+    assert_eq!(ttfts(&["--closed-loop", "2"]), [1.726, 2.246]);
+    // A trace names every request's conversation or none.
+    let unnamed =
+        r#"{"timestamp": 3, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}"#;
+    std::fs::write(&path, format!("{}\n{unnamed}\n", lines[0])).unwrap();
+    let output = simulate(&["--trace", trace]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.starts_with("simulate: line 2: no conversation, where the first request names one"),
+        "{stderr}"
+    );
 }
