@@ -700,8 +700,12 @@ def write_trace(run_dir: Path, conversations: list[Conversation], result: "RunRe
     one id per 64-token block (`simulate --block-tokens 64`) standing for the prompt up to the end of that block. Blocks
     are cut by characters at the run's characters-a-token ratio (one ratio for every turn),
     so two prompts share a block id exactly when they share its text; a turn that repeats
-    an earlier prefix repeats its ids."""
+    an earlier prefix repeats its ids. Each line names its conversation (simulate's
+    `conversation` field, numbered in the order the conversations were sent): cut by an
+    average ratio, a turn's last full block need not be the next turn's, and derived from
+    the blocks alone more than half the later turns would start conversations of their own."""
     by_id = {c.id: c for c in conversations}
+    numbers: dict[str, int] = {}
     ids: dict[str, int] = {}
     start = min(t.sent_at for t in result.turns)
     texts = {(t.conversation, t.turn): prompt_text(by_id[t.conversation], t.turn) for t in result.turns}
@@ -719,6 +723,7 @@ def write_trace(run_dir: Path, conversations: list[Conversation], result: "RunRe
         lines.append(json.dumps({
             "timestamp": round(1000 * (t.sent_at - start)), "input_length": t.prompt_tokens,
             "output_length": args.max_tokens, "hash_ids": blocks,
+            "conversation": numbers.setdefault(t.conversation, len(numbers)),
         }))
     path = run_dir / "trace.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -782,6 +787,7 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
                    "--decode-tps", f"{decode:.3f}", "--prefill-overhead-ms", "0", "--policies", policy, "--json",
                    *(["--one-prefill-at-a-time"] if args.one_prefill_at_a_time else []),
                    *(["--answers-cached", "true"] if args.answers_cached else []),
+                   *([] if args.open_loop else ["--closed-loop", str(args.concurrency)]),
                    *flags.get(router, []), *more]
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         return json.loads(out)["results"][0]
@@ -810,6 +816,10 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
         print("Slots share one prefill line (`--one-prefill-at-a-time`).")
     if args.answers_cached:
         print("Engines hold each turn's answer for the next (`--answers-cached true`).")
+    if args.open_loop:
+        print("Each turn sent at its time in the run (open-loop).")
+    else:
+        print(f"Closed-loop, as the arena's {args.concurrency} clients send (`--closed-loop {args.concurrency}`).")
     print(f"Engine speeds: each run's median from its engines' logs, times {fp} (prefill) and {fd} (decode);")
     print(f"host cache: {cache_ram_tokens} tokens of --cache-ram plus {extra} the engines keep besides their slots.")
     print(f"The three fit the grid-route runs best (absolute log ratio summed over cached share and "
@@ -926,6 +936,10 @@ def main() -> None:
     parser.add_argument("--answers-cached", action="store_true",
                         help="with --calibrate: simulate engines that hold each turn's answer for the "
                         "next (grid-route-simulate --answers-cached true)")
+    parser.add_argument("--open-loop", action="store_true",
+                        help="with --calibrate: send each turn at its time in the run, whatever the "
+                        "simulated engines did before, instead of closed-loop as the arena's clients "
+                        "(grid-route-simulate --closed-loop CONCURRENCY)")
     parser.add_argument("--trace-of", metavar="RUN", default=None,
                         help="run nothing: write OUT/RUN/trace.jsonl, what run RUN (say grid-defaults-1) "
                         "of OUT sent, for simulate, and print the engines' speeds in it")
