@@ -779,9 +779,9 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
              "grid-defaults-nofeedback": ["--engine-feedback", "false"]}
 
     def simulated(trace: Path, policy: str, prefill: float, decode: float, extra: int,
-                  more: tuple[str, ...] = ()) -> dict:
+                  more: tuple[str, ...] = (), simulator: str | None = None) -> dict:
         router = trace.parent.name.rsplit("-", 1)[0]
-        command = [args.calibrate, "--trace", str(trace), "--block-tokens", str(TRACE_BLOCK_TOKENS),
+        command = [simulator or args.calibrate, "--trace", str(trace), "--block-tokens", str(TRACE_BLOCK_TOKENS),
                    "--sites", str(ENGINES), "--engine", "slots", "--slots", str(args.slots),
                    "--host-cache-tokens", str(cache_ram_tokens + extra), "--prefill-tps", f"{prefill:.2f}",
                    "--decode-tps", f"{decode:.3f}", "--prefill-overhead-ms", "0", "--policies", policy, "--json",
@@ -845,6 +845,23 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
               f"| {pct(ttfts, 50):.1f} / {sim['ttft_p50_s']:.1f} s | {pct(ttfts, 99):.1f} / {sim['ttft_p99_s']:.1f} s "
               f"| {before} |")
     print(f"\nThe peers' runs land at {peers_misfit / max(peer_runs, 1):.2f} a run by the same measure.")
+    if args.compare_simulator:
+        # Another build of the simulator (a measurement build of a rule) on grid-route's
+        # runs at the same fitted speeds: what it expects the rule to change.
+        print(f"\ngrid-route's runs replayed by {args.compare_simulator} at the same speeds and cache:\n")
+        print("| arena run | cached share, arena / this simulator / the other "
+              "| TTFT p50, this / the other | TTFT p90, this / the other | TTFT p99, this / the other |")
+        print("|---|---|---|---|---|")
+        for name, policy, result, trace, (prefill, decode) in replays:
+            if policy != "grid-route":
+                continue
+            this = simulated(trace, policy, prefill * fp, decode * fd, extra)
+            other = simulated(trace, policy, prefill * fp, decode * fd, extra,
+                              simulator=args.compare_simulator)
+            cells = " | ".join(f"{this[k]:.2f} / {other[k]:.2f} s"
+                               for k in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s"))
+            print(f"| {name} | {100 * result.cached_share:.1f}% / {100 * this['hit_share']:.1f}% / "
+                  f"{100 * other['hit_share']:.1f}% | {cells} |")
 
 
 # ---------------------------------------------------------------------------------------
@@ -936,6 +953,10 @@ def main() -> None:
     parser.add_argument("--answers-cached", action="store_true",
                         help="with --calibrate: simulate engines that hold each turn's answer for the "
                         "next (grid-route-simulate --answers-cached true)")
+    parser.add_argument("--compare-simulator", metavar="SIMULATOR", default=None,
+                        help="with --calibrate: also replay grid-route's runs through this other "
+                        "grid-route-simulate build (say one with a rule switched off) at the fitted "
+                        "speeds, and print both")
     parser.add_argument("--open-loop", action="store_true",
                         help="with --calibrate: send each turn at its time in the run, whatever the "
                         "simulated engines did before, instead of closed-loop as the arena's clients "
