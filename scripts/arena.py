@@ -787,6 +787,7 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
                    "--decode-tps", f"{decode:.3f}", "--prefill-overhead-ms", "0", "--policies", policy, "--json",
                    *(["--one-prefill-at-a-time"] if args.one_prefill_at_a_time else []),
                    *(["--answers-cached", "true"] if args.answers_cached else []),
+                   *(["--llama-cpp-host-cache"] if args.llama_cpp_host_cache else []),
                    *([] if args.open_loop else ["--closed-loop", str(args.concurrency)]),
                    *flags.get(router, []), *more]
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
@@ -816,6 +817,8 @@ def calibrate_simulator(args, conversations: list[Conversation]) -> None:
         print("Slots share one prefill line (`--one-prefill-at-a-time`).")
     if args.answers_cached:
         print("Engines hold each turn's answer for the next (`--answers-cached true`).")
+    if args.llama_cpp_host_cache:
+        print("Slots use the host cache as llama.cpp's server does (`--llama-cpp-host-cache`).")
     if args.open_loop:
         print("Each turn sent at its time in the run (open-loop).")
     else:
@@ -953,6 +956,9 @@ def main() -> None:
     parser.add_argument("--answers-cached", action="store_true",
                         help="with --calibrate: simulate engines that hold each turn's answer for the "
                         "next (grid-route-simulate --answers-cached true)")
+    parser.add_argument("--llama-cpp-host-cache", action="store_true",
+                        help="with --calibrate: simulate slots that use the host cache as llama.cpp's "
+                        "server does (grid-route-simulate --llama-cpp-host-cache)")
     parser.add_argument("--compare-simulator", metavar="SIMULATOR", default=None,
                         help="with --calibrate: also replay grid-route's runs through this other "
                         "grid-route-simulate build (say one with a rule switched off) at the fitted "

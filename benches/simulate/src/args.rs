@@ -176,6 +176,15 @@ pub struct EngineArgs {
     /// `--prefill-tps`
     #[arg(long)]
     pub one_prefill_at_a_time: bool,
+    /// A slot engine uses its host prompt cache as llama.cpp's server does: every idle
+    /// slot's prompt is saved to it when a request starts (`--cache-idle-slots`), and a
+    /// request looks in it only when the slot it takes (the idle one sharing the longest
+    /// prefix, if that is over a tenth of its prompt, else the least recently used) keeps
+    /// under half of what it held; what it finds there beats the slot's own or the slot
+    /// starts empty. Without it a request is restored from the host cache whenever a
+    /// saved prompt holds more of it than the slot it takes
+    #[arg(long)]
+    pub llama_cpp_host_cache: bool,
     /// KV cache tokens
     #[arg(
         long,
@@ -239,6 +248,7 @@ impl EngineArgs {
             slots: self.slots,
             host_cache_tokens: self.host_cache_tokens,
             one_prefill_at_a_time: self.one_prefill_at_a_time,
+            llama_cpp_host_cache: self.llama_cpp_host_cache,
             // The trace's, set from `--block-tokens` by `simulate`.
             block_tokens: TRACE_BLOCK_TOKENS,
             kv_tokens: self.kv_tokens,
@@ -258,6 +268,7 @@ impl From<EngineModel> for EngineArgs {
             slots: model.slots,
             host_cache_tokens: model.host_cache_tokens,
             one_prefill_at_a_time: model.one_prefill_at_a_time,
+            llama_cpp_host_cache: model.llama_cpp_host_cache,
             kv_tokens: model.kv_tokens,
             max_running: model.max_running,
             prefill_tps: model.prefill_tps,

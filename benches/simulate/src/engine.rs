@@ -48,6 +48,10 @@ pub struct EngineModel {
     /// Whether a slot engine prefills one prompt at a time (`prefill_tps` is then the
     /// engine's, shared by its slots) instead of each slot on its own.
     pub one_prefill_at_a_time: bool,
+    /// Whether a slot engine uses its host prompt cache as llama.cpp's server does
+    /// (`--llama-cpp-host-cache`; the slots module says how) instead of restoring from it
+    /// whenever a saved prompt holds more of a request than the slot it takes.
+    pub llama_cpp_host_cache: bool,
     /// Tokens in one block of the trace (`--block-tokens`): a batching engine's cache
     /// block, what a slot engine's host cache counts in.
     pub block_tokens: u64,
@@ -77,6 +81,7 @@ impl Default for EngineModel {
             slots: 2,
             host_cache_tokens: 0,
             one_prefill_at_a_time: false,
+            llama_cpp_host_cache: false,
             block_tokens: TRACE_BLOCK_TOKENS,
             kv_tokens: 400_000,
             max_running: 256,
@@ -394,6 +399,7 @@ pub(crate) mod tests {
             slots: 2,
             host_cache_tokens: 0,
             one_prefill_at_a_time: false,
+            llama_cpp_host_cache: false,
             block_tokens: TRACE_BLOCK_TOKENS,
             kv_tokens: blocks * TRACE_BLOCK_TOKENS,
             max_running: 4,

@@ -14,6 +14,19 @@
 //!   cache in host memory of that many tokens, least recently used (saved or restored) out
 //!   first; a request whose prefix a saved prompt shares further than the chosen slot's is
 //!   restored from it. 0 turns it off.
+//! - **llama.cpp's use of the host cache** (`llama_cpp_host_cache`,
+//!   `--llama-cpp-host-cache`), instead of the two items above, as its server's
+//!   `get_available_slot` does (`tools/server/server-context.cpp`): when a request starts,
+//!   every idle slot's prompt is saved to the host cache (`--cache-idle-slots`, on by
+//!   default). The request takes the idle slot sharing the longest prefix with it if that
+//!   is more than a tenth of its prompt (`--slot-prompt-similarity`), else the least
+//!   recently used one. Only when the slot was picked by least recent use, or keeps under
+//!   half of the tokens it held (`f_keep < 0.5`), is the host cache searched: a saved
+//!   prompt sharing more with the request than the slot does, of which at least a quarter
+//!   is kept, is moved into the slot (and out of the cache); with none, the slot starts
+//!   empty. Otherwise the slot keeps the shared prefix and drops the rest, whatever the
+//!   host cache holds: a conversation whose slot another took finds only what the slot it
+//!   lands on shares with it.
 //! - **Waiting queue**: requests wait, first come first served, while every slot is busy;
 //!   their count is the queue signal (`llamacpp:requests_deferred`).
 //! - **Prefill and decode** per slot, side by side: `prefill_overhead_s` plus the uncached
@@ -42,7 +55,23 @@ struct Slot {
     ends_at: f64,
     /// When it last started a request (least recently used first out).
     used: u64,
+    /// Tokens it holds: its last request's prompt and answer.
+    tokens: u64,
 }
+
+/// How a request would take an idle slot ([`SlotEngine::choose`]).
+#[derive(Debug, Clone, Copy)]
+struct Choice {
+    slot: usize,
+    /// Prompt tokens it finds cached, in the slot or restored from the host cache.
+    cached: u64,
+    /// The saved prompt it is restored from, if one.
+    restored: Option<usize>,
+}
+
+/// The share of a request's prompt an idle slot must share with it to be picked for
+/// that: llama.cpp's `--slot-prompt-similarity` default.
+const SLOT_PROMPT_SIMILARITY: f64 = 0.1;
 
 /// A prompt saved in host memory: its blocks and their tokens.
 #[derive(Debug, Clone)]
@@ -100,6 +129,7 @@ impl SlotEngine {
                     running: None,
                     ends_at: 0.0,
                     used: 0,
+                    tokens: 0,
                 };
                 model.slots.max(1)
             ],
@@ -125,7 +155,10 @@ impl SlotEngine {
 
     /// The idle slot `request` would take, and the prompt tokens it would find cached there
     /// (from the slot or the host cache); `None` when every slot is busy.
-    fn choose(&self, request: &TraceRequest) -> Option<(usize, u64)> {
+    fn choose(&self, request: &TraceRequest) -> Option<Choice> {
+        if self.model.llama_cpp_host_cache {
+            return self.choose_as_llama_cpp(request);
+        }
         let (slot, shared) = self
             .slots
             .iter()
@@ -135,8 +168,59 @@ impl SlotEngine {
             // The longest shared prefix; among equals (none shared, say) the least used.
             .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)))
             .map(|(i, shared, _)| (i, shared))?;
-        let restored = self.restorable(request).map_or(0, |(_, tokens)| tokens);
-        Some((slot, shared.max(restored)))
+        let restorable = self
+            .restorable(request)
+            .filter(|&(_, tokens)| tokens > shared);
+        Some(Choice {
+            slot,
+            cached: restorable.map_or(shared, |(_, tokens)| tokens),
+            restored: restorable.map(|(i, _)| i),
+        })
+    }
+
+    /// [`choose`](Self::choose) as llama.cpp's server picks a slot and searches its host
+    /// cache (the module's `llama_cpp_host_cache`).
+    fn choose_as_llama_cpp(&self, request: &TraceRequest) -> Option<Choice> {
+        let idle = || {
+            self.slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.running.is_none())
+        };
+        let similar = idle()
+            .filter(|(_, s)| !s.prompt.is_empty())
+            .map(|(i, s)| (i, shared_tokens(&s.prompt, request), s.used))
+            .filter(|&(_, shared, _)| {
+                shared as f64 > SLOT_PROMPT_SIMILARITY * request.input_tokens as f64
+            })
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)));
+        let (slot, shared, search) = if let Some((i, shared, _)) = similar {
+            // Keeping under half of what it held, the slot is saved and the cache searched.
+            (i, shared, 2 * shared < self.slots[i].tokens)
+        } else {
+            let (i, s) = idle().min_by_key(|(_, s)| s.used)?;
+            (i, shared_tokens(&s.prompt, request), true)
+        };
+        if !search || self.model.host_cache_tokens == 0 || self.slots[slot].prompt.is_empty() {
+            return Some(Choice {
+                slot,
+                cached: shared,
+                restored: None,
+            });
+        }
+        // A saved prompt sharing more than the slot, of which a quarter or more is kept.
+        let better = self
+            .host
+            .iter()
+            .enumerate()
+            .map(|(i, saved)| (i, shared_tokens(&saved.blocks, request), saved.tokens))
+            .filter(|&(_, tokens, held)| tokens > shared && 4 * tokens >= held)
+            .max_by_key(|&(_, tokens, _)| tokens);
+        Some(Choice {
+            slot,
+            cached: better.map_or(0, |(_, tokens, _)| tokens),
+            restored: better.map(|(i, _, _)| i),
+        })
     }
 
     /// The saved prompt sharing the longest prefix with `request`'s, and how many tokens.
@@ -152,7 +236,7 @@ impl SlotEngine {
     /// Prompt tokens of `request` it would find cached if it started now (0 when every
     /// slot is busy: which slot frees first decides).
     pub fn cached_tokens(&self, request: &TraceRequest) -> u64 {
-        self.choose(request).map_or(0, |(_, tokens)| tokens)
+        self.choose(request).map_or(0, |choice| choice.cached)
     }
 
     /// Seconds from `now` to `request`'s first token if it were sent here now: the slots
@@ -214,20 +298,44 @@ impl SlotEngine {
         }
         let &id = self.waiting.front()?;
         let request = &trace[id];
-        let (slot, cached_tokens) = self.choose(request)?;
+        let Choice {
+            slot,
+            cached: cached_tokens,
+            restored,
+        } = self.choose(request)?;
         self.waiting.pop_front();
-        // A prompt restored from the host cache was used now: it is the most recent there.
-        if cached_tokens > shared_tokens(&self.slots[slot].prompt, request)
-            && let Some((i, _)) = self.restorable(request)
-        {
-            self.clock += 1;
-            self.host[i].used = self.clock;
-        }
-        let old = std::mem::replace(&mut self.slots[slot].prompt, request.blocks.clone());
-        // The slot's old prompt is saved unless the new one extends it (the slot keeps it).
-        let extended = extends_whole(&old, request);
-        if self.model.host_cache_tokens > 0 && !old.is_empty() && !extended {
-            self.save(old);
+        if self.model.llama_cpp_host_cache {
+            // A restored prompt moves into the slot; then every idle slot is saved (the
+            // one taken included), as a new task makes llama.cpp's server do.
+            if let Some(i) = restored {
+                self.host_tokens -= self.host.swap_remove(i).tokens;
+            }
+            if self.model.host_cache_tokens > 0 {
+                let idle: Vec<Vec<u64>> = self
+                    .slots
+                    .iter()
+                    .filter(|s| s.running.is_none() && !s.prompt.is_empty())
+                    .map(|s| s.prompt.clone())
+                    .collect();
+                for prompt in idle {
+                    self.save(prompt);
+                }
+            }
+            self.slots[slot].prompt.clone_from(&request.blocks);
+        } else {
+            // A prompt restored from the host cache was used now: it is the most recent
+            // there.
+            if let Some(i) = restored {
+                self.clock += 1;
+                self.host[i].used = self.clock;
+            }
+            let old = std::mem::replace(&mut self.slots[slot].prompt, request.blocks.clone());
+            // The slot's old prompt is saved unless the new one extends it (the slot keeps
+            // it).
+            let extended = extends_whole(&old, request);
+            if self.model.host_cache_tokens > 0 && !old.is_empty() && !extended {
+                self.save(old);
+            }
         }
         let first_token_at = now
             + self
@@ -237,6 +345,7 @@ impl SlotEngine {
         let s = &mut self.slots[slot];
         s.running = Some(id);
         s.used = self.clock;
+        s.tokens = request.input_tokens + request.output_tokens;
         s.ends_at = first_token_at + request.output_tokens as f64 / self.model.decode_tps;
         if self.model.one_prefill_at_a_time {
             self.prefill_ends = Some(first_token_at);
@@ -339,6 +448,52 @@ mod tests {
         let c = run(&mut engine, &trace, 2, 10.0);
         assert_eq!(c.cached_tokens, 1024);
         assert!((c.first_token_at - 10.976).abs() < 1e-9);
+    }
+
+    #[test]
+    fn as_llama_cpp_a_turn_landing_on_a_slot_that_keeps_over_half_finds_only_what_it_shares() {
+        // Conversations a, b and c behind one two-block system prompt (blocks 1 and 2),
+        // on two slots and a host cache.
+        let trace = [
+            request(1536, 10, &[1, 2, 3]),       // a's first turn
+            request(2048, 10, &[1, 2, 3, 4]),    // a's second
+            request(1536, 10, &[1, 2, 7]),       // b's first
+            request(1536, 10, &[1, 2, 9]),       // c's first
+            request(2560, 10, &[1, 2, 3, 4, 5]), // a's third
+        ];
+        let llama_cpp = EngineModel {
+            llama_cpp_host_cache: true,
+            ..model(8192)
+        };
+        let mut engine = SlotEngine::new(llama_cpp);
+        assert_eq!(run(&mut engine, &trace, 0, 0.0).cached_tokens, 0);
+        engine.finish(0);
+        // Slot 0 shares 1,536 of a's second turn and keeps all it held.
+        assert_eq!(run(&mut engine, &trace, 1, 10.0).cached_tokens, 1536);
+        // Slot 1, empty, is the least recently used.
+        assert_eq!(run(&mut engine, &trace, 2, 10.0).cached_tokens, 0);
+        engine.finish(1);
+        engine.finish(2);
+        // c shares the system prompt with both slots and takes the one used least lately,
+        // a's, which would keep under half of its 2,058 tokens: the host cache holds
+        // nothing sharing more, so the slot starts empty.
+        assert_eq!(run(&mut engine, &trace, 3, 20.0).cached_tokens, 0);
+        // a's third turn takes b's slot, which keeps 1,024 of its 1,546 tokens: more than
+        // half, so the host cache, which holds a's second turn, is not searched.
+        let third = &trace[4];
+        assert_eq!(engine.cached_tokens(third), 1024);
+        // The model this replaces restores a's second turn from the host cache.
+        let mut restoring = SlotEngine::new(model(8192));
+        for (id, now) in [(0, 0.0), (1, 10.0), (2, 10.0)] {
+            run(&mut restoring, &trace, id, now);
+            if id == 0 {
+                restoring.finish(0);
+            }
+        }
+        restoring.finish(1);
+        restoring.finish(2);
+        run(&mut restoring, &trace, 3, 20.0);
+        assert_eq!(restoring.cached_tokens(third), 2048);
     }
 
     #[test]

@@ -332,6 +332,33 @@ fn one_prefill_at_a_time_slows_slot_engines_and_leaves_batching_ones_alone() {
 }
 
 #[test]
+fn llama_cpp_host_cache_finds_less_than_restoring_every_saved_prompt() {
+    let (_dir, trace) = head_of_trace(2000);
+    let trace = trace.to_str().unwrap();
+    let slots = [
+        "--engine",
+        "slots",
+        "--slots",
+        "4",
+        "--host-cache-tokens",
+        "65536",
+    ];
+    let share = |extra: &[&str]| {
+        results(trace, "2", "round-robin", &[&slots[..], extra].concat())[0]["hit_share"]
+            .as_f64()
+            .unwrap()
+    };
+    // Round-robin places the same requests either way: llama.cpp's server searches its host
+    // cache only for a slot keeping under half its prompt, so it finds less there.
+    let restoring = share(&[]);
+    let llama_cpp = share(&["--llama-cpp-host-cache"]);
+    assert!(
+        llama_cpp < restoring,
+        "{llama_cpp} with llama.cpp's rule, {restoring} restoring"
+    );
+}
+
+#[test]
 fn answers_cached_credits_a_continuing_turn_where_its_earlier_turn_was_served() {
     let (_dir, trace) = head_of_trace(2000);
     let trace = trace.to_str().unwrap();
@@ -392,6 +419,7 @@ fn help_names_every_flag_and_the_defaults_it_runs_with() {
         "--slots",
         "--host-cache-tokens",
         "--one-prefill-at-a-time",
+        "--llama-cpp-host-cache",
         "--kv-tokens",
         "--max-running",
         "--prefill-tps",
