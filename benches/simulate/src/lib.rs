@@ -179,6 +179,7 @@ pub fn simulate(
     Ok(Report {
         trace: args.trace.display().to_string(),
         requests: trace.len(),
+        conversations: continued.iter().filter(|earlier| earlier.is_none()).count(),
         sites: args.sites,
         engines_per_site: args.engines_per_site,
         replicas: args.replicas,

@@ -17,6 +17,9 @@ pub struct Report {
     pub trace: String,
     /// Requests in the trace.
     pub requests: usize,
+    /// Conversations they make: named by the trace, or derived from its blocks
+    /// ([`continued_of`](crate::trace::continued_of)).
+    pub conversations: usize,
     /// Sites.
     pub sites: usize,
     /// Engines at each site.
@@ -153,9 +156,10 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{}: {} requests, {} sites x {} engines, {} replica(s){}, seed {}",
+            "{}: {} requests in {} conversations, {} sites x {} engines, {} replica(s){}, seed {}",
             self.trace,
             self.requests,
+            self.conversations,
             self.sites,
             self.engines_per_site,
             self.replicas,

@@ -7,8 +7,8 @@
 //!   the longest prefix with its own; when none shares any, the idle slot used least
 //!   recently. That is what llama.cpp's server does by default (`get_available_slot`: the
 //!   best longest-common-prefix similarity among idle slots, else the least recently used
-//!   one); its similarity threshold (`--slot-prompt-similarity`, 0.1 of the prompt) is not
-//!   modelled. Its hit is that shared prefix.
+//!   one); its similarity threshold (`--slot-prompt-similarity`, 0.1 of the prompt) is
+//!   modelled only with `llama_cpp_host_cache`, below. Its hit is that shared prefix.
 //! - **Host prompt cache** (`host_cache_tokens`, llama.cpp's `--cache-ram`): when a slot
 //!   takes a new prompt that does not extend the one it held, the old one is saved to a
 //!   cache in host memory of that many tokens, least recently used (saved or restored) out
@@ -482,7 +482,7 @@ mod tests {
         // half, so the host cache, which holds a's second turn, is not searched.
         let third = &trace[4];
         assert_eq!(engine.cached_tokens(third), 1024);
-        // The model this replaces restores a's second turn from the host cache.
+        // The default model restores a's second turn from the host cache.
         let mut restoring = SlotEngine::new(model(8192));
         for (id, now) in [(0, 0.0), (1, 10.0), (2, 10.0)] {
             run(&mut restoring, &trace, id, now);

@@ -86,6 +86,7 @@ fn json_output_has_the_documented_fields_for_every_policy() {
         sorted(&[
             "trace",
             "requests",
+            "conversations",
             "sites",
             "engines_per_site",
             "replicas",
@@ -95,6 +96,13 @@ fn json_output_has_the_documented_fields_for_every_policy() {
         ])
     );
     assert_eq!(report["requests"], 600);
+    // As the library derives them from the blocks: the trace names none.
+    let text = std::fs::read(&trace).unwrap();
+    let requests = grid_route_simulate::read_trace(&text[..]).unwrap();
+    let derived = grid_route_simulate::trace::continued_of(&requests);
+    let conversations = derived.iter().filter(|earlier| earlier.is_none()).count();
+    assert!(conversations > 0 && conversations < 600);
+    assert_eq!(report["conversations"], conversations);
     assert_eq!(report["sites"], 3);
     assert_eq!(report["replicas"], 1);
     assert_eq!(report["shared_index"], false);
@@ -235,8 +243,16 @@ fn the_table_and_the_chart_name_every_policy() {
         String::from_utf8_lossy(&output.stderr)
     );
     let table = String::from_utf8(output.stdout).unwrap();
+    let head = std::fs::read(&trace).unwrap();
+    let requests = grid_route_simulate::read_trace(&head[..]).unwrap();
+    let conversations = grid_route_simulate::trace::continued_of(&requests)
+        .iter()
+        .filter(|earlier| earlier.is_none())
+        .count();
     assert!(
-        table.contains("300 requests, 4 sites x 1 engines"),
+        table.contains(&format!(
+            "300 requests in {conversations} conversations, 4 sites x 1 engines"
+        )),
         "{table}"
     );
     assert!(
@@ -527,6 +543,10 @@ fn closed_loop_clients_send_each_turn_after_the_answer_before_it() {
     // Two: conversation 1 begins at once (2.246 s behind the first prefill), and the
     // second turn still waits for the first's answer (1.726 s).
     assert_eq!(ttfts(&["--closed-loop", "2"]), [1.726, 2.246]);
+    // Two conversations, as the trace names them.
+    let output = simulate(&["--trace", trace, "--json"]);
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["conversations"], 2);
     // A trace names every request's conversation or none.
     let unnamed =
         r#"{"timestamp": 3, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}"#;
