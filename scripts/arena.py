@@ -703,7 +703,7 @@ def write_trace(run_dir: Path, conversations: list[Conversation], result: "RunRe
     an earlier prefix repeats its ids. Each line names its conversation (simulate's
     `conversation` field, numbered in the order the conversations were sent): cut by an
     average ratio, a turn's last full block need not be the next turn's, and derived from
-    the blocks alone more than half the later turns would start conversations of their own."""
+    the blocks alone about 25 of the 60 later turns would start conversations of their own."""
     by_id = {c.id: c for c in conversations}
     numbers: dict[str, int] = {}
     ids: dict[str, int] = {}
