@@ -1060,8 +1060,7 @@ async fn newcomer_beside_a_busier_holder(prefix: &'static str, found: bool) -> S
 #[tokio::test]
 async fn on_slot_engines_that_kept_a_shared_head_a_new_conversation_joins_its_busier_holder() {
     // East-a's engine kept the head while it served others (llama.cpp's host prompt
-    // cache): the newcomer takes its free slot, and the live conversation whose idle slot
-    // that is gets its prompt back from that cache.
+    // cache): the newcomer takes its free slot and finds the head there.
     assert_eq!(
         newcomer_beside_a_busier_holder("kept house", true).await,
         "kept-east-a"

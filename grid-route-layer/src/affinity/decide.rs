@@ -341,8 +341,8 @@ impl Affinity {
     ///   still, and the conversation outgrows it within a turn or two. Except where a
     ///   busier holder has a free slot and its engines [keep shared
     ///   heads](Self::keeps_shared_heads) (a host prompt cache, learned from answers): the
-    ///   request stays [`Outcome::Sticky`] with those holders alone, since the live
-    ///   conversation whose idle slot it takes gets its prompt back from that cache. Such
+    ///   request stays [`Outcome::Sticky`] with those holders alone, where it finds the
+    ///   head (what it may cost a live conversation there: the module's step 3). Such
     ///   a first turn stuck to a holder no busier than the others
     ///   [asks](Decision::asks_shared_head) whether the head was kept;
     /// - a sticky prefix match wins. Otherwise, with

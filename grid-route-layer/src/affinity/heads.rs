@@ -16,9 +16,10 @@
 //!
 //! Where heads are kept, a new conversation may join a busier holder of its head when
 //! that holder has a free slot ([`Affinity::decide`](super::Affinity::decide)): the head
-//! is found there, and the live conversation whose idle slot it takes gets its own prompt
-//! back from the host cache at its next turn. Where they are not, that conversation would
-//! lose its prompt, and the newcomer goes by load as before.
+//! is found there. A live conversation whose idle slot it takes keeps its prompt in the
+//! host cache if it does not share the head, and loses its history past the head if it
+//! does (docs/architecture.md, step 3). Where heads are not kept, either kind would lose
+//! its prompt, and the newcomer goes by load as before.
 //!
 //! Only first turns sent under the rule that does not crowd (their holder no busier)
 //! teach the tally: a first turn that joined a busier holder finds its head by taking a

@@ -77,11 +77,13 @@
 //!    lives. Except where a busier holder has a free slot (its engines' slots known) and
 //!    its engines keep shared heads ([`Affinity::keeps_shared_heads`]: a host prompt
 //!    cache, learned from answers): the request stays [`Outcome::Sticky`] with those
-//!    holders alone, since the conversation whose idle slot it takes gets its prompt back
-//!    from that cache. A first turn stuck to a holder no busier than the others asks
-//!    whether the head was kept ([`Decision::asks_shared_head`]); engine feedback counts
-//!    the answer ([`Affinity::count_shared_head`], [`SHARED_HEAD_MEMORY`],
-//!    [`OWN_SHARED_HEAD_ANSWERS`]).
+//!    holders alone: it finds the head there. A live conversation whose idle slot it
+//!    takes loses nothing if it does not share the head (llama.cpp saves its prompt to the
+//!    cache first and restores it at its next turn) and its history past the head if it
+//!    does (docs/architecture.md, step 3). A first turn stuck to a holder no busier than
+//!    the others asks whether the head was kept ([`Decision::asks_shared_head`]); engine
+//!    feedback counts the answer ([`Affinity::count_shared_head`],
+//!    [`SHARED_HEAD_MEMORY`], [`OWN_SHARED_HEAD_ANSWERS`]).
 //! 4. Else → [`Outcome::Sticky`]: only the deepest holders stay; the balancer picks
 //!    among them by queue.
 //! 5. **Sessions.** A request that did not stick at step 2 or 3 but names a session

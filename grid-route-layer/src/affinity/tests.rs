@@ -1851,8 +1851,8 @@ fn a_new_conversation_joins_a_busier_holder_with_a_free_slot_once_its_engines_ke
         assert!(!decision.asks_shared_head());
     }
     // An answer found the head at east: its engines keep shared heads (a host prompt
-    // cache), so a new conversation takes east's free slot, and a gets its prompt back
-    // from that cache. Sent to a busier holder, it would find the head either way: it
+    // cache), so a new conversation takes east's free slot and finds the head there.
+    // Sent to a busier holder, it would find the head either way: it
     // asks nothing.
     let verdict = f.affinity.count_shared_head(&east, true).unwrap();
     assert!(verdict.kept && !verdict.kept_before);
