@@ -605,6 +605,9 @@ def scrape_decisions(admin: str) -> dict[str, float]:
         elif line.startswith("grid_route_index_forgotten_total{"):
             # Index entries engine feedback forgot, over every cluster.
             counts["forgotten"] = counts.get("forgotten", 0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("grid_route_shared_head_joins_total{"):
+            # First turns that joined a busier holder of their system prompt (also sticky).
+            counts["joined"] = counts.get("joined", 0) + float(line.rsplit(" ", 1)[1])
     return counts
 
 

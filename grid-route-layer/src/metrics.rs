@@ -9,6 +9,7 @@
 //! | `grid_route_prefix_affinity_total` | counter | `outcome` | `AffinityLayer` |
 //! | `grid_route_pin_total` | counter | `outcome` | `PinLayer` |
 //! | `grid_route_decisions_total` | counter | `site`, `cluster` | `Select` |
+//! | `grid_route_shared_head_joins_total` | counter | `site`, `cluster` | `Select` |
 //! | `grid_route_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_cached_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_predicted_cached_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
@@ -67,6 +68,10 @@ pub const PREFILL_TOKENS_PER_SECOND: &str = "grid_route_prefill_tokens_per_secon
 /// Each cluster's learned price of one more request in its load, seconds
 /// (`queued_request_seconds: auto`).
 pub const QUEUED_REQUEST_SECONDS: &str = "grid_route_queued_request_seconds";
+/// New conversations' first turns sent to a busier holder of their short shared head with a
+/// free slot, whose engines keep shared heads (each counted `sticky` in
+/// [`PREFIX_AFFINITY_TOTAL`] too).
+pub const SHARED_HEAD_JOINS_TOTAL: &str = "grid_route_shared_head_joins_total";
 /// Each cluster's share of new conversations' first turns that found the short shared head
 /// they asked its engines for, weighed by recency (with `engine_feedback`).
 pub const SHARED_HEAD_FOUND_SHARE: &str = "grid_route_shared_head_found_share";
@@ -163,6 +168,13 @@ pub fn describe_metrics() {
         "What one more request in a backend cluster's load costs a new one, learned with \
          queued_request_seconds: auto: the least-squares fit of streamed answers' time to \
          first token on their load at dispatch and their uncached prompt tokens."
+    );
+    metrics::describe_counter!(
+        SHARED_HEAD_JOINS_TOTAL,
+        Unit::Count,
+        "New conversations' first turns sent to a backend cluster busier than another \
+         candidate because it holds their short system prompt, has a free slot, and keeps \
+         shared heads (counted sticky in grid_route_prefix_affinity_total too)."
     );
     metrics::describe_gauge!(
         SHARED_HEAD_FOUND_SHARE,
@@ -304,6 +316,7 @@ mod tests {
             (INDEX_FORGOTTEN_TOTAL, MetricKind::Counter),
             (PREFILL_TOKENS_PER_SECOND, MetricKind::Gauge),
             (QUEUED_REQUEST_SECONDS, MetricKind::Gauge),
+            (SHARED_HEAD_JOINS_TOTAL, MetricKind::Counter),
             (SHARED_HEAD_FOUND_SHARE, MetricKind::Gauge),
             (KEYING_SECONDS, MetricKind::Histogram),
             (KEYS_PER_REQUEST, MetricKind::Histogram),

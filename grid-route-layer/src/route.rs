@@ -12,7 +12,7 @@
 //! | [`Pinned`] | request extension | [`PinLayer`] | [`AffinityLayer`], [`Select`] |
 //! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
 //! | [`Outcome`] | request extension | [`AffinityLayer`], when it counted a decision | the gateway (its request log) |
-//! | [`PredictedMatch`] | request extension | [`AffinityLayer`], for a sticky or session request (saying whether it asks for a shared head) | [`FeedbackLayer`] |
+//! | [`PredictedMatch`] | request extension | [`AffinityLayer`], for a sticky or session request (saying whether it asks for a shared head, or joins a busier holder of one) | [`FeedbackLayer`], [`Select`] (the prompt it prefills; the joins it counts) |
 //! | [`Placed`] | request extension | [`AffinityLayer`], for a new conversation it placed on a free slot | [`Select`] (takes over its count in flight) |
 //! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], [`PinLayer`], [`FeedbackLayer`] |
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
@@ -332,6 +332,7 @@ pub struct PredictedMatch {
     depth: usize,
     covered_bytes: u64,
     asks_shared_head: bool,
+    joins_busier_holder: bool,
 }
 
 impl PredictedMatch {
@@ -342,6 +343,7 @@ impl PredictedMatch {
             depth,
             covered_bytes,
             asks_shared_head: false,
+            joins_busier_holder: false,
         }
     }
 
@@ -359,6 +361,22 @@ impl PredictedMatch {
     /// ([`asking_shared_head`](Self::asking_shared_head)).
     pub fn asks_shared_head(&self) -> bool {
         self.asks_shared_head
+    }
+
+    /// The same match, made by a conversation's first turn that joins a busier holder of a
+    /// short shared head, one with a free slot whose engines keep such heads
+    /// ([`Decision::joins_busier_holder`](crate::affinity::Decision::joins_busier_holder)):
+    /// [`Select`](crate::select::Select) counts it where it sends it.
+    #[must_use]
+    pub fn joining_busier_holder(mut self) -> Self {
+        self.joins_busier_holder = true;
+        self
+    }
+
+    /// Whether the request joins a busier holder
+    /// ([`joining_busier_holder`](Self::joining_busier_holder)).
+    pub fn joins_busier_holder(&self) -> bool {
+        self.joins_busier_holder
     }
 
     /// Matched keys at the serving cluster.

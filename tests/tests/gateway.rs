@@ -1052,6 +1052,15 @@ async fn newcomer_beside_a_busier_holder(prefix: &'static str, found: bool) -> S
     })
     .await;
     let newcomer = first_turn("a newcomer", "1280", false).await;
+    // A join is counted where it was sent; a first turn that went by load is not.
+    let joins = |(site, cluster): (&str, &str)| {
+        let series =
+            format!(r#"grid_route_shared_head_joins_total{{site="{site}",cluster="{cluster}"}}"#);
+        let gateway = &gateway;
+        async move { scraped_gauge(gateway, &series).await }
+    };
+    assert_eq!(joins(east).await, found.then_some(1.0));
+    assert_eq!(joins(west).await, None);
     release.send(true).unwrap();
     assert_eq!(held.await.unwrap(), east.1);
     newcomer

@@ -392,26 +392,7 @@ impl Affinity {
         let depths = self
             .index
             .depths(candidates.iter().map(|c| c.id()), keys.as_slice(), now);
-        let deepest = depths.iter().copied().max().unwrap_or(0);
-        // Under the floor there is no match to price (narrow returns no_match first).
-        let priced = if settings.learns_prices() && deepest >= MIN_STICKY_DEPTH {
-            // The match saves the deepest holders' prefill: priced at the slowest of
-            // them, the one it saves most on, against the dearest of their queues.
-            let (rate, queued) = candidates
-                .iter()
-                .zip(&depths)
-                .filter(|&(_, &depth)| depth == deepest)
-                .map(|(c, _)| self.prices_under(&settings, c.id()))
-                .fold((f64::INFINITY, 0.0_f64), |(rate, queued), p| {
-                    (
-                        rate.min(p.prefill_tokens_per_second),
-                        queued.max(p.queued_request_seconds),
-                    )
-                });
-            settings.priced_at(rate, queued)
-        } else {
-            settings
-        };
+        let priced = self.priced_for_match(&settings, &candidates, &depths);
         let mut narrowing = narrow(&priced, keys, &depths, |i| {
             candidates[i].load().routing_load(now)
         });
@@ -446,6 +427,7 @@ impl Affinity {
             }
         }
         let mut placed = None;
+        let joins_busier_holder = first_turn.joins.is_some() && outcome == Outcome::Sticky;
         if narrowing.outcome == Outcome::NoMatch {
             (candidates, placed) =
                 self.place_unmatched(&settings, outcome, &candidates, keys, &depths, now);
@@ -480,7 +462,36 @@ impl Affinity {
             clusters: candidates,
             placed,
             asks_shared_head: first_turn.asks_shared_head && outcome == Outcome::Sticky,
+            joins_busier_holder,
         }
+    }
+
+    /// `settings` priced for the request's match at `candidates` (their `depths`): with
+    /// learned prices, the deepest holders' prefill is saved at the slowest of them, the
+    /// one it saves most on, against the dearest of their queues. Under the floor there is
+    /// no match to price ([`narrow`] returns no_match first).
+    fn priced_for_match(
+        &self,
+        settings: &AffinitySettings,
+        candidates: &[Arc<Cluster>],
+        depths: &[usize],
+    ) -> AffinitySettings {
+        let deepest = depths.iter().copied().max().unwrap_or(0);
+        if !settings.learns_prices() || deepest < MIN_STICKY_DEPTH {
+            return *settings;
+        }
+        let (rate, queued) = candidates
+            .iter()
+            .zip(depths)
+            .filter(|&(_, &depth)| depth == deepest)
+            .map(|(c, _)| self.prices_under(settings, c.id()))
+            .fold((f64::INFINITY, 0.0_f64), |(rate, queued), p| {
+                (
+                    rate.min(p.prefill_tokens_per_second),
+                    queued.max(p.queued_request_seconds),
+                )
+            });
+        settings.priced_at(rate, queued)
     }
 
     /// A new conversation behind a short shared head (see [`decide`](Self::decide)): turns
@@ -629,6 +640,7 @@ impl SessionFound {
                 clusters: vec![chosen],
                 placed: None,
                 asks_shared_head: false,
+                joins_busier_holder: false,
             }
         } else {
             Decision {
@@ -638,6 +650,7 @@ impl SessionFound {
                 clusters: candidates,
                 placed: None,
                 asks_shared_head: false,
+                joins_busier_holder: false,
             }
         }
     }
@@ -918,6 +931,7 @@ pub struct Decision {
     clusters: Vec<Arc<Cluster>>,
     placed: Option<Placed>,
     asks_shared_head: bool,
+    joins_busier_holder: bool,
 }
 
 impl Decision {
@@ -930,7 +944,16 @@ impl Decision {
             clusters,
             placed: None,
             asks_shared_head: false,
+            joins_busier_holder: false,
         }
+    }
+
+    /// Whether the request is a conversation's first turn that joins a busier holder of a
+    /// short head other conversations share, one with a free slot whose engines keep
+    /// shared heads ([`Affinity::keeps_shared_heads`]): the exception to the rule that
+    /// does not crowd ([`Affinity::decide`]). The outcome is [`Outcome::Sticky`].
+    pub fn joins_busier_holder(&self) -> bool {
+        self.joins_busier_holder
     }
 
     /// Whether the request is a conversation's first turn that stuck to a holder of a

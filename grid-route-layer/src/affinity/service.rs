@@ -121,16 +121,19 @@ impl<S> AffinityService<S> {
 /// cache in blocks, and one shared short key would make the index forget most of the
 /// cluster). `None` for any other outcome. A conversation's first turn that asks whether
 /// its holder kept a shared head ([`Decision::asks_shared_head`]) says so
-/// ([`PredictedMatch::asking_shared_head`]).
+/// ([`PredictedMatch::asking_shared_head`]), and one that joins a busier holder of it
+/// ([`Decision::joins_busier_holder`]) says that ([`PredictedMatch::joining_busier_holder`]).
 pub fn predicted_match(decision: &Decision) -> Option<PredictedMatch> {
     let weighed = matches!(decision.outcome(), Some(Outcome::Sticky | Outcome::Session));
     (weighed && decision.deepest() >= MIN_STICKY_DEPTH).then(|| {
-        let predicted = PredictedMatch::new(decision.deepest(), decision.covered_bytes());
+        let mut predicted = PredictedMatch::new(decision.deepest(), decision.covered_bytes());
         if decision.asks_shared_head() {
-            predicted.asking_shared_head()
-        } else {
-            predicted
+            predicted = predicted.asking_shared_head();
         }
+        if decision.joins_busier_holder() {
+            predicted = predicted.joining_busier_holder();
+        }
+        predicted
     })
 }
 
@@ -156,6 +159,7 @@ fn record(decision: &Decision) {
         outcome = outcome.as_str(),
         clusters = decision.clusters().len(),
         depth = decision.deepest(),
+        joins_busier_holder = decision.joins_busier_holder(),
         covered_bytes = decision.covered_bytes(),
         "prefix affinity"
     );

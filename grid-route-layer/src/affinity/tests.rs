@@ -1841,6 +1841,7 @@ fn a_new_conversation_joins_a_busier_holder_with_a_free_slot_once_its_engines_ke
         let decision = f.decide(first);
         assert_eq!(decision.outcome(), Some(Outcome::Sticky));
         assert!(decision.asks_shared_head());
+        assert!(!decision.joins_busier_holder());
     }
     let _in_flight = f.running("east-a", 1);
     // East is busier and nothing is learned yet: they are not crowded in beside a.
@@ -1849,11 +1850,11 @@ fn a_new_conversation_joins_a_busier_holder_with_a_free_slot_once_its_engines_ke
         let decision = f.decide(first);
         assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
         assert!(!decision.asks_shared_head());
+        assert!(!decision.joins_busier_holder());
     }
     // An answer found the head at east: its engines keep shared heads (a host prompt
-    // cache), so a new conversation takes east's free slot and finds the head there.
-    // Sent to a busier holder, it would find the head either way: it
-    // asks nothing.
+    // cache), so a new conversation joins east, takes its free slot and finds the head
+    // there. Sent to a busier holder, it would find the head either way: it asks nothing.
     let verdict = f.affinity.count_shared_head(&east, true).unwrap();
     assert!(verdict.kept && !verdict.kept_before);
     for first in &first_turns {
@@ -1861,13 +1862,17 @@ fn a_new_conversation_joins_a_busier_holder_with_a_free_slot_once_its_engines_ke
         assert_eq!(decision.outcome(), Some(Outcome::Sticky));
         assert_eq!(names(&decision), ["east-a"]);
         assert!(!decision.asks_shared_head());
+        assert!(decision.joins_busier_holder());
         let predicted = predicted_match(&decision).unwrap();
         assert!(!predicted.asks_shared_head());
+        assert!(predicted.joins_busier_holder());
     }
     // East's slots full: by load again.
     let full = f.running("east-a", 1);
     for first in &first_turns {
-        assert_eq!(f.decide(first).outcome(), Some(Outcome::LoadOverride));
+        let decision = f.decide(first);
+        assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+        assert!(!decision.joins_busier_holder());
     }
     drop(full);
     // Engines whose slots are not known (batching) are never joined this way.

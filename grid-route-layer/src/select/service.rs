@@ -16,7 +16,7 @@ use super::InFlightBody;
 use super::future::ResponseFuture;
 use super::pick::{count_in_flight, least_loaded, prefill_bytes};
 use crate::grid::{Cluster, Grid, GridView};
-use crate::metrics::{CLUSTER_LABEL, DECISIONS_TOTAL, SITE_LABEL};
+use crate::metrics::{CLUSTER_LABEL, DECISIONS_TOTAL, SHARED_HEAD_JOINS_TOTAL, SITE_LABEL};
 use crate::route::{
     BoxError, Candidates, NoCandidate, Pinned, Placed, PredictedMatch, Prompt, RequestModel,
     record_on_span,
@@ -208,15 +208,24 @@ where
             CLUSTER_LABEL => Arc::clone(id.name_arc())
         )
         .increment(1);
+        let ext = req.extensions();
+        let predicted = ext.get::<PredictedMatch>();
+        if predicted.is_some_and(PredictedMatch::joins_busier_holder) {
+            metrics::counter!(
+                SHARED_HEAD_JOINS_TOTAL,
+                SITE_LABEL => Arc::clone(id.site().as_arc()),
+                CLUSTER_LABEL => Arc::clone(id.name_arc())
+            )
+            .increment(1);
+        }
         tracing::debug!(
             cluster = %id,
             candidates = allowed.len(),
             in_flight = cluster.load().in_flight(),
             "selected"
         );
-        let ext = req.extensions();
         let keys = ext.get::<Prompt>().and_then(|prompt| prompt.keys().ok());
-        let prefill = prefill_bytes(keys, ext.get::<PredictedMatch>());
+        let prefill = prefill_bytes(keys, predicted);
         // Counted already when affinity placed it here on a free slot; a request placed
         // elsewhere stops counting there.
         let (load, in_flight) = count_in_flight(cluster, ext.get::<Placed>(), prefill, now);

@@ -13,9 +13,10 @@ use tower_test::mock;
 use super::*;
 use crate::grid::{Cluster, ClusterId, Grid, GridSettings, GridSpec};
 use crate::keying::NoKeys;
-use crate::metrics::DECISIONS_TOTAL;
+use crate::metrics::{DECISIONS_TOTAL, SHARED_HEAD_JOINS_TOTAL};
 use crate::route::{
-    BoxError, Candidates, DispatchError, NoCandidate, Pinned, Placed, Prompt, Served,
+    BoxError, Candidates, DispatchError, NoCandidate, Pinned, Placed, PredictedMatch, Prompt,
+    Served,
 };
 use crate::test_support::{MODEL, TestRecorder, grid_spec, poll_once};
 
@@ -628,6 +629,34 @@ fn each_dispatch_counts_a_decision_for_its_site_and_cluster() {
     let (kind, _, help) = recorder.described(DECISIONS_TOTAL).unwrap();
     assert_eq!(kind, metrics_util::MetricKind::Counter);
     assert!(help.unwrap().starts_with("Requests dispatched"));
+}
+
+#[test]
+fn a_first_turn_joining_a_busier_holder_is_counted_where_it_is_sent() {
+    let mut f = three_clusters();
+    f.set_queue("east-b", 0.0);
+    let with = |predicted: PredictedMatch| {
+        let mut req = plain();
+        req.extensions_mut().insert(predicted);
+        req
+    };
+    let recorder = TestRecorder::default();
+    metrics::with_local_recorder(&recorder, || {
+        crate::metrics::describe_metrics();
+        f.route(plain());
+        f.route(with(PredictedMatch::new(8, 2_048)));
+        f.route(with(PredictedMatch::new(8, 2_048).asking_shared_head()));
+        f.route(with(PredictedMatch::new(8, 2_048).joining_busier_holder()));
+    });
+    assert_eq!(
+        recorder.counter(SHARED_HEAD_JOINS_TOTAL, "cluster=east-b,site=east"),
+        1
+    );
+    assert_eq!(recorder.total(SHARED_HEAD_JOINS_TOTAL), 1);
+    assert_eq!(recorder.total(DECISIONS_TOTAL), 4);
+    let (kind, _, help) = recorder.described(SHARED_HEAD_JOINS_TOTAL).unwrap();
+    assert_eq!(kind, metrics_util::MetricKind::Counter);
+    assert!(help.unwrap().starts_with("New conversations' first turns"));
 }
 
 #[test]
