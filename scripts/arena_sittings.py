@@ -43,6 +43,13 @@ the burst by outcome, and how many of each found it cached: whether an engine th
 names as holding a system prompt still holds it when the next conversation behind it
 comes (`sticky`), which is what a host prompt cache changes.
 
+Last, each router's worst run in each sitting, its two halves apart: the lowest cached
+share of its runs, the highest of its runs' p99s (at nearest rank over a run's 86 turns,
+its slowest turn) and what kind of turn that slowest one is (as above: `burst`, `system`,
+`first` or `later`, with its turn number, prompt and cached tokens). Under it, in how many
+sittings grid-route's lowest share is no lower than every peer's lowest, and its highest
+run p99 no higher than every peer's.
+
 Pooling is only meaningful over sittings of the same routing and workload shape; the
 script does not check that, the commands in BENCHMARKS.md do. A sitting whose engines ran
 slower than the others' sets most of the pooled tail.
@@ -202,6 +209,37 @@ def held(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
             print(f"| {name} | {router} | {cells} |")
 
 
+def worst_runs(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
+    """Prints each router's worst run, its two halves apart, and grid-route's tally of
+    each half against the peers (see the module's docs)."""
+    print()
+    print("| sitting | router | lowest cached share | highest run p99 | its slowest turn |")
+    print("|---|---|---:|---:|---|")
+    tally = {"share": 0, "p99": 0, "sittings": 0}
+    for name, runs in sittings:
+        worst: dict[str, tuple[float, float]] = {}
+        for router, its in runs.items():
+            lowest = min(r["cached_share"] for r in its)
+            slowest = max(its, key=lambda r: pct([t["ttft"] for t in r["turns"]], 99))
+            kind, turn = max(kinds_of(slowest, slowest["turns"]), key=lambda kt: kt[1]["ttft"])
+            p99 = pct([t["ttft"] for t in slowest["turns"]], 99)
+            worst[router] = (lowest, p99)
+            print(f"| {name} | {router} | {100 * lowest:.3f}% | {p99:.2f} s | {kind}, "
+                  f"turn {turn['turn'] + 1}, {turn['cached_tokens']}/{turn['prompt_tokens']} "
+                  f"tokens cached, run {slowest['repeat']} |")
+        if OURS not in worst:
+            continue
+        peers = [w for router, w in worst.items() if not router.startswith("grid-")]
+        tally["sittings"] += 1
+        tally["share"] += all(worst[OURS][0] >= w[0] for w in peers)
+        tally["p99"] += all(worst[OURS][1] <= w[1] for w in peers)
+    n = tally["sittings"]
+    print()
+    print(f"{OURS}'s lowest cached share no lower than every peer's lowest: {tally['share']} "
+          f"of {n} sittings; its highest run p99 no higher than every peer's: {tally['p99']} "
+          f"of {n}.")
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -231,6 +269,7 @@ def main() -> None:
     split(sittings)
     tail(sittings)
     held(sittings)
+    worst_runs(sittings)
 
 
 if __name__ == "__main__":
