@@ -13,7 +13,7 @@
 //! | [`Candidates`] | request extension | [`AffinityLayer`] | [`Select`] or the gateway's own balancer |
 //! | [`Outcome`] | request extension | [`AffinityLayer`], when it counted a decision | the gateway (its request log) |
 //! | [`PredictedMatch`] | request extension | [`AffinityLayer`], for a sticky or session request (saying whether it asks for a shared head, or joins a busier holder of one) | [`FeedbackLayer`], [`Select`] (the prompt it prefills; the joins it counts) |
-//! | [`Placed`] | request extension | [`AffinityLayer`], for a new conversation it placed on a free slot | [`Select`] (takes over its count in flight) |
+//! | [`Placed`] | request extension | [`AffinityLayer`], for a new conversation it placed on a free slot (a placement or a join) | [`Select`] (takes over its count in flight) |
 //! | [`Served`] | response extension | [`Select`] or the gateway's own balancer | [`ConfirmLayer`], [`PinLayer`], [`FeedbackLayer`] |
 //! | [`DispatchError`] | error (in the chain) | [`Select`] or the gateway's own balancer | [`ConfirmLayer`] |
 //! | [`NoCandidate`] | error | [`Select`] | the gateway (404 when no cluster serves the model, else 503) |
@@ -391,16 +391,17 @@ impl PredictedMatch {
 }
 
 /// A new conversation [`AffinityLayer`](crate::affinity::AffinityLayer) placed on a free
-/// slot, already counted in flight at that cluster
-/// ([`Decision::placed`](crate::affinity::Decision::placed)).
+/// slot (by the free-slot rule, or joining a busier holder of its shared head), already
+/// counted in flight at that cluster ([`Decision::placed`](crate::affinity::Decision::placed)).
 ///
 /// Why counted at the decision and not at dispatch: the free-slot rule reads every
 /// cluster's requests in flight, and an opening burst's requests, keyed off the async
 /// threads, reach it within microseconds of each other. Counted only once [`Select`]
 /// dispatched them, two placed at once both saw the same free slot, and a two-slot engine
 /// got three long first turns while another had a slot free (an arena run: the third
-/// waited 24.7 s for its first token). The placement takes the count under the lock the
-/// rule reads under; [`Select`] takes it over ([`take_for`](Self::take_for)) and counts
+/// waited 24.7 s for its first token). A new conversation joining a busier holder of its
+/// shared head reads that holder's free slot the same way. The placement takes the count
+/// under the lock the rule reads under; [`Select`] takes it over ([`take_for`](Self::take_for)) and counts
 /// nothing twice. Dropped unused (the request failed before dispatch, or was sent
 /// elsewhere), it stops counting.
 ///

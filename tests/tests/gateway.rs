@@ -1052,6 +1052,15 @@ async fn newcomer_beside_a_busier_holder(prefix: &'static str, found: bool) -> S
     })
     .await;
     let newcomer = first_turn("a newcomer", "1280", false).await;
+    // Answered, the newcomer counts nowhere: a join counted in flight at its decision is
+    // taken over by the balancer, not counted twice or left behind.
+    eventually("the newcomer counts nowhere once answered", || async {
+        (
+            in_flight_at(&gateway, east.1),
+            in_flight_at(&gateway, west.1),
+        ) == (1, 0)
+    })
+    .await;
     // A join is counted where it was sent; a first turn that went by load is not.
     let joins = |(site, cluster): (&str, &str)| {
         let series =

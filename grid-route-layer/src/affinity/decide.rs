@@ -14,7 +14,7 @@ use super::settings::{AffinitySettings, MIN_STICKY_DEPTH, STICKY_MATCH_BYTES};
 use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
 use crate::keying::{PrefixKeys, SessionKey};
-use crate::route::Placed;
+use crate::route::{Placed, PredictedMatch};
 use crate::select::{count_in_flight, load_rank, prefill_bytes};
 
 /// What affinity decided for a request, the `outcome` label of
@@ -341,8 +341,9 @@ impl Affinity {
     ///   still, and the conversation outgrows it within a turn or two. Except where a
     ///   busier holder has a free slot and its engines [keep shared
     ///   heads](Self::keeps_shared_heads) (a host prompt cache, learned from answers): the
-    ///   request stays [`Outcome::Sticky`] with those holders alone, where it finds the
-    ///   head (what it may cost a live conversation there: the module's step 3). Such
+    ///   request stays [`Outcome::Sticky`] with the least loaded of those holders alone,
+    ///   counted in flight there at once ([`Decision::placed`]), and finds the head there
+    ///   (what it may cost a live conversation there: the module's step 3). Such
     ///   a first turn stuck to a holder no busier than the others
     ///   [asks](Decision::asks_shared_head) whether the head was kept;
     /// - a sticky prefix match wins. Otherwise, with
@@ -431,9 +432,9 @@ impl Affinity {
         if narrowing.outcome == Outcome::NoMatch {
             (candidates, placed) =
                 self.place_unmatched(&settings, outcome, &candidates, keys, &depths, now);
-        } else if let Some(joinable) = first_turn.joins {
-            let mut joins = joinable.into_iter();
-            candidates.retain(|_| joins.next() == Some(true));
+        } else if let Some((at, counted)) = first_turn.joins {
+            candidates = vec![Arc::clone(&candidates[at])];
+            placed = Some(counted);
         } else {
             let mut depth = depths.iter();
             candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
@@ -496,9 +497,9 @@ impl Affinity {
 
     /// A new conversation behind a short shared head (see [`decide`](Self::decide)): turns
     /// a sticky `narrowing` at a busier holder into [`Outcome::LoadOverride`], unless some
-    /// busier holder has a free slot and keeps shared heads, and says which holders it
-    /// may join and whether its answer teaches the tally. Any other request is left as
-    /// it is.
+    /// busier holder has a free slot and keeps shared heads, and says which one it joins
+    /// (the least loaded, counted in flight there under the lock the free-slot rule takes)
+    /// and whether its answer teaches the tally. Any other request is left as it is.
     #[allow(clippy::too_many_arguments)]
     fn first_turn(
         &self,
@@ -519,20 +520,33 @@ impl Affinity {
             return first;
         }
         if narrowing.holder_busier {
-            let joinable: Vec<bool> = candidates
+            // The slots are read and the join counted in flight under the lock a free-slot
+            // placement takes (see `Placed`): two newcomers in one burst would otherwise
+            // both see the same free slot and both join it.
+            let placements = self.placed.at(now);
+            let joins = candidates
                 .iter()
                 .zip(depths)
-                .map(|(c, &depth)| {
+                .enumerate()
+                .filter(|&(_, (c, &depth))| {
                     depth == narrowing.deepest
                         && c.load().free_slot(now) == Some(true)
                         && self.heads.kept(c.id())
                 })
-                .collect();
-            if joinable.contains(&true) {
-                first.joins = Some(joinable);
+                .map(|(at, (c, _))| (load_rank(c, now), at))
+                .min_by(|(a, i), (b, j)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(i.cmp(j)))
+                .map(|(_, at)| at);
+            if let Some(at) = joins {
+                let cluster = &candidates[at];
+                let held =
+                    PredictedMatch::new(narrowing.deepest, keys.covered_bytes(narrowing.deepest));
+                let prefill = prefill_bytes(Some(keys), Some(&held));
+                let (load, in_flight) = count_in_flight(cluster, None, prefill, now);
+                first.joins = Some((at, Placed::new(cluster.id().clone(), load, in_flight)));
             } else {
                 narrowing.outcome = Outcome::LoadOverride;
             }
+            drop(placements);
         } else {
             // Sent under the rule that does not crowd: its answer says whether the holder
             // kept the head. One that joined a busier holder would find it in a live
@@ -613,9 +627,9 @@ impl Affinity {
 /// What [`Affinity::first_turn`] decided for a new conversation behind a short shared head.
 #[derive(Default)]
 struct FirstTurn {
-    /// Which candidates it may join (busier holders with a free slot that keep shared
-    /// heads), when it joins any.
-    joins: Option<Vec<bool>>,
+    /// The candidate it joins (the least loaded of the busier holders with a free slot
+    /// that keep shared heads), when it joins one, and its count in flight there.
+    joins: Option<(usize, Placed)>,
     /// Whether its answer tells if its holder kept the head.
     asks_shared_head: bool,
 }
@@ -992,10 +1006,11 @@ impl Decision {
         self.clusters
     }
 
-    /// A new conversation the free-slot rule placed on one cluster (a free slot's, or with
-    /// none free the one least loaded): the cluster that stays, where the request already
-    /// counts in flight until the balancer takes the count over ([`Placed::take_for`]) or
-    /// the decision and its clones are dropped.
+    /// A new conversation placed on one cluster: by the free-slot rule (a free slot's, or
+    /// with none free the one least loaded), or joining a busier holder of its shared head
+    /// at its free slot. The cluster that stays, where the request already counts in
+    /// flight until the balancer takes the count over ([`Placed::take_for`]) or the
+    /// decision and its clones are dropped.
     pub fn placed(&self) -> Option<&Placed> {
         self.placed.as_ref()
     }

@@ -76,8 +76,9 @@
 //!    turn. A longer head is the gate's to weigh: its prefill is worth saving wherever it
 //!    lives. Except where a busier holder has a free slot (its engines' slots known) and
 //!    its engines keep shared heads ([`Affinity::keeps_shared_heads`]: a host prompt
-//!    cache, learned from answers): the request stays [`Outcome::Sticky`] with those
-//!    holders alone: it finds the head there. A live conversation whose idle slot it
+//!    cache, learned from answers): the request stays [`Outcome::Sticky`] with the least
+//!    loaded of those holders alone, counted in flight there at once as a placement on a
+//!    free slot is (step 2), and finds the head there. A live conversation whose idle slot it
 //!    takes loses nothing if it does not share the head (llama.cpp saves its prompt to the
 //!    cache first and restores it at its next turn) and its history past the head if it
 //!    does (docs/architecture.md, step 3). A first turn stuck to a holder no busier than

@@ -70,7 +70,8 @@ impl<S> AffinityService<S> {
 
     /// The candidates, the outcome when the request was a counted decision, the
     /// predicted match when it is sticky or a session's ([`predicted_match`]), and the
-    /// count in flight of a new conversation placed on a free slot ([`Placed`]).
+    /// count in flight of a new conversation placed on a free slot ([`Placed`]: by the
+    /// free-slot rule or joining a busier holder).
     fn candidates<B>(
         &self,
         req: &Request<B>,

@@ -1857,6 +1857,7 @@ fn a_new_conversation_joins_a_busier_holder_with_a_free_slot_once_its_engines_ke
     // there. Sent to a busier holder, it would find the head either way: it asks nothing.
     let verdict = f.affinity.count_shared_head(&east, true).unwrap();
     assert!(verdict.kept && !verdict.kept_before);
+    let in_flight = || f.cluster("east-a").load().in_flight();
     for first in &first_turns {
         let decision = f.decide(first);
         assert_eq!(decision.outcome(), Some(Outcome::Sticky));
@@ -1866,6 +1867,18 @@ fn a_new_conversation_joins_a_busier_holder_with_a_free_slot_once_its_engines_ke
         let predicted = predicted_match(&decision).unwrap();
         assert!(!predicted.asks_shared_head());
         assert!(predicted.joins_busier_holder());
+        // It counts in flight at east from the decision on, as a free-slot placement
+        // does: another newcomer decided before it is sent finds east's slots full.
+        assert_eq!(decision.placed().unwrap().cluster(), &east);
+        assert_eq!(in_flight(), 2);
+        for other in &first_turns {
+            let next = f.decide(other);
+            assert_eq!(next.outcome(), Some(Outcome::LoadOverride));
+            assert!(!next.joins_busier_holder() && next.placed().is_none());
+        }
+        // Dropped unsent, it stops counting.
+        drop(decision);
+        assert_eq!(in_flight(), 1);
     }
     // East's slots full: by load again.
     let full = f.running("east-a", 1);
@@ -1886,6 +1899,43 @@ fn a_new_conversation_joins_a_busier_holder_with_a_free_slot_once_its_engines_ke
     assert!(!verdict.kept && verdict.kept_before);
     for first in &first_turns {
         assert_eq!(f.decide(first).outcome(), Some(Outcome::LoadOverride));
+    }
+}
+
+#[test]
+fn new_conversations_deciding_at_once_from_many_threads_join_a_holder_only_while_it_has_a_free_slot()
+ {
+    let SharedHead { f, first_turns, .. } = shared_head_at_slow_east(16);
+    for name in ["east-a", "west-a"] {
+        f.set_slots(name, Some(2));
+    }
+    let east = f.id("east-a");
+    f.affinity.count_shared_head(&east, true).unwrap();
+    // One of east's two slots busy: room for one newcomer beside it.
+    let _in_flight = f.running("east-a", 1);
+    let newcomer = &first_turns[1];
+    for _ in 0..50 {
+        let start = std::sync::Barrier::new(6);
+        let burst: Vec<Decision> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..6)
+                .map(|_| {
+                    let (f, start) = (&f, &start);
+                    scope.spawn(move || {
+                        start.wait();
+                        f.decide(newcomer)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let joined = burst.iter().filter(|d| d.joins_busier_holder()).count();
+        assert_eq!(joined, 1);
+        assert_eq!(f.cluster("east-a").load().in_flight(), 2);
+        let by_load = burst
+            .iter()
+            .filter(|d| d.outcome() == Some(Outcome::LoadOverride))
+            .count();
+        assert_eq!(by_load, 5);
     }
 }
 
