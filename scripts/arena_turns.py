@@ -9,7 +9,11 @@ turn's shortfall against it is counted by its outcome, whether the conversation 
 its engine or moved, and the load it met: the other turns in flight at that engine when it
 was sent (a turn ends when its conversation's next one is sent; a conversation's last turn
 one second after its first token, which is not logged). First turns add what they found
-cached (a shared system prompt). Last, the run's five slowest turns by time to first token.
+cached (a shared system prompt). Then each later turn that stayed on its engine and found
+under half of the prompt of its turn before (its slot was taken), with the new
+conversations' first turns sent to that engine from its turn before until a second after
+it (the likely takers, with their send time against its own). Last, the run's five
+slowest turns by time to first token.
 
     python3 scripts/arena_turns.py OUT RUN        # say target/arena-s21 grid-defaults-pck-1
 
@@ -120,6 +124,22 @@ def main() -> None:
     print(f"{moved} of {len(by_conversation)} conversations answered on more than one engine; "
           f"{sum(busier.values())} of {len(by_conversation)} started on an engine with more live conversations than another"
           + (f" ({', '.join(f'{o} {n}' for o, n in sorted(busier.items()))})" if busier else ""))
+    # A later turn that stayed on its engine but found under half of its turn before: its
+    # slot went to another prompt. The new conversations sent to that engine since its turn
+    # before are the likely takers (llama.cpp gives a new request the idle slot sharing the
+    # longest prefix with it).
+    for rs in by_conversation.values():
+        rs = sorted(rs, key=lambda r: r["turn"])
+        for a, b in zip(rs, rs[1:]):
+            if a["site"] != b["site"] or 2 * b["cached_tokens"] >= a["prompt_tokens"]:
+                continue
+            takers = [o for o in rows if o["turn"] == 0 and o["site"] == b["site"]
+                      and a["sent_at"] < o["sent_at"] < b["sent_at"] + 1]
+            print(f"lost its slot: {b['conversation']} turn {b['turn'] + 1} {b['site']} "
+                  f"{b['cached_tokens']}/{b['prompt_tokens']} ({b['ttft']:.1f} s); first turns sent there since "
+                  f"its turn before: " + (", ".join(
+                      f"{o['conversation']} {o['sent_at'] - b['sent_at']:+.2f} s {o['outcome']} "
+                      f"{o['cached_tokens']}/{o['prompt_tokens']}" for o in takers) or "none"))
     slowest = sorted(rows, key=lambda r: r["ttft"], reverse=True)[:5]
     print("slowest turns (TTFT, turn, engine, outcome, cached/prompt tokens): " + " | ".join(
         f"{r['ttft']:.1f} s turn {r['turn'] + 1} {r['site']} {r['outcome']} {r['cached_tokens']}/{r['prompt_tokens']}"
