@@ -518,24 +518,33 @@ fn on_slot_engines_new_conversations_placed_before_any_is_sent_take_distinct_fre
     );
 }
 
+/// Each of `prompts` decided on a thread of its own, all released at once: a burst that
+/// reaches the rule within microseconds.
+fn decided_at_once(f: &Fixture, prompts: &[Prompt]) -> Vec<Decision> {
+    let start = std::sync::Barrier::new(prompts.len());
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = prompts
+            .iter()
+            .map(|prompt| {
+                let start = &start;
+                scope.spawn(move || {
+                    start.wait();
+                    f.decide(prompt)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
+
 #[test]
 fn on_slot_engines_new_conversations_placed_at_once_from_many_threads_never_overfill_an_engine() {
     let f = three_slot_sites();
     for _ in 0..50 {
-        let start = std::sync::Barrier::new(6);
-        let burst: Vec<Decision> = std::thread::scope(|scope| {
-            let threads: Vec<_> = (0..6)
-                .map(|i| {
-                    let (f, start) = (&f, &start);
-                    scope.spawn(move || {
-                        let prompt = stranger(f, &format!("burst {i}"), 20);
-                        start.wait();
-                        f.decide(&prompt)
-                    })
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().unwrap()).collect()
-        });
+        let prompts: Vec<Prompt> = (0..6)
+            .map(|i| stranger(&f, &format!("burst {i}"), 20))
+            .collect();
+        let burst = decided_at_once(&f, &prompts);
         for name in ["east-a", "west-a", "north-a"] {
             let got = burst.iter().filter(|d| names(d) == [name]).count();
             assert_eq!(got, 2, "{name}");
@@ -1914,20 +1923,9 @@ fn new_conversations_deciding_at_once_from_many_threads_join_a_holder_only_while
     // One of east's two slots busy: room for one newcomer beside it.
     let _in_flight = f.running("east-a", 1);
     let newcomer = &first_turns[1];
+    let newcomers = vec![newcomer.clone(); 6];
     for _ in 0..50 {
-        let start = std::sync::Barrier::new(6);
-        let burst: Vec<Decision> = std::thread::scope(|scope| {
-            let threads: Vec<_> = (0..6)
-                .map(|_| {
-                    let (f, start) = (&f, &start);
-                    scope.spawn(move || {
-                        start.wait();
-                        f.decide(newcomer)
-                    })
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().unwrap()).collect()
-        });
+        let burst = decided_at_once(&f, &newcomers);
         let joined = burst.iter().filter(|d| d.joins_busier_holder()).count();
         assert_eq!(joined, 1);
         assert_eq!(f.cluster("east-a").load().in_flight(), 2);
