@@ -8,7 +8,8 @@ cached, so the run's ceiling from history is the sum of those over all prompt to
 turn's shortfall against it is counted by its outcome, whether the conversation stayed on
 its engine or moved, and the load it met: the other turns in flight at that engine when it
 was sent (a turn ends when its conversation's next one is sent; a conversation's last turn
-one second after its first token, which is not logged). First turns add what they found
+one second after its first token, which is not logged); then how much of that shortfall
+is in turns that lost their slot (below). First turns add what they found
 cached (a shared system prompt). Then each later turn that stayed on its engine and found
 under half of the prompt of its turn before (its slot was taken), with the new
 conversations' first turns sent to that engine from its turn before until a second after
@@ -63,6 +64,12 @@ def turns(out: Path, run: str) -> list[dict]:
     return rows
 
 
+def lost_its_slot(before: dict, turn: dict) -> bool:
+    """Whether `turn` stayed on the engine of the turn `before` it yet found under half of
+    that turn's prompt cached: another prompt took its slot."""
+    return turn["site"] == before["site"] and 2 * turn["cached_tokens"] < before["prompt_tokens"]
+
+
 def losses(rows: list[dict], by_conversation: dict[str, list[dict]]) -> None:
     ends = {}
     for rs in by_conversation.values():
@@ -77,6 +84,7 @@ def losses(rows: list[dict], by_conversation: dict[str, list[dict]]) -> None:
     lost: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
     found: collections.Counter[str] = collections.Counter()
+    slot_lost = 0
     for rs in by_conversation.values():
         rs = sorted(rs, key=lambda r: r["turn"])
         found[rs[0]["outcome"]] += rs[0]["cached_tokens"]
@@ -86,12 +94,16 @@ def losses(rows: list[dict], by_conversation: dict[str, list[dict]]) -> None:
             kind = f"{'moved' if a['site'] != b['site'] else 'stayed'}, {b['outcome']}, load {load[id(b)]}"
             lost[kind] += max(0, best - b["cached_tokens"])
             count[kind] += 1
+            if lost_its_slot(a, b):
+                slot_lost += max(0, best - b["cached_tokens"])
     cached = sum(r["cached_tokens"] for r in rows)
     print(f"cached {100 * cached / total:.1f}% of {total} prompt tokens; the ceiling from history is "
           f"{100 * ceiling / total:.1f}%")
     for kind, tokens in sorted(lost.items(), key=lambda kv: -kv[1]):
         if tokens:
             print(f"  lost {100 * tokens / total:4.1f} points in {count[kind]} later turns ({kind})")
+    print(f"  of all later turns' losses, {100 * slot_lost / total:.1f} points in turns that lost their slot "
+          f"(stayed on their engine and found under half of their turn before)")
     for outcome, tokens in sorted(found.items(), key=lambda kv: -kv[1]):
         if tokens:
             print(f"  found {100 * tokens / total:4.1f} points in first turns ({outcome})")
@@ -131,7 +143,7 @@ def main() -> None:
     for rs in by_conversation.values():
         rs = sorted(rs, key=lambda r: r["turn"])
         for a, b in zip(rs, rs[1:]):
-            if a["site"] != b["site"] or 2 * b["cached_tokens"] >= a["prompt_tokens"]:
+            if not lost_its_slot(a, b):
                 continue
             takers = [o for o in rows if o["turn"] == 0 and o["site"] == b["site"]
                       and a["sent_at"] < o["sent_at"] < b["sent_at"] + 1]
