@@ -15,7 +15,7 @@ use crate::grid::{Cluster, ClusterId};
 use crate::index::PrefixIndex;
 use crate::keying::{PrefixKeys, SessionKey};
 use crate::route::{Placed, PredictedMatch};
-use crate::select::{count_in_flight, load_rank, prefill_bytes};
+use crate::select::{count_in_flight, least_loaded, load_rank, prefill_bytes};
 
 /// What affinity decided for a request, the `outcome` label of
 /// `grid_route_prefix_affinity_total`.
@@ -432,8 +432,8 @@ impl Affinity {
         if narrowing.outcome == Outcome::NoMatch {
             (candidates, placed) =
                 self.place_unmatched(&settings, outcome, &candidates, keys, &depths, now);
-        } else if let Some((at, counted)) = first_turn.joins {
-            candidates = vec![Arc::clone(&candidates[at])];
+        } else if let Some((joined, counted)) = first_turn.joins {
+            candidates = vec![joined];
             placed = Some(counted);
         } else {
             let mut depth = depths.iter();
@@ -524,25 +524,19 @@ impl Affinity {
             // placement takes (see `Placed`): two newcomers in one burst would otherwise
             // both see the same free slot and both join it.
             let placements = self.placed.at(now);
-            let joins = candidates
-                .iter()
-                .zip(depths)
-                .enumerate()
-                .filter(|&(_, (c, &depth))| {
-                    depth == narrowing.deepest
-                        && c.load().free_slot(now) == Some(true)
-                        && self.heads.kept(c.id())
-                })
-                .map(|(at, (c, _))| (load_rank(c, now), at))
-                .min_by(|(a, i), (b, j)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(i.cmp(j)))
-                .map(|(_, at)| at);
-            if let Some(at) = joins {
-                let cluster = &candidates[at];
+            let joinable = candidates.iter().zip(depths).filter(|&(c, &depth)| {
+                depth == narrowing.deepest
+                    && c.load().free_slot(now) == Some(true)
+                    && self.heads.kept(c.id())
+            });
+            // The one `Select` would pick among them, ties to the first.
+            if let Some(cluster) = least_loaded(joinable.map(|(c, _)| c), now, 0) {
                 let held =
                     PredictedMatch::new(narrowing.deepest, keys.covered_bytes(narrowing.deepest));
                 let prefill = prefill_bytes(Some(keys), Some(&held));
                 let (load, in_flight) = count_in_flight(cluster, None, prefill, now);
-                first.joins = Some((at, Placed::new(cluster.id().clone(), load, in_flight)));
+                let counted = Placed::new(cluster.id().clone(), load, in_flight);
+                first.joins = Some((Arc::clone(cluster), counted));
             } else {
                 narrowing.outcome = Outcome::LoadOverride;
             }
@@ -629,7 +623,7 @@ impl Affinity {
 struct FirstTurn {
     /// The candidate it joins (the least loaded of the busier holders with a free slot
     /// that keep shared heads), when it joins one, and its count in flight there.
-    joins: Option<(usize, Placed)>,
+    joins: Option<(Arc<Cluster>, Placed)>,
     /// Whether its answer tells if its holder kept the head.
     asks_shared_head: bool,
 }
