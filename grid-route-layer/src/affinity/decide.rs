@@ -317,6 +317,36 @@ impl Affinity {
         self.heads.kept(cluster)
     }
 
+    /// Whether a new conversation sent to `cluster` now would likely take a live
+    /// conversation's slot and push its prompt out for good: every free slot there just
+    /// went idle ([`ClusterLoad::slot_just_freed`](crate::grid::ClusterLoad::slot_just_freed)),
+    /// and its engines were seen to lose a shared head from their idle slots (the `heads`
+    /// module; with a host cache the pushed-out prompt comes back, and the slot is
+    /// worth taking).
+    fn just_freed(&self, cluster: &Cluster, now: Instant) -> bool {
+        cluster.load().slot_just_freed(now) && self.heads.lost(cluster.id())
+    }
+
+    /// `candidates` without those whose slots [just freed](Self::just_freed) when another
+    /// has a free slot that did not: for a request going by load, which takes whichever
+    /// slot is idle. All of them otherwise.
+    fn spare_just_freed(
+        &self,
+        mut candidates: Vec<Arc<Cluster>>,
+        now: Instant,
+    ) -> Vec<Arc<Cluster>> {
+        let freed: Vec<bool> = candidates.iter().map(|c| self.just_freed(c, now)).collect();
+        let elsewhere = candidates
+            .iter()
+            .zip(&freed)
+            .any(|(c, &freed)| !freed && c.load().free_slot(now) == Some(true));
+        if elsewhere && freed.contains(&true) {
+            let mut freed = freed.into_iter();
+            candidates.retain(|_| !freed.next().unwrap_or(false));
+        }
+        candidates
+    }
+
     /// The whole affinity rule for one request.
     ///
     /// `candidates` are the admitted clusters serving the request's model
@@ -372,6 +402,7 @@ impl Affinity {
         }
         let session = session.filter(|_| settings.session_affinity());
         if keys.is_none() && session.is_none() {
+            let candidates = self.spare_just_freed(candidates, now);
             return Decision::undecided(Some(Outcome::NotApplicable), candidates);
         }
         // A conversation's later turn matches its own history beyond any shared head: no
@@ -381,6 +412,7 @@ impl Affinity {
             && (settings.explores_continuations()
                 || !keys.is_some_and(PrefixKeys::continues_conversation))
         {
+            let candidates = self.spare_just_freed(candidates, now);
             return Decision::undecided(Some(Outcome::Exploration), candidates);
         }
         let Some(keys) = keys else {
@@ -429,9 +461,14 @@ impl Affinity {
         }
         let mut placed = None;
         let joins_busier_holder = first_turn.joins.is_some() && outcome == Outcome::Sticky;
-        if narrowing.outcome == Outcome::NoMatch {
+        if narrowing.outcome == Outcome::NoMatch || first_turn.placed_away {
+            let as_unmatched = if first_turn.placed_away {
+                Outcome::NoMatch
+            } else {
+                outcome
+            };
             (candidates, placed) =
-                self.place_unmatched(&settings, outcome, &candidates, keys, &depths, now);
+                self.place_unmatched(&settings, as_unmatched, &candidates, keys, &depths, now);
         } else if let Some((joined, counted)) = first_turn.joins {
             candidates = vec![joined];
             placed = Some(counted);
@@ -542,6 +579,27 @@ impl Affinity {
             }
             drop(placements);
         } else {
+            // A head whose every holder's free slots just went idle is likely held only by
+            // the live conversations those slots ran, and taking one pushes that
+            // conversation's prompt out. With a free slot elsewhere that did not, the
+            // newcomer is placed as a prompt matching nothing (the free-slot rule); the
+            // head's prefill is what it pays.
+            let mut holders = candidates
+                .iter()
+                .zip(depths)
+                .filter(|&(_, &depth)| depth == narrowing.deepest);
+            let elsewhere = || {
+                candidates.iter().zip(depths).any(|(c, &depth)| {
+                    depth != narrowing.deepest
+                        && c.load().free_slot(now) == Some(true)
+                        && !self.just_freed(c, now)
+                })
+            };
+            if holders.all(|(c, _)| self.just_freed(c, now)) && elsewhere() {
+                narrowing.outcome = Outcome::LoadOverride;
+                first.placed_away = true;
+                return first;
+            }
             // Sent under the rule that does not crowd: its answer says whether the holder
             // kept the head. One that joined a busier holder would find it in a live
             // conversation's idle slot either way.
@@ -626,6 +684,10 @@ struct FirstTurn {
     joins: Option<(Arc<Cluster>, Placed)>,
     /// Whether its answer tells if its holder kept the head.
     asks_shared_head: bool,
+    /// Every holder's free slots [just freed](Affinity::just_freed) and another candidate
+    /// has a free slot that did not: placed as a prompt that matches nothing, with the
+    /// outcome `load_override`.
+    placed_away: bool,
 }
 
 /// What the session step found: the cluster that last answered the session, the prompt it
@@ -745,8 +807,10 @@ impl Affinity {
                 };
                 let prefill = prefill_bytes(Some(keys), None);
                 let held_back = self.held_back(settings, candidates, &free, prefill);
-                let chosen = Self::freest_slot(candidates, &free, &held_back, depth, room, now)
-                    .map_or_else(|| self.roomiest(candidates, depths, now), |at| vec![at]);
+                let freed: Vec<bool> = candidates.iter().map(|c| self.just_freed(c, now)).collect();
+                let chosen =
+                    Self::freest_slot(candidates, &free, &held_back, &freed, depth, room, now)
+                        .map_or_else(|| self.roomiest(candidates, depths, now), |at| vec![at]);
                 if let &[at] = chosen.as_slice() {
                     let cluster = &candidates[at];
                     if self.index.knows(cluster.id()) {
@@ -830,18 +894,20 @@ impl Affinity {
         candidates: &[Arc<Cluster>],
         free: &[bool],
         held_back: &[bool],
+        freed: &[bool],
         depth: impl Fn(usize) -> usize,
         room: impl Fn(&ClusterId) -> f64,
         now: Instant,
     ) -> Option<usize> {
-        type Rank = (std::cmp::Reverse<usize>, bool, f64, f64, u64, usize);
+        type Rank = (std::cmp::Reverse<usize>, bool, bool, f64, f64, u64, usize);
         let order = |a: &Rank, b: &Rank| {
             a.0.cmp(&b.0)
                 .then(a.1.cmp(&b.1))
-                .then(a.2.total_cmp(&b.2))
+                .then(a.2.cmp(&b.2))
                 .then(a.3.total_cmp(&b.3))
-                .then(a.4.cmp(&b.4))
+                .then(a.4.total_cmp(&b.4))
                 .then(a.5.cmp(&b.5))
+                .then(a.6.cmp(&b.6))
         };
         (0..candidates.len())
             .filter(|&i| free[i])
@@ -852,6 +918,7 @@ impl Affinity {
                 let rank: Rank = (
                     std::cmp::Reverse(depth(i)),
                     held_back[i],
+                    freed[i],
                     room(c.id()),
                     load,
                     prefill,

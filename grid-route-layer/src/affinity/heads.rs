@@ -120,6 +120,16 @@ impl SharedHeads {
         verdict(&self.lock(), cluster)
     }
 
+    /// Whether `cluster`'s engines were seen to lose shared heads: not
+    /// [`kept`](Self::kept), on at least one answer counted (there or, while it counts
+    /// under [`OWN_SHARED_HEAD_ANSWERS`], anywhere). Such engines lose whatever prompt a
+    /// new conversation pushes out of a slot, a live conversation's too; nothing counted
+    /// says neither.
+    pub(crate) fn lost(&self, cluster: &ClusterId) -> bool {
+        let by_cluster = self.lock();
+        by_cluster.values().any(|t| t.answers > 0) && !verdict(&by_cluster, cluster)
+    }
+
     /// Keeps only the clusters `keep` accepts (a reload removed the others).
     pub(crate) fn retain(&self, keep: impl Fn(&ClusterId) -> bool) {
         self.lock().retain(|cluster, _| keep(cluster));

@@ -61,8 +61,31 @@ pub struct ClusterLoad {
     /// The prompt bytes the requests of `in_flight` still waiting for their first token
     /// were sent to prefill.
     prefill_waiting: Arc<AtomicU64>,
+    /// When the last answers ended here (the most recent last, at most [`ENDS_KEPT`]).
+    last_answer_end: Arc<Mutex<VecDeque<Instant>>>,
     /// In the cluster's endpoint order.
     endpoints: Box<[Arc<EndpointLoad>]>,
+}
+
+/// How long after an answer ends the slot it ran in counts as just freed
+/// ([`ClusterLoad::slot_just_freed`]): the conversation it answered may be about to send
+/// its next turn there. Clients that send the next turn as soon as an answer ends (the
+/// arena's, agents' tool loops) send it within milliseconds: in BENCHMARKS.md's slot-loss
+/// table every new conversation that took a live one's slot reached the engine within
+/// 0.07 s of the answer's end. A person typing takes seconds, which no window short
+/// enough to leave slots usable covers.
+pub const SLOT_RECLAIM_WINDOW: Duration = Duration::from_millis(500);
+
+/// How many answer ends a cluster keeps: more than any engine's slots.
+const ENDS_KEPT: usize = 64;
+
+/// Records that an answer ended at `at`, forgetting the oldest past [`ENDS_KEPT`].
+fn record_end(ends: &Mutex<VecDeque<Instant>>, at: Instant) {
+    let mut ends = ends.lock().unwrap_or_else(PoisonError::into_inner);
+    if ends.len() == ENDS_KEPT {
+        ends.pop_front();
+    }
+    ends.push_back(at);
 }
 
 pub(super) struct EndpointLoad {
@@ -83,6 +106,7 @@ impl ClusterLoad {
             in_flight: Arc::new(AtomicUsize::new(0)),
             streaming: Arc::new(AtomicUsize::new(0)),
             prefill_waiting: Arc::new(AtomicU64::new(0)),
+            last_answer_end: Arc::new(Mutex::new(VecDeque::new())),
             endpoints: endpoints
                 .iter()
                 .map(|url| Arc::new(EndpointLoad::new(Arc::clone(url))))
@@ -99,6 +123,7 @@ impl ClusterLoad {
             in_flight: Arc::clone(&self.in_flight),
             streaming: Arc::clone(&self.streaming),
             prefill_waiting: Arc::clone(&self.prefill_waiting),
+            last_answer_end: Arc::clone(&self.last_answer_end),
             endpoints: endpoints
                 .iter()
                 .map(|url| match self.endpoint(url) {
@@ -222,6 +247,31 @@ impl ClusterLoad {
     /// (an unmeasured cluster among them).
     pub fn free_slot(&self, now: Instant) -> Option<bool> {
         self.free_slot_given(self.in_flight(), self.queue_depth(now))
+    }
+
+    /// Whether this cluster's engines have slots, some free, and as many answers ended
+    /// here in the last [`SLOT_RECLAIM_WINDOW`] as there are free slots: every free slot
+    /// may hold a conversation whose next turn is on its way. A new conversation that
+    /// takes such a slot first pushes that conversation's prompt out (llama.cpp gives it
+    /// the idle slot sharing the most with its prompt, else the least recently used).
+    /// `false` where slots are not known.
+    pub fn slot_just_freed(&self, now: Instant) -> bool {
+        let Some(slots) = self.slots() else {
+            return false;
+        };
+        let free = slots.saturating_sub(self.in_flight());
+        free > 0 && self.answers_ended_within(SLOT_RECLAIM_WINDOW, now) >= free
+    }
+
+    /// How many answers ended here less than `window` before `now`.
+    fn answers_ended_within(&self, window: Duration, now: Instant) -> usize {
+        let ends = self
+            .last_answer_end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        ends.iter()
+            .filter(|&&end| end <= now && now.duration_since(end) < window)
+            .count()
     }
 
     /// Records that the endpoint at `url` runs `slots` requests at once, as llama.cpp's
@@ -365,8 +415,10 @@ impl ClusterLoad {
             count: Arc::clone(&self.in_flight),
             streaming: Arc::clone(&self.streaming),
             prefill_waiting: Arc::clone(&self.prefill_waiting),
+            last_answer_end: Arc::clone(&self.last_answer_end),
             prefill_bytes: bytes,
             streams: false,
+            ended_at: None,
         }
     }
 }
@@ -392,12 +444,23 @@ pub struct InFlight {
     count: Arc<AtomicUsize>,
     streaming: Arc<AtomicUsize>,
     prefill_waiting: Arc<AtomicU64>,
+    last_answer_end: Arc<Mutex<VecDeque<Instant>>>,
     /// What this request added to `prefill_waiting` until its first token.
     prefill_bytes: u64,
     streams: bool,
+    /// When its answer ended, if not at the drop ([`end_at`](Self::end_at)).
+    ended_at: Option<Instant>,
 }
 
 impl InFlight {
+    /// Ends the request as if its answer had ended at `at` rather than now, for a clock
+    /// of its own (`grid-route-simulate`'s): an answer that came
+    /// ([`first_token`](Self::first_token)) counts as ended at `at` for
+    /// [`ClusterLoad::slot_just_freed`].
+    pub fn end_at(mut self, at: Instant) {
+        self.ended_at = Some(at);
+    }
+
     /// Whether [`first_token`](Self::first_token) was called.
     pub fn has_first_token(&self) -> bool {
         self.streams
@@ -421,6 +484,11 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         if self.streams {
             self.streaming.fetch_sub(1, Ordering::Relaxed);
+            // Its slot, if the engine has slots, is free from now: the answer's end.
+            record_end(
+                &self.last_answer_end,
+                self.ended_at.unwrap_or_else(Instant::now),
+            );
         } else {
             self.prefill_waiting
                 .fetch_sub(self.prefill_bytes, Ordering::Relaxed);

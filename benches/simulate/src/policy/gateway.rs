@@ -163,11 +163,12 @@ impl Gateways {
     }
 
     /// Request `id`'s answer ended: it stops counting in its cluster's in-flight load.
-    pub(super) fn finished(&mut self, id: usize) {
-        if let Some(open) = self.open.remove(&id)
-            && !open.headed
-        {
-            self.replicas[open.replica].pending[open.engine] -= 1;
+    pub(super) fn finished(&mut self, id: usize, now: f64) {
+        if let Some(open) = self.open.remove(&id) {
+            if !open.headed {
+                self.replicas[open.replica].pending[open.engine] -= 1;
+            }
+            open.in_flight.end_at(instant(self.base, now));
         }
     }
 

@@ -241,9 +241,9 @@ impl Router for GridRoute {
         }
     }
 
-    fn finished(&mut self, id: usize, _now: f64) {
+    fn finished(&mut self, id: usize, now: f64) {
         self.timings.remove(&id);
-        self.gateways.finished(id);
+        self.gateways.finished(id, now);
     }
 
     fn poll(&mut self, now: f64, engines: &[Engine]) {

@@ -34,8 +34,8 @@ impl Router for LeastQueue {
         self.gateways.head(id);
     }
 
-    fn finished(&mut self, id: usize, _now: f64) {
-        self.gateways.finished(id);
+    fn finished(&mut self, id: usize, now: f64) {
+        self.gateways.finished(id, now);
     }
 
     fn poll(&mut self, now: f64, engines: &[Engine]) {
