@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use grid_route_example::gateway::Gateway;
 use grid_route_example::prometheus;
+use grid_route_layer::grid::SLOT_RECLAIM_WINDOW;
 use grid_route_mock_engine::{CachedTokens, MockEngine, MockEngineConfig};
 use grid_route_tests::{
     Answer, ClusterYaml, Conversation, MODEL, REQUEST_DEADLINE, chat, client, cluster, cluster_id,
@@ -1045,7 +1046,10 @@ async fn newcomer_beside_a_busier_holder(prefix: &'static str, found: bool) -> S
     .await;
     assert_eq!(gateway.affinity().keeps_shared_heads(&east_id), found);
     // A third, held at east-a (idle again, so it sticks there): east-a is a request
-    // busier, with one slot free.
+    // busier, with one slot free. Sent once east-a's answers ended longer ago than the
+    // window: on engines that lose heads, a newcomer passes over a holder whose slot just
+    // went idle (the test of slots that just went idle, below).
+    tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
     let held = tokio::spawn(first_turn("held", "1280", true));
     eventually("east-a runs the held request", || async {
         in_flight_at(&gateway, east.1) == 1
@@ -1089,6 +1093,91 @@ async fn on_slot_engines_that_kept_a_shared_head_a_new_conversation_joins_its_bu
         newcomer_beside_a_busier_holder("lost house", false).await,
         "lost-west-a"
     );
+}
+
+#[tokio::test]
+async fn on_slot_engines_that_lose_shared_heads_a_request_by_load_leaves_slots_that_just_went_idle()
+{
+    let (release, released) = tokio::sync::watch::channel(false);
+    let (east, west) = (
+        ("freed-east", "freed-east-a"),
+        ("freed-west", "freed-west-a"),
+    );
+    let gateway = two_slot_gateway_with(&[east, west], &released, CPU_PRICES).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let chat = |messages: Value, headers: &'static [(&'static str, &'static str)]| {
+        let url = url.clone();
+        async move {
+            let mut headers = headers.to_vec();
+            headers.push(("content-type", "application/json"));
+            let body = json!({"model": MODEL, "messages": messages}).to_string();
+            send_with(Method::POST, &url, &headers, body)
+                .await
+                .engine_name()
+        }
+    };
+    // A conversation behind a 40-block system prompt of its own: nothing is held
+    // anywhere, the first engine.
+    let long = text("a long system prompt", 40 * 256);
+    let opening = json!([{"role": "system", "content": long}, {"role": "user", "content": "hi"}]);
+    assert_eq!(chat(opening, &[]).await, east.1);
+    // Two first turns behind a 20-block house prompt: the first goes where the index holds
+    // less (west), the second sticks to west for the head and finds none of it cached.
+    // West's engine loses what is pushed out of a slot (no host prompt cache).
+    let house = text("a house prompt", 20 * 256);
+    for question in ["hi", "hello"] {
+        let turn =
+            json!([{"role": "system", "content": house}, {"role": "user", "content": question}]);
+        assert_eq!(chat(turn, &[("x-cached-tokens", "0")]).await, west.1);
+    }
+    eventually("west's answer counted as a lost head", || async {
+        scraped_gauge(
+            &gateway,
+            r#"grid_route_shared_head_found_share{site="freed-west",cluster="freed-west-a"}"#,
+        )
+        .await
+            == Some(0.0)
+    })
+    .await;
+    // The answer that taught it ended a moment ago at west, the head's only holder: a third
+    // first turn behind the head would take that conversation's slot, sharing the most
+    // with it. It goes to east's free slot, placed as a prompt matching nothing.
+    let third = json!([{"role": "system", "content": house}, {"role": "user", "content": "hey"}]);
+    assert_eq!(chat(third, &[("x-cached-tokens", "0")]).await, east.1);
+    // Two later turns of the long conversation, held at east: both its slots busy.
+    let later_turn = |question: &'static str| {
+        let turn = json!([
+            {"role": "system", "content": long}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": question},
+        ]);
+        tokio::spawn(chat(turn, &[("x-hold", "1")]))
+    };
+    let held = [later_turn("and then?"), later_turn("and else?")];
+    eventually("east runs both later turns", || async {
+        in_flight_at(&gateway, east.1) == 2
+    })
+    .await;
+    // West's answers ended longer ago than the window.
+    tokio::time::sleep(SLOT_RECLAIM_WINDOW + Duration::from_millis(100)).await;
+    release.send(true).unwrap();
+    for turn in held {
+        assert_eq!(turn.await.unwrap(), east.1);
+    }
+    eventually("east's slots idle", || async {
+        in_flight_at(&gateway, east.1) == 0
+    })
+    .await;
+    // Both of east's slots just went idle, and the conversation may be back at once: two
+    // prompts too short to key, which go by load, take west's slots instead. The two
+    // engines tie on load, and by turns one would have gone to east.
+    let short = || json!([{"role": "user", "content": "hi"}]);
+    assert_eq!(chat(short(), &[]).await, west.1);
+    assert_eq!(chat(short(), &[]).await, west.1);
+    // Once the window has passed, the two take turns again.
+    tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
+    let mut served = vec![chat(short(), &[]).await, chat(short(), &[]).await];
+    served.sort_unstable();
+    assert_eq!(served, [east.1, west.1]);
 }
 
 #[tokio::test]

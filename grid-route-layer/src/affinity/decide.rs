@@ -327,6 +327,14 @@ impl Affinity {
         cluster.load().slot_just_freed(now) && self.heads.lost(cluster.id())
     }
 
+    /// [`just_freed`](Self::just_freed) for a new conversation behind a head `cluster`
+    /// holds: one answer ended there lately is enough, as the newcomer takes the idle slot
+    /// sharing its head before any other
+    /// ([`ClusterLoad::answer_just_ended`](crate::grid::ClusterLoad::answer_just_ended)).
+    fn head_just_freed(&self, cluster: &Cluster, now: Instant) -> bool {
+        cluster.load().answer_just_ended(now) && self.heads.lost(cluster.id())
+    }
+
     /// `candidates` without those whose slots [just freed](Self::just_freed) when another
     /// has a free slot that did not: for a request going by load, which takes whichever
     /// slot is idle. All of them otherwise.
@@ -358,8 +366,10 @@ impl Affinity {
     ///
     /// - no keys and no session is [`Outcome::NotApplicable`], `draw < exploration` is
     ///   [`Outcome::Exploration`] unless the prompt continues a conversation
-    ///   ([`PrefixKeys::continues_conversation`]), else [`narrow`] on the index's depths
-    ///   at `now`;
+    ///   ([`PrefixKeys::continues_conversation`]), both without the candidates whose slots
+    ///   [just went idle](crate::grid::ClusterLoad::slot_just_freed), on engines seen to
+    ///   lose shared heads, while another has a free slot that did not;
+    ///   else [`narrow`] on the index's depths at `now`;
     /// - a sticky match shorter than [`STICKY_MATCH_BYTES`] for a request that opens a
     ///   conversation (its prompt holds no earlier answer,
     ///   [`PrefixKeys::opens_conversation`], or its session no candidate has answered),
@@ -373,7 +383,11 @@ impl Affinity {
     ///   heads](Self::keeps_shared_heads) (a host prompt cache, learned from answers): the
     ///   request stays [`Outcome::Sticky`] with the least loaded of those holders alone,
     ///   counted in flight there at once ([`Decision::placed`]), and finds the head there
-    ///   (what it may cost a live conversation there: the module's step 3). Such
+    ///   (what it may cost a live conversation there: the module's step 3). A first
+    ///   turn whose holders are no busier but where an answer just ended at every one,
+    ///   on engines seen to lose shared heads, while another candidate has a free slot
+    ///   that did not just go idle,
+    ///   is [`Outcome::LoadOverride`], placed as a prompt that matches nothing. Else such
     ///   a first turn stuck to a holder no busier than the others
     ///   [asks](Decision::asks_shared_head) whether the head was kept;
     /// - a sticky prefix match wins. Otherwise, with
@@ -461,14 +475,19 @@ impl Affinity {
         }
         let mut placed = None;
         let joins_busier_holder = first_turn.joins.is_some() && outcome == Outcome::Sticky;
-        if narrowing.outcome == Outcome::NoMatch || first_turn.placed_away {
-            let as_unmatched = if first_turn.placed_away {
-                Outcome::NoMatch
-            } else {
-                outcome
-            };
+        if first_turn.placed_away {
+            // Placed among the others, as a prompt that matches nothing.
+            let (others, depths): (Vec<Arc<Cluster>>, Vec<usize>) = candidates
+                .iter()
+                .zip(&depths)
+                .filter(|&(_, &depth)| depth != narrowing.deepest)
+                .map(|(c, &depth)| (Arc::clone(c), depth))
+                .unzip();
             (candidates, placed) =
-                self.place_unmatched(&settings, as_unmatched, &candidates, keys, &depths, now);
+                self.place_unmatched(&settings, Outcome::NoMatch, &others, keys, &depths, now);
+        } else if narrowing.outcome == Outcome::NoMatch {
+            (candidates, placed) =
+                self.place_unmatched(&settings, outcome, &candidates, keys, &depths, now);
         } else if let Some((joined, counted)) = first_turn.joins {
             candidates = vec![joined];
             placed = Some(counted);
@@ -579,10 +598,10 @@ impl Affinity {
             }
             drop(placements);
         } else {
-            // A head whose every holder's free slots just went idle is likely held only by
-            // the live conversations those slots ran, and taking one pushes that
-            // conversation's prompt out. With a free slot elsewhere that did not, the
-            // newcomer is placed as a prompt matching nothing (the free-slot rule); the
+            // Where every holder of the head just had an answer end, the newcomer would take
+            // the idle slot sharing its head, likely that live conversation's, and push its
+            // prompt out. With a free slot elsewhere that did not just go idle, it is placed
+            // among the others as a prompt matching nothing (the free-slot rule); the
             // head's prefill is what it pays.
             let mut holders = candidates
                 .iter()
@@ -595,7 +614,7 @@ impl Affinity {
                         && !self.just_freed(c, now)
                 })
             };
-            if holders.all(|(c, _)| self.just_freed(c, now)) && elsewhere() {
+            if holders.all(|(c, _)| self.head_just_freed(c, now)) && elsewhere() {
                 narrowing.outcome = Outcome::LoadOverride;
                 first.placed_away = true;
                 return first;
@@ -684,9 +703,9 @@ struct FirstTurn {
     joins: Option<(Arc<Cluster>, Placed)>,
     /// Whether its answer tells if its holder kept the head.
     asks_shared_head: bool,
-    /// Every holder's free slots [just freed](Affinity::just_freed) and another candidate
-    /// has a free slot that did not: placed as a prompt that matches nothing, with the
-    /// outcome `load_override`.
+    /// An answer [just ended](Affinity::head_just_freed) at every holder and another
+    /// candidate has a free slot that did not just go idle: placed among the others as a
+    /// prompt that matches nothing, with the outcome `load_override`.
     placed_away: bool,
 }
 
@@ -740,7 +759,8 @@ impl Affinity {
     ///   where the prompts waiting for their first token would hold the request back
     ///   more than [`FREE_SLOT_WAIT_FACTOR`](super::FREE_SLOT_WAIT_FACTOR) times its own
     ///   prefill beyond the free slot that starts it soonest goes behind the others
-    ///   ([`held_back`](Self::held_back)). Then the one with the most room goes first:
+    ///   ([`held_back`](Self::held_back)), and so, after those, does one whose slots
+    ///   [just went idle](Self::just_freed). Then the one with the most room goes first:
     ///   the fewest live index entries, or behind a shared index ([`index_shared`](Self::index_shared)) the fewest bytes of new prompt this
     ///   replica sent it lately in requests that matched nothing
     ///   ([`PLACED_HALF_LIFE`](super::PLACED_HALF_LIFE)); then the least loaded, then the
@@ -888,7 +908,8 @@ impl Affinity {
 
     /// The candidate with a free slot (`free[i]` for candidate `i`) a request that matches
     /// nothing takes (see [`place_unmatched`](Self::place_unmatched)), ranked by `depth`,
-    /// then not `held_back` before held back, then by the rest of the rule; `None` when
+    /// then not `held_back` before held back, then not `freed` (its slots [just went
+    /// idle](Self::just_freed)) before freed, then by the rest of the rule; `None` when
     /// none has one.
     fn freest_slot(
         candidates: &[Arc<Cluster>],

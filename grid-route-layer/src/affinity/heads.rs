@@ -26,6 +26,12 @@
 //! live conversation's idle slot, with a host cache or without, and would teach that every
 //! engine keeps heads.
 //!
+//! The verdict also says whether a newcomer should pass over a slot that just went idle
+//! ([`SharedHeads::lost`]; the [module](super)'s rule, step 2): an engine that loses a
+//! shared head pushed out of its idle slots loses a live conversation's prompt the same
+//! way. That takes a verdict from at least one counted answer; nothing counted says
+//! neither, and the slot is taken.
+//!
 //! A decaying pair of counts per cluster is a few lines; no maintained crate offers one.
 
 use std::collections::HashMap;
@@ -162,6 +168,24 @@ mod tests {
     #[test]
     fn nothing_counted_keeps_nothing() {
         assert!(!SharedHeads::default().kept(&id("east")));
+    }
+
+    #[test]
+    fn heads_are_lost_only_on_a_counted_answer() {
+        let heads = SharedHeads::default();
+        let (east, west) = (id("east"), id("west"));
+        // Nothing counted: neither kept nor lost.
+        assert!(!heads.kept(&east) && !heads.lost(&east));
+        // One miss at east: lost there, and at west, which goes by every cluster's tally.
+        heads.count(&east, false);
+        assert!(heads.lost(&east) && heads.lost(&west));
+        // One find at west only ties it (each tally decays at its own answers): still lost.
+        heads.count(&west, true);
+        assert!(heads.lost(&east) && heads.lost(&west));
+        // A second outweighs it: kept, so not lost, at west by its own tally and at east by
+        // every cluster's.
+        heads.count(&west, true);
+        assert!(heads.kept(&east) && !heads.lost(&east) && !heads.lost(&west));
     }
 
     #[test]

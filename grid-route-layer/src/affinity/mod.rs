@@ -50,6 +50,21 @@
 //!    one replica to the next. On such a grid the one cluster a request that matches
 //!    nothing is narrowed to, by either order, is recorded as sent the prompt's bytes
 //!    beyond its depth there.
+//!
+//!    A cluster whose every free slot [just went
+//!    idle](crate::grid::ClusterLoad::slot_just_freed) (as many answers ended there in
+//!    the last [`SLOT_RECLAIM_WINDOW`](crate::grid::SLOT_RECLAIM_WINDOW) as it has free
+//!    slots) may be about to get those conversations' next turns, and a newcomer that
+//!    takes one of its slots first pushes a live conversation's prompt out. Where the
+//!    engines were seen to lose shared heads (step 3's verdict, on at least one counted
+//!    answer: no host cache gives such a prompt back), and another candidate has a free
+//!    slot that did not just go idle, it ranks behind that one among free slots (after
+//!    the wait, before room), a request going by load ([`Outcome::NotApplicable`],
+//!    [`Outcome::Exploration`]) leaves it out of its candidates, and a first turn whose
+//!    short head is held only where an answer [just
+//!    ended](crate::grid::ClusterLoad::answer_just_ended) is placed among the other
+//!    candidates as a prompt matching nothing, counted [`Outcome::LoadOverride`] (step
+//!    3): it would take the slot sharing its head before any other idle one.
 //! 3. The load gate prices the match by the prefill it saves: covered bytes / 4 bytes a
 //!    token / `prefill_tokens_per_second` seconds, worth that many seconds /
 //!    `queued_request_seconds` requests of load. If the least load among the deepest

@@ -9,7 +9,7 @@ use tower_test::mock;
 use super::draw::random_draw;
 use super::*;
 use crate::config::{PrefixAffinityConfig, Price};
-use crate::grid::{Cluster, ClusterId, Grid, GridSettings, InFlight};
+use crate::grid::{Cluster, ClusterId, Grid, GridSettings, InFlight, SLOT_RECLAIM_WINDOW};
 use crate::index::{IndexSettings, PrefixIndex};
 use crate::keying::{Api, KeySeed, NoKeys, PrefixKeys, SessionKey, key_body};
 use crate::metrics::PREFIX_AFFINITY_TOTAL;
@@ -1935,6 +1935,132 @@ fn new_conversations_deciding_at_once_from_many_threads_join_a_holder_only_while
             .count();
         assert_eq!(by_load, 5);
     }
+}
+
+/// An answer ended at cluster `name` at the fixture's time: one of its slots just went idle.
+fn answered_now(f: &Fixture, name: &str) {
+    let mut answer = f.cluster(name).load().start_request();
+    answer.first_token();
+    answer.end_at(f.now);
+}
+
+#[test]
+fn on_engines_seen_to_lose_shared_heads_a_new_conversation_leaves_a_slot_that_just_went_idle() {
+    let SharedHead { f, first_turns, .. } = shared_head_at_slow_east(16);
+    for name in ["east-a", "west-a"] {
+        f.set_slots(name, Some(2));
+    }
+    let east = f.id("east-a");
+    // An answer just ended at east: the conversation it answered, behind the same head,
+    // may be about to come back. West's slots went idle long ago.
+    answered_now(&f, "east-a");
+    // Nothing learned about heads yet: the newcomers stick to east's head.
+    for first in &first_turns {
+        let decision = f.decide(first);
+        assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+        assert!(decision.asks_shared_head());
+    }
+    // A first turn missed its head at east: its engines lose what is pushed out of a slot.
+    // A newcomer behind the head would take the slot holding it, likely that live
+    // conversation's: it takes west's free slot instead, placed as a prompt matching
+    // nothing, and its answer asks nothing.
+    assert!(!f.affinity.count_shared_head(&east, false).unwrap().kept);
+    for first in &first_turns {
+        let decision = f.decide(first);
+        assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+        assert_eq!(names(&decision), ["west-a"]);
+        assert_eq!(decision.placed().unwrap().cluster(), &f.id("west-a"));
+        assert!(!decision.asks_shared_head());
+    }
+    // A request too short to key shares nothing with the slots: it would take east's
+    // least recently used idle slot, not the one just freed, and goes by load to either.
+    let short = f.prompt(&[("user", "hi")]);
+    assert!(short.keys().is_err());
+    let decision = f.decide(&short);
+    assert_eq!(decision.outcome(), Some(Outcome::NotApplicable));
+    assert_eq!(names(&decision), ["east-a", "west-a"]);
+    // With both of east's free slots just freed, it and one drawn to explore leave east.
+    answered_now(&f, "east-a");
+    assert_eq!(names(&f.decide(&short)), ["west-a"]);
+    let decision = f.decide_drawing(&first_turns[1], 0.0);
+    assert_eq!(decision.outcome(), Some(Outcome::Exploration));
+    assert_eq!(names(&decision), ["west-a"]);
+    // Once the window has passed, east's slots are fair game again.
+    let later = Fixture {
+        now: f.now + SLOT_RECLAIM_WINDOW,
+        ..f
+    };
+    assert_eq!(
+        later.decide(&first_turns[1]).outcome(),
+        Some(Outcome::Sticky)
+    );
+    assert_eq!(names(&later.decide(&short)), ["east-a", "west-a"]);
+    let f = Fixture {
+        now: later.now - SLOT_RECLAIM_WINDOW,
+        ..later
+    };
+    // West with no free slot: nowhere better to go, east it is.
+    let west_full = f.running("west-a", 2);
+    assert_eq!(f.decide(&first_turns[1]).outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&f.decide(&short)), ["east-a", "west-a"]);
+    drop(west_full);
+    // West's slots just went idle too: neither is better, the head is taken.
+    answered_now(&f, "west-a");
+    answered_now(&f, "west-a");
+    assert_eq!(f.decide(&first_turns[1]).outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&f.decide(&short)), ["east-a", "west-a"]);
+}
+
+#[test]
+fn on_engines_that_keep_shared_heads_a_slot_that_just_went_idle_is_taken() {
+    // A host cache gives a pushed-out prompt back: no reason to pass the slot over.
+    let SharedHead { f, first_turns, .. } = shared_head_at_slow_east(16);
+    for name in ["east-a", "west-a"] {
+        f.set_slots(name, Some(2));
+    }
+    answered_now(&f, "east-a");
+    answered_now(&f, "east-a");
+    assert!(
+        f.affinity
+            .count_shared_head(&f.id("east-a"), true)
+            .unwrap()
+            .kept
+    );
+    assert_eq!(f.decide(&first_turns[1]).outcome(), Some(Outcome::Sticky));
+    let short = f.prompt(&[("user", "hi")]);
+    assert_eq!(names(&f.decide(&short)), ["east-a", "west-a"]);
+    // Engines whose slots are not known are never passed over this way.
+    f.set_slots("east-a", None);
+    f.affinity
+        .count_shared_head(&f.id("east-a"), false)
+        .unwrap();
+    f.affinity
+        .count_shared_head(&f.id("east-a"), false)
+        .unwrap();
+    assert!(!f.affinity.keeps_shared_heads(&f.id("east-a")));
+    assert_eq!(names(&f.decide(&short)), ["east-a", "west-a"]);
+}
+
+#[test]
+fn on_engines_seen_to_lose_shared_heads_a_placed_conversation_takes_a_free_slot_that_did_not_just_go_idle()
+ {
+    let f = three_slot_sites();
+    // Holding nothing, the three tie and the first is taken.
+    assert_eq!(names(&f.decide(&stranger(&f, "first", 20))), ["east-a"]);
+    let east = f.id("east-a");
+    f.affinity.count_shared_head(&east, false).unwrap();
+    answered_now(&f, "east-a");
+    answered_now(&f, "east-a");
+    let next = f.decide(&stranger(&f, "second", 20));
+    assert_eq!(next.outcome(), Some(Outcome::NoMatch));
+    assert_eq!(names(&next), ["west-a"]);
+    drop(next);
+    // With every other free slot just freed too, room decides again.
+    for name in ["west-a", "north-a"] {
+        answered_now(&f, name);
+        answered_now(&f, name);
+    }
+    assert_eq!(names(&f.decide(&stranger(&f, "third", 20))), ["east-a"]);
 }
 
 #[test]
