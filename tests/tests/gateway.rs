@@ -835,11 +835,27 @@ async fn two_slot_gateway_with(
     released: &tokio::sync::watch::Receiver<bool>,
     grid_site_route: &str,
 ) -> Arc<Gateway> {
+    let sites: Vec<_> = sites
+        .iter()
+        .map(|&(site, cluster)| (site, cluster, released.clone()))
+        .collect();
+    two_slot_gateway_releasing(&sites, grid_site_route).await
+}
+
+/// [`two_slot_gateway_with`], each engine's held requests let go by a receiver of its own.
+async fn two_slot_gateway_releasing(
+    sites: &[(
+        &'static str,
+        &'static str,
+        tokio::sync::watch::Receiver<bool>,
+    )],
+    grid_site_route: &str,
+) -> Arc<Gateway> {
     let mut yaml = format!(
         "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nqueue: {{ poll_interval_ms: 50 }}\n\
          {grid_site_route}sites:\n"
     );
-    for &(site, cluster) in sites {
+    for (site, cluster, released) in sites {
         let url = two_slot_engine(cluster, released.clone()).await;
         let _ = writeln!(
             yaml,
@@ -848,7 +864,7 @@ async fn two_slot_gateway_with(
     }
     let gateway = Arc::new(Gateway::start(parse(&yaml)).await.unwrap());
     eventually("every engine's slots and queue read", || async {
-        sites.iter().all(|&(_, cluster)| {
+        sites.iter().all(|&(_, cluster, _)| {
             slots(&gateway, cluster) == Some(2) && queue_depth(&gateway, cluster) == 0.0
         })
     })
@@ -1096,14 +1112,21 @@ async fn on_slot_engines_that_kept_a_shared_head_a_new_conversation_joins_its_bu
 }
 
 #[tokio::test]
-async fn on_slot_engines_that_lose_shared_heads_a_request_by_load_leaves_slots_that_just_went_idle()
-{
-    let (release, released) = tokio::sync::watch::channel(false);
+async fn on_slot_engines_that_lose_shared_heads_a_new_request_leaves_a_slot_that_just_went_idle() {
+    let (release_east, east_released) = tokio::sync::watch::channel(false);
+    let (release_west, west_released) = tokio::sync::watch::channel(false);
     let (east, west) = (
         ("freed-east", "freed-east-a"),
         ("freed-west", "freed-west-a"),
     );
-    let gateway = two_slot_gateway_with(&[east, west], &released, CPU_PRICES).await;
+    let gateway = two_slot_gateway_releasing(
+        &[
+            (east.0, east.1, east_released),
+            (west.0, west.1, west_released),
+        ],
+        CPU_PRICES,
+    )
+    .await;
     let url = format!("{}/v1/chat/completions", gateway.url());
     let chat = |messages: Value, headers: &'static [(&'static str, &'static str)]| {
         let url = url.clone();
@@ -1121,14 +1144,17 @@ async fn on_slot_engines_that_lose_shared_heads_a_request_by_load_leaves_slots_t
     let long = text("a long system prompt", 40 * 256);
     let opening = json!([{"role": "system", "content": long}, {"role": "user", "content": "hi"}]);
     assert_eq!(chat(opening, &[]).await, east.1);
+    tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
     // Two first turns behind a 20-block house prompt: the first goes where the index holds
     // less (west), the second sticks to west for the head and finds none of it cached.
     // West's engine loses what is pushed out of a slot (no host prompt cache).
     let house = text("a house prompt", 20 * 256);
+    let house_turn = |question: &str| json!([{"role": "system", "content": house}, {"role": "user", "content": question}]);
     for question in ["hi", "hello"] {
-        let turn =
-            json!([{"role": "system", "content": house}, {"role": "user", "content": question}]);
-        assert_eq!(chat(turn, &[("x-cached-tokens", "0")]).await, west.1);
+        assert_eq!(
+            chat(house_turn(question), &[("x-cached-tokens", "0")]).await,
+            west.1
+        );
     }
     eventually("west's answer counted as a lost head", || async {
         scraped_gauge(
@@ -1139,45 +1165,54 @@ async fn on_slot_engines_that_lose_shared_heads_a_request_by_load_leaves_slots_t
             == Some(0.0)
     })
     .await;
-    // The answer that taught it ended a moment ago at west, the head's only holder: a third
-    // first turn behind the head would take that conversation's slot, sharing the most
-    // with it. It goes to east's free slot, placed as a prompt matching nothing.
-    let third = json!([{"role": "system", "content": house}, {"role": "user", "content": "hey"}]);
-    assert_eq!(chat(third, &[("x-cached-tokens", "0")]).await, east.1);
-    // Two later turns of the long conversation, held at east: both its slots busy.
-    let later_turn = |question: &'static str| {
+    // That answer ended a moment ago at west, the head's only holder: a third first turn
+    // behind the head would take that conversation's slot, sharing the most with it. It
+    // goes to east's free slot, placed as a prompt matching nothing.
+    assert_eq!(
+        chat(house_turn("hey"), &[("x-cached-tokens", "0")]).await,
+        east.1
+    );
+    // Both of east's slots busy with later turns of the long conversation, one of west's
+    // with the first house conversation's next turn, all held.
+    let later_turn = |system: &str, question: &'static str| {
         let turn = json!([
-            {"role": "system", "content": long}, {"role": "user", "content": "hi"},
+            {"role": "system", "content": system}, {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "ok"}, {"role": "user", "content": question},
         ]);
         tokio::spawn(chat(turn, &[("x-hold", "1")]))
     };
-    let held = [later_turn("and then?"), later_turn("and else?")];
-    eventually("east runs both later turns", || async {
-        in_flight_at(&gateway, east.1) == 2
+    let at_east = [
+        later_turn(&long, "and then?"),
+        later_turn(&long, "and else?"),
+    ];
+    let at_west = later_turn(&house, "and then?");
+    eventually("east runs two requests, west one", || async {
+        (
+            in_flight_at(&gateway, east.1),
+            in_flight_at(&gateway, west.1),
+        ) == (2, 1)
     })
     .await;
-    // West's answers ended longer ago than the window.
+    // Every answer so far ended longer ago than the window.
     tokio::time::sleep(SLOT_RECLAIM_WINDOW + Duration::from_millis(100)).await;
-    release.send(true).unwrap();
-    for turn in held {
+    release_east.send(true).unwrap();
+    for turn in at_east {
         assert_eq!(turn.await.unwrap(), east.1);
     }
     eventually("east's slots idle", || async {
         in_flight_at(&gateway, east.1) == 0
     })
     .await;
-    // Both of east's slots just went idle, and the conversation may be back at once: two
-    // prompts too short to key, which go by load, take west's slots instead. The two
-    // engines tie on load, and by turns one would have gone to east.
+    // East is the less loaded, but its slots just went idle and the long conversation may
+    // be back at once: a prompt too short to key, which goes by load, takes west's free
+    // slot instead.
     let short = || json!([{"role": "user", "content": "hi"}]);
     assert_eq!(chat(short(), &[]).await, west.1);
-    assert_eq!(chat(short(), &[]).await, west.1);
-    // Once the window has passed, the two take turns again.
+    // Once the window has passed, load decides again.
     tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
-    let mut served = vec![chat(short(), &[]).await, chat(short(), &[]).await];
-    served.sort_unstable();
-    assert_eq!(served, [east.1, west.1]);
+    assert_eq!(chat(short(), &[]).await, east.1);
+    release_west.send(true).unwrap();
+    assert_eq!(at_west.await.unwrap(), west.1);
 }
 
 #[tokio::test]

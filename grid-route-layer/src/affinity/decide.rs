@@ -317,22 +317,14 @@ impl Affinity {
         self.heads.kept(cluster)
     }
 
-    /// Whether a new conversation sent to `cluster` now would likely take a live
-    /// conversation's slot and push its prompt out for good: every free slot there just
-    /// went idle ([`ClusterLoad::slot_just_freed`](crate::grid::ClusterLoad::slot_just_freed)),
+    /// Whether a new request sent to `cluster` now may take a live conversation's slot
+    /// and push its prompt out for good: a slot there just went idle
+    /// ([`ClusterLoad::slot_just_freed`](crate::grid::ClusterLoad::slot_just_freed)),
     /// and its engines were seen to lose a shared head from their idle slots (the `heads`
     /// module; with a host cache the pushed-out prompt comes back, and the slot is
     /// worth taking).
     fn just_freed(&self, cluster: &Cluster, now: Instant) -> bool {
         cluster.load().slot_just_freed(now) && self.heads.lost(cluster.id())
-    }
-
-    /// [`just_freed`](Self::just_freed) for a new conversation behind a head `cluster`
-    /// holds: one answer ended there lately is enough, as the newcomer takes the idle slot
-    /// sharing its head before any other
-    /// ([`ClusterLoad::answer_just_ended`](crate::grid::ClusterLoad::answer_just_ended)).
-    fn head_just_freed(&self, cluster: &Cluster, now: Instant) -> bool {
-        cluster.load().answer_just_ended(now) && self.heads.lost(cluster.id())
     }
 
     /// `candidates` without those whose slots [just freed](Self::just_freed) when another
@@ -384,9 +376,9 @@ impl Affinity {
     ///   request stays [`Outcome::Sticky`] with the least loaded of those holders alone,
     ///   counted in flight there at once ([`Decision::placed`]), and finds the head there
     ///   (what it may cost a live conversation there: the module's step 3). A first
-    ///   turn whose holders are no busier but where an answer just ended at every one,
-    ///   on engines seen to lose shared heads, while another candidate has a free slot
-    ///   that did not just go idle,
+    ///   turn whose holders are no busier but whose every one's slot just went idle, on
+    ///   engines seen to lose shared heads, while another candidate has a free slot that
+    ///   did not,
     ///   is [`Outcome::LoadOverride`], placed as a prompt that matches nothing. Else such
     ///   a first turn stuck to a holder no busier than the others
     ///   [asks](Decision::asks_shared_head) whether the head was kept;
@@ -599,10 +591,10 @@ impl Affinity {
             drop(placements);
         } else {
             // Where every holder of the head just had an answer end, the newcomer would take
-            // the idle slot sharing its head, likely that live conversation's, and push its
-            // prompt out. With a free slot elsewhere that did not just go idle, it is placed
-            // among the others as a prompt matching nothing (the free-slot rule); the
-            // head's prefill is what it pays.
+            // the idle slot sharing its head (the longest common prefix), likely that live
+            // conversation's, and push its prompt out. With a free slot elsewhere that did
+            // not just go idle, it is placed among the others as a prompt matching nothing
+            // (the free-slot rule); the head's prefill is what it pays.
             let mut holders = candidates
                 .iter()
                 .zip(depths)
@@ -614,7 +606,7 @@ impl Affinity {
                         && !self.just_freed(c, now)
                 })
             };
-            if holders.all(|(c, _)| self.head_just_freed(c, now)) && elsewhere() {
+            if holders.all(|(c, _)| self.just_freed(c, now)) && elsewhere() {
                 narrowing.outcome = Outcome::LoadOverride;
                 first.placed_away = true;
                 return first;
@@ -703,9 +695,9 @@ struct FirstTurn {
     joins: Option<(Arc<Cluster>, Placed)>,
     /// Whether its answer tells if its holder kept the head.
     asks_shared_head: bool,
-    /// An answer [just ended](Affinity::head_just_freed) at every holder and another
-    /// candidate has a free slot that did not just go idle: placed among the others as a
-    /// prompt that matches nothing, with the outcome `load_override`.
+    /// Every holder's slot [just went idle](Affinity::just_freed) and another candidate
+    /// has a free slot that did not: placed among the others as a prompt that matches
+    /// nothing, with the outcome `load_override`.
     placed_away: bool,
 }
 

@@ -51,20 +51,21 @@
 //!    nothing is narrowed to, by either order, is recorded as sent the prompt's bytes
 //!    beyond its depth there.
 //!
-//!    A cluster whose every free slot [just went
-//!    idle](crate::grid::ClusterLoad::slot_just_freed) (as many answers ended there in
-//!    the last [`SLOT_RECLAIM_WINDOW`](crate::grid::SLOT_RECLAIM_WINDOW) as it has free
-//!    slots) may be about to get those conversations' next turns, and a newcomer that
-//!    takes one of its slots first pushes a live conversation's prompt out. Where the
-//!    engines were seen to lose shared heads (step 3's verdict, on at least one counted
-//!    answer: no host cache gives such a prompt back), and another candidate has a free
-//!    slot that did not just go idle, it ranks behind that one among free slots (after
-//!    the wait, before room), a request going by load ([`Outcome::NotApplicable`],
-//!    [`Outcome::Exploration`]) leaves it out of its candidates, and a first turn whose
-//!    short head is held only where an answer [just
-//!    ended](crate::grid::ClusterLoad::answer_just_ended) is placed among the other
-//!    candidates as a prompt matching nothing, counted [`Outcome::LoadOverride`] (step
-//!    3): it would take the slot sharing its head before any other idle one.
+//!    A cluster where a slot [just went
+//!    idle](crate::grid::ClusterLoad::slot_just_freed) (an answer ended there in the
+//!    last [`SLOT_RECLAIM_WINDOW`](crate::grid::SLOT_RECLAIM_WINDOW), a slot free) may be
+//!    about to get that conversation's next turn, and a newcomer that takes the slot
+//!    first pushes the live conversation's prompt out: llama.cpp gives a request the idle
+//!    slot sharing the longest prefix with it (a system prompt, or a chat template's
+//!    default one), else the least recently used, and which one that is the gateway
+//!    cannot tell. Where the engines were seen to lose shared heads (step 3's verdict, on
+//!    at least one counted answer: no host cache gives such a prompt back), and another
+//!    candidate has a free slot that did not just go idle, it ranks behind that one among
+//!    free slots (after the wait, before room), a request going by load
+//!    ([`Outcome::NotApplicable`], [`Outcome::Exploration`]) leaves it out of its
+//!    candidates, and a first turn whose short head is held only where a slot just went
+//!    idle is placed among the other candidates as a prompt matching nothing, counted
+//!    [`Outcome::LoadOverride`] (step 3).
 //! 3. The load gate prices the match by the prefill it saves: covered bytes / 4 bytes a
 //!    token / `prefill_tokens_per_second` seconds, worth that many seconds /
 //!    `queued_request_seconds` requests of load. If the least load among the deepest

@@ -249,32 +249,18 @@ impl ClusterLoad {
         self.free_slot_given(self.in_flight(), self.queue_depth(now))
     }
 
-    /// Whether this cluster's engines have slots, some free, and as many answers ended
-    /// here in the last [`SLOT_RECLAIM_WINDOW`] as there are free slots: every free slot
-    /// may hold a conversation whose next turn is on its way. A new conversation whose
-    /// prompt shares nothing with them takes the least recently used idle slot (llama.cpp),
-    /// so it pushes such a conversation's prompt out only when every idle slot holds one.
-    /// `false` where slots are not known.
-    pub fn slot_just_freed(&self, now: Instant) -> bool {
-        self.just_ended(now)
-            .is_some_and(|(free, ended)| ended >= free)
-    }
-
     /// Whether this cluster's engines have slots, some free, and an answer ended here in
-    /// the last [`SLOT_RECLAIM_WINDOW`]: one of its free slots may hold a conversation whose
-    /// next turn is on its way. A new conversation sharing a head with it (a system
-    /// prompt) takes that slot before any other idle one: llama.cpp gives a request the
-    /// idle slot sharing the longest prefix with its prompt. `false` where slots are not
-    /// known.
-    pub fn answer_just_ended(&self, now: Instant) -> bool {
-        self.just_ended(now).is_some_and(|(_, ended)| ended > 0)
-    }
-
-    /// The free slots and the answers ended in the last [`SLOT_RECLAIM_WINDOW`], where
-    /// slots are known and some are free.
-    fn just_ended(&self, now: Instant) -> Option<(usize, usize)> {
-        let free = self.slots()?.checked_sub(self.in_flight())?;
-        (free > 0).then(|| (free, self.answers_ended_within(SLOT_RECLAIM_WINDOW, now)))
+    /// the last [`SLOT_RECLAIM_WINDOW`]: a free slot may hold a conversation whose next
+    /// turn is on its way. A new request that reaches the engine first may take that slot:
+    /// llama.cpp gives it the idle slot whose prompt shares the longest prefix with its own
+    /// (more than a tenth of it: a system prompt, or the default one a chat template
+    /// inserts), else the least recently used idle slot. Which idle slot that will be, the
+    /// gateway cannot tell. `false` where slots are not known.
+    pub fn slot_just_freed(&self, now: Instant) -> bool {
+        let Some(slots) = self.slots() else {
+            return false;
+        };
+        slots > self.in_flight() && self.answers_ended_within(SLOT_RECLAIM_WINDOW, now) > 0
     }
 
     /// How many answers ended here less than `window` before `now`.
@@ -736,7 +722,7 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_just_freed_while_as_many_answers_ended_in_the_window_as_slots_are_free() {
+    fn a_slot_just_freed_while_an_answer_ended_in_the_window_and_a_slot_is_free() {
         let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
         let t0 = Instant::now();
         let answered_at = |at: Instant| {
@@ -745,35 +731,39 @@ mod tests {
             answer.end_at(at);
         };
         let ms = Duration::from_millis;
-        answered_at(t0);
-        // Slots not known (a batching engine): never.
-        assert!(!load.slot_just_freed(t0));
+        // Nothing ended yet.
         assert!(load.record_slots("http://e0", Some(2)));
-        // Two slots free, one answer ended: the other free slot did not just free.
         assert!(!load.slot_just_freed(t0));
-        let busy = load.start_request();
-        // One slot free, one answer ended in the window: until the window ends.
+        // Requests that end before their first token ran no answer: no end is recorded.
+        drop(load.start_request());
+        assert!(!load.slot_just_freed(t0 + ms(100)));
+        answered_at(t0);
+        // Until the window ends.
+        assert!(load.slot_just_freed(t0));
         assert!(load.slot_just_freed(t0 + ms(499)));
         assert!(!load.slot_just_freed(t0 + SLOT_RECLAIM_WINDOW));
         // An end after `now` (another thread's clock ran ahead) is not counted yet.
         assert!(!load.slot_just_freed(t0 - ms(1)));
-        // None free: nothing to take.
-        let full = load.start_request();
+        // No slot free: nothing to take.
+        let full = [load.start_request(), load.start_request()];
         assert!(!load.slot_just_freed(t0));
-        // Requests that end before their first token ran no answer: no end is recorded.
         drop(full);
-        drop(busy);
-        assert!(!load.slot_just_freed(t0 + ms(100)));
-        // Two answers ended, two slots free; a reload carries the ends over.
-        answered_at(t0 + ms(100));
+        // A reload carries the ends over.
         let carried = load.carried_over(&urls(1), &settings(WINDOW));
         assert!(carried.slot_just_freed(t0 + ms(200)));
+        // Slots not known (a batching engine): never.
+        assert!(carried.record_slots("http://e0", None));
+        assert!(!carried.slot_just_freed(t0));
         // An answer dropped without `end_at` ends at the drop.
-        let mut now = carried.start_request();
-        now.first_token();
-        drop(now);
+        let mut dropped = carried.start_request();
+        dropped.first_token();
+        drop(dropped);
         let after = Instant::now();
-        assert!(carried.answers_ended_within(SLOT_RECLAIM_WINDOW, after) >= 1);
+        assert_eq!(carried.answers_ended_within(ms(1), t0 + ms(300)), 0);
+        assert_eq!(
+            carried.answers_ended_within(after.duration_since(t0) + ms(1), after),
+            2
+        );
         // At most the last 64 ends are kept.
         for _ in 0..100 {
             answered_at(t0);
