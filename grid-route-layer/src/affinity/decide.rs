@@ -320,16 +320,15 @@ impl Affinity {
     /// Whether a new request sent to `cluster` now may take a live conversation's slot
     /// and push its prompt out for good: a slot there just went idle
     /// ([`ClusterLoad::slot_just_freed`](crate::grid::ClusterLoad::slot_just_freed)),
-    /// and its engines were seen to lose a shared head from their idle slots (the `heads`
-    /// module; with a host cache the pushed-out prompt comes back, and the slot is
-    /// worth taking).
+    /// and its engines are not learned to keep shared heads (the `heads` module: with a
+    /// host cache the pushed-out prompt comes back, and the slot is worth taking).
     fn just_freed(&self, cluster: &Cluster, now: Instant) -> bool {
-        cluster.load().slot_just_freed(now) && self.heads.lost(cluster.id())
+        cluster.load().slot_just_freed(now) && !self.heads.kept(cluster.id())
     }
 
     /// `candidates` without those whose slots [just freed](Self::just_freed) when another
-    /// has a free slot that did not: for a request going by load, which takes whichever
-    /// slot is idle. All of them otherwise.
+    /// has a free slot that did not: for a request too short to key, which goes by load
+    /// and takes whichever idle slot the engine gives it. All of them otherwise.
     fn spare_just_freed(
         &self,
         mut candidates: Vec<Arc<Cluster>>,
@@ -358,10 +357,10 @@ impl Affinity {
     ///
     /// - no keys and no session is [`Outcome::NotApplicable`], `draw < exploration` is
     ///   [`Outcome::Exploration`] unless the prompt continues a conversation
-    ///   ([`PrefixKeys::continues_conversation`]), both without the candidates whose slots
-    ///   [just went idle](crate::grid::ClusterLoad::slot_just_freed), on engines seen to
-    ///   lose shared heads, while another has a free slot that did not;
-    ///   else [`narrow`] on the index's depths at `now`;
+    ///   ([`PrefixKeys::continues_conversation`]), else [`narrow`] on the index's depths
+    ///   at `now`. The first goes without the candidates whose slots [just went
+    ///   idle](crate::grid::ClusterLoad::slot_just_freed), on engines not learned to keep
+    ///   shared heads, while another has a free slot that did not;
     /// - a sticky match shorter than [`STICKY_MATCH_BYTES`] for a request that opens a
     ///   conversation (its prompt holds no earlier answer,
     ///   [`PrefixKeys::opens_conversation`], or its session no candidate has answered),
@@ -377,9 +376,9 @@ impl Affinity {
     ///   counted in flight there at once ([`Decision::placed`]), and finds the head there
     ///   (what it may cost a live conversation there: the module's step 3). A first
     ///   turn whose holders are no busier but whose every one's slot just went idle, on
-    ///   engines seen to lose shared heads, while another candidate has a free slot that
-    ///   did not,
-    ///   is [`Outcome::LoadOverride`], placed as a prompt that matches nothing. Else such
+    ///   engines not learned to keep shared heads, while another candidate has a free slot
+    ///   that did not, is [`Outcome::LoadOverride`], placed among the others as a prompt
+    ///   that matches nothing. Else such
     ///   a first turn stuck to a holder no busier than the others
     ///   [asks](Decision::asks_shared_head) whether the head was kept;
     /// - a sticky prefix match wins. Otherwise, with
@@ -418,7 +417,6 @@ impl Affinity {
             && (settings.explores_continuations()
                 || !keys.is_some_and(PrefixKeys::continues_conversation))
         {
-            let candidates = self.spare_just_freed(candidates, now);
             return Decision::undecided(Some(Outcome::Exploration), candidates);
         }
         let Some(keys) = keys else {
@@ -751,8 +749,7 @@ impl Affinity {
     ///   where the prompts waiting for their first token would hold the request back
     ///   more than [`FREE_SLOT_WAIT_FACTOR`](super::FREE_SLOT_WAIT_FACTOR) times its own
     ///   prefill beyond the free slot that starts it soonest goes behind the others
-    ///   ([`held_back`](Self::held_back)), and so, after those, does one whose slots
-    ///   [just went idle](Self::just_freed). Then the one with the most room goes first:
+    ///   ([`held_back`](Self::held_back)). Then the one with the most room goes first:
     ///   the fewest live index entries, or behind a shared index ([`index_shared`](Self::index_shared)) the fewest bytes of new prompt this
     ///   replica sent it lately in requests that matched nothing
     ///   ([`PLACED_HALF_LIFE`](super::PLACED_HALF_LIFE)); then the least loaded, then the
@@ -819,10 +816,8 @@ impl Affinity {
                 };
                 let prefill = prefill_bytes(Some(keys), None);
                 let held_back = self.held_back(settings, candidates, &free, prefill);
-                let freed: Vec<bool> = candidates.iter().map(|c| self.just_freed(c, now)).collect();
-                let chosen =
-                    Self::freest_slot(candidates, &free, &held_back, &freed, depth, room, now)
-                        .map_or_else(|| self.roomiest(candidates, depths, now), |at| vec![at]);
+                let chosen = Self::freest_slot(candidates, &free, &held_back, depth, room, now)
+                    .map_or_else(|| self.roomiest(candidates, depths, now), |at| vec![at]);
                 if let &[at] = chosen.as_slice() {
                     let cluster = &candidates[at];
                     if self.index.knows(cluster.id()) {
@@ -900,27 +895,24 @@ impl Affinity {
 
     /// The candidate with a free slot (`free[i]` for candidate `i`) a request that matches
     /// nothing takes (see [`place_unmatched`](Self::place_unmatched)), ranked by `depth`,
-    /// then not `held_back` before held back, then not `freed` (its slots [just went
-    /// idle](Self::just_freed)) before freed, then by the rest of the rule; `None` when
+    /// then not `held_back` before held back, then by the rest of the rule; `None` when
     /// none has one.
     fn freest_slot(
         candidates: &[Arc<Cluster>],
         free: &[bool],
         held_back: &[bool],
-        freed: &[bool],
         depth: impl Fn(usize) -> usize,
         room: impl Fn(&ClusterId) -> f64,
         now: Instant,
     ) -> Option<usize> {
-        type Rank = (std::cmp::Reverse<usize>, bool, bool, f64, f64, u64, usize);
+        type Rank = (std::cmp::Reverse<usize>, bool, f64, f64, u64, usize);
         let order = |a: &Rank, b: &Rank| {
             a.0.cmp(&b.0)
                 .then(a.1.cmp(&b.1))
-                .then(a.2.cmp(&b.2))
+                .then(a.2.total_cmp(&b.2))
                 .then(a.3.total_cmp(&b.3))
-                .then(a.4.total_cmp(&b.4))
+                .then(a.4.cmp(&b.4))
                 .then(a.5.cmp(&b.5))
-                .then(a.6.cmp(&b.6))
         };
         (0..candidates.len())
             .filter(|&i| free[i])
@@ -931,7 +923,6 @@ impl Affinity {
                 let rank: Rank = (
                     std::cmp::Reverse(depth(i)),
                     held_back[i],
-                    freed[i],
                     room(c.id()),
                     load,
                     prefill,

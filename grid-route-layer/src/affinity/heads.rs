@@ -26,11 +26,12 @@
 //! live conversation's idle slot, with a host cache or without, and would teach that every
 //! engine keeps heads.
 //!
-//! The verdict also says whether a newcomer should pass over a slot that just went idle
-//! ([`SharedHeads::lost`]; the [module](super)'s rule, step 2): an engine that loses a
-//! shared head pushed out of its idle slots loses a live conversation's prompt the same
-//! way. That takes a verdict from at least one counted answer; nothing counted says
-//! neither, and the slot is taken.
+//! The verdict also says whether a newcomer passes over a slot that just went idle (the
+//! [module](super)'s rule, step 2): an engine that keeps shared heads keeps, in the same
+//! host cache, a live conversation's prompt that a newcomer pushes out of its slot, and
+//! one that does not loses it. Until answers say the heads are kept, the slot is passed
+//! over: the first such answers come a minute into the arena's runs, after the first
+//! slots were lost.
 //!
 //! A decaying pair of counts per cluster is a few lines; no maintained crate offers one.
 
@@ -126,16 +127,6 @@ impl SharedHeads {
         verdict(&self.lock(), cluster)
     }
 
-    /// Whether `cluster`'s engines were seen to lose shared heads: not
-    /// [`kept`](Self::kept), on at least one answer counted (there or, while it counts
-    /// under [`OWN_SHARED_HEAD_ANSWERS`], anywhere). Such engines lose whatever prompt a
-    /// new conversation pushes out of a slot, a live conversation's too; nothing counted
-    /// says neither.
-    pub(crate) fn lost(&self, cluster: &ClusterId) -> bool {
-        let by_cluster = self.lock();
-        by_cluster.values().any(|t| t.answers > 0) && !verdict(&by_cluster, cluster)
-    }
-
     /// Keeps only the clusters `keep` accepts (a reload removed the others).
     pub(crate) fn retain(&self, keep: impl Fn(&ClusterId) -> bool) {
         self.lock().retain(|cluster, _| keep(cluster));
@@ -168,24 +159,6 @@ mod tests {
     #[test]
     fn nothing_counted_keeps_nothing() {
         assert!(!SharedHeads::default().kept(&id("east")));
-    }
-
-    #[test]
-    fn heads_are_lost_only_on_a_counted_answer() {
-        let heads = SharedHeads::default();
-        let (east, west) = (id("east"), id("west"));
-        // Nothing counted: neither kept nor lost.
-        assert!(!heads.kept(&east) && !heads.lost(&east));
-        // One miss at east: lost there, and at west, which goes by every cluster's tally.
-        heads.count(&east, false);
-        assert!(heads.lost(&east) && heads.lost(&west));
-        // One find at west only ties it (each tally decays at its own answers): still lost.
-        heads.count(&west, true);
-        assert!(heads.lost(&east) && heads.lost(&west));
-        // A second outweighs it: kept, so not lost, at west by its own tally and at east by
-        // every cluster's.
-        heads.count(&west, true);
-        assert!(heads.kept(&east) && !heads.lost(&east) && !heads.lost(&west));
     }
 
     #[test]

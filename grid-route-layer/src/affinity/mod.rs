@@ -58,14 +58,12 @@
 //!    first pushes the live conversation's prompt out: llama.cpp gives a request the idle
 //!    slot sharing the longest prefix with it (a system prompt, or a chat template's
 //!    default one), else the least recently used, and which one that is the gateway
-//!    cannot tell. Where the engines were seen to lose shared heads (step 3's verdict, on
-//!    at least one counted answer: no host cache gives such a prompt back), and another
-//!    candidate has a free slot that did not just go idle, it ranks behind that one among
-//!    free slots (after the wait, before room), a request going by load
-//!    ([`Outcome::NotApplicable`], [`Outcome::Exploration`]) leaves it out of its
-//!    candidates, and a first turn whose short head is held only where a slot just went
-//!    idle is placed among the other candidates as a prompt matching nothing, counted
-//!    [`Outcome::LoadOverride`] (step 3).
+//!    cannot tell. Unless the engines are learned to keep shared heads (step 3's verdict:
+//!    a host cache gives such a prompt back), and while another candidate has a free slot
+//!    that did not just go idle, a request too short to key ([`Outcome::NotApplicable`])
+//!    leaves such a cluster out of its candidates, and a first turn whose short head is
+//!    held only where a slot just went idle is placed among the other candidates as a
+//!    prompt matching nothing, counted [`Outcome::LoadOverride`] (step 3).
 //! 3. The load gate prices the match by the prefill it saves: covered bytes / 4 bytes a
 //!    token / `prefill_tokens_per_second` seconds, worth that many seconds /
 //!    `queued_request_seconds` requests of load. If the least load among the deepest

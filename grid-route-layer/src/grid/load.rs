@@ -61,8 +61,8 @@ pub struct ClusterLoad {
     /// The prompt bytes the requests of `in_flight` still waiting for their first token
     /// were sent to prefill.
     prefill_waiting: Arc<AtomicU64>,
-    /// When the last answers ended here (the most recent last, at most [`ENDS_KEPT`]).
-    last_answer_end: Arc<Mutex<VecDeque<Instant>>>,
+    /// When an answer last ended here.
+    last_answer_end: Arc<Mutex<Option<Instant>>>,
     /// In the cluster's endpoint order.
     endpoints: Box<[Arc<EndpointLoad>]>,
 }
@@ -76,16 +76,12 @@ pub struct ClusterLoad {
 /// enough to leave slots usable covers.
 pub const SLOT_RECLAIM_WINDOW: Duration = Duration::from_millis(500);
 
-/// How many answer ends a cluster keeps: more than any engine's slots.
-const ENDS_KEPT: usize = 64;
-
-/// Records that an answer ended at `at`, forgetting the oldest past [`ENDS_KEPT`].
-fn record_end(ends: &Mutex<VecDeque<Instant>>, at: Instant) {
-    let mut ends = ends.lock().unwrap_or_else(PoisonError::into_inner);
-    if ends.len() == ENDS_KEPT {
-        ends.pop_front();
+/// Records that an answer ended at `at`, unless a later end is recorded already.
+fn record_end(last: &Mutex<Option<Instant>>, at: Instant) {
+    let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
+    if last.is_none_or(|last| last < at) {
+        *last = Some(at);
     }
-    ends.push_back(at);
 }
 
 pub(super) struct EndpointLoad {
@@ -106,7 +102,7 @@ impl ClusterLoad {
             in_flight: Arc::new(AtomicUsize::new(0)),
             streaming: Arc::new(AtomicUsize::new(0)),
             prefill_waiting: Arc::new(AtomicU64::new(0)),
-            last_answer_end: Arc::new(Mutex::new(VecDeque::new())),
+            last_answer_end: Arc::new(Mutex::new(None)),
             endpoints: endpoints
                 .iter()
                 .map(|url| Arc::new(EndpointLoad::new(Arc::clone(url))))
@@ -260,18 +256,16 @@ impl ClusterLoad {
         let Some(slots) = self.slots() else {
             return false;
         };
-        slots > self.in_flight() && self.answers_ended_within(SLOT_RECLAIM_WINDOW, now) > 0
+        slots > self.in_flight() && self.answer_ended_within(SLOT_RECLAIM_WINDOW, now)
     }
 
-    /// How many answers ended here less than `window` before `now`.
-    fn answers_ended_within(&self, window: Duration, now: Instant) -> usize {
-        let ends = self
-            .last_answer_end
+    /// Whether the last answer here ended less than `window` before `now` (or after it:
+    /// another thread's clock ran ahead).
+    fn answer_ended_within(&self, window: Duration, now: Instant) -> bool {
+        self.last_answer_end
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        ends.iter()
-            .filter(|&&end| end <= now && now.duration_since(end) < window)
-            .count()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|end| now.saturating_duration_since(end) < window)
     }
 
     /// Records that the endpoint at `url` runs `slots` requests at once, as llama.cpp's
@@ -444,7 +438,7 @@ pub struct InFlight {
     count: Arc<AtomicUsize>,
     streaming: Arc<AtomicUsize>,
     prefill_waiting: Arc<AtomicU64>,
-    last_answer_end: Arc<Mutex<VecDeque<Instant>>>,
+    last_answer_end: Arc<Mutex<Option<Instant>>>,
     /// What this request added to `prefill_waiting` until its first token.
     prefill_bytes: u64,
     streams: bool,
@@ -724,7 +718,8 @@ mod tests {
     #[test]
     fn a_slot_just_freed_while_an_answer_ended_in_the_window_and_a_slot_is_free() {
         let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
-        let t0 = Instant::now();
+        // Ten seconds ago: the ends at t0 and after are out of the window now.
+        let t0 = Instant::now().checked_sub(secs(10)).unwrap();
         let answered_at = |at: Instant| {
             let mut answer = load.start_request();
             answer.first_token();
@@ -742,33 +737,26 @@ mod tests {
         assert!(load.slot_just_freed(t0));
         assert!(load.slot_just_freed(t0 + ms(499)));
         assert!(!load.slot_just_freed(t0 + SLOT_RECLAIM_WINDOW));
-        // An end after `now` (another thread's clock ran ahead) is not counted yet.
-        assert!(!load.slot_just_freed(t0 - ms(1)));
+        // An earlier end recorded later (threads racing) does not hide the later one.
+        answered_at(t0 - SLOT_RECLAIM_WINDOW);
+        assert!(load.slot_just_freed(t0 + ms(499)));
         // No slot free: nothing to take.
         let full = [load.start_request(), load.start_request()];
         assert!(!load.slot_just_freed(t0));
         drop(full);
-        // A reload carries the ends over.
+        // A reload carries the end over.
         let carried = load.carried_over(&urls(1), &settings(WINDOW));
         assert!(carried.slot_just_freed(t0 + ms(200)));
         // Slots not known (a batching engine): never.
         assert!(carried.record_slots("http://e0", None));
         assert!(!carried.slot_just_freed(t0));
         // An answer dropped without `end_at` ends at the drop.
+        assert!(carried.record_slots("http://e0", Some(2)));
+        assert!(!carried.slot_just_freed(Instant::now()));
         let mut dropped = carried.start_request();
         dropped.first_token();
         drop(dropped);
-        let after = Instant::now();
-        assert_eq!(carried.answers_ended_within(ms(1), t0 + ms(300)), 0);
-        assert_eq!(
-            carried.answers_ended_within(after.duration_since(t0) + ms(1), after),
-            2
-        );
-        // At most the last 64 ends are kept.
-        for _ in 0..100 {
-            answered_at(t0);
-        }
-        assert_eq!(carried.answers_ended_within(ms(1), t0), ENDS_KEPT);
+        assert!(carried.slot_just_freed(Instant::now()));
     }
 
     #[test]
