@@ -1987,7 +1987,7 @@ fn on_slot_engines_a_new_conversation_leaves_a_slot_that_just_went_idle_unless_h
     );
     assert_eq!(names(&later.decide(&short)), ["east-a", "west-a"]);
     let f = Fixture {
-        now: later.now - SLOT_RECLAIM_WINDOW,
+        now: later.now.checked_sub(SLOT_RECLAIM_WINDOW).unwrap(),
         ..later
     };
     // West with no free slot: nowhere better to go, east it is.

@@ -425,6 +425,13 @@ impl fmt::Debug for ClusterLoad {
             .field("in_flight", &self.in_flight())
             .field("streaming", &self.streaming())
             .field("prefill_waiting", &self.prefill_waiting_bytes())
+            .field(
+                "last_answer_end",
+                &*self
+                    .last_answer_end
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
+            )
             .field("endpoints", &self.endpoints)
             .finish()
     }
@@ -738,7 +745,7 @@ mod tests {
         assert!(load.slot_just_freed(t0 + ms(499)));
         assert!(!load.slot_just_freed(t0 + SLOT_RECLAIM_WINDOW));
         // An earlier end recorded later (threads racing) does not hide the later one.
-        answered_at(t0 - SLOT_RECLAIM_WINDOW);
+        answered_at(t0.checked_sub(SLOT_RECLAIM_WINDOW).unwrap());
         assert!(load.slot_just_freed(t0 + ms(499)));
         // No slot free: nothing to take.
         let full = [load.start_request(), load.start_request()];
