@@ -10,6 +10,7 @@
 //! | `grid_route_pin_total` | counter | `outcome` | `PinLayer` |
 //! | `grid_route_decisions_total` | counter | `site`, `cluster` | `Select` |
 //! | `grid_route_shared_head_joins_total` | counter | `site`, `cluster` | `Select` |
+//! | `grid_route_slot_passed_over_total` | counter | `site`, `cluster` | `AffinityLayer` |
 //! | `grid_route_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_cached_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_predicted_cached_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
@@ -75,6 +76,10 @@ pub const SHARED_HEAD_JOINS_TOTAL: &str = "grid_route_shared_head_joins_total";
 /// Each cluster's share of new conversations' first turns that found the short shared head
 /// they asked its engines for, weighed by recency (with `engine_feedback`).
 pub const SHARED_HEAD_FOUND_SHARE: &str = "grid_route_shared_head_found_share";
+/// Requests that left a cluster out because a slot there had just gone idle, which a live
+/// conversation's next turn may be about to take back
+/// ([`Decision::passed_over`](crate::affinity::Decision::passed_over)).
+pub const SLOT_PASSED_OVER_TOTAL: &str = "grid_route_slot_passed_over_total";
 /// Time spent keying a request body, in seconds.
 pub const KEYING_SECONDS: &str = "grid_route_keying_seconds";
 /// Prefix keys per keyed request.
@@ -175,6 +180,14 @@ pub fn describe_metrics() {
         "New conversations' first turns sent to a backend cluster busier than another \
          candidate because it holds their short system prompt, has a free slot, and keeps \
          shared heads (counted sticky in grid_route_prefix_affinity_total too)."
+    );
+    metrics::describe_counter!(
+        SLOT_PASSED_OVER_TOTAL,
+        Unit::Count,
+        "Requests that left a backend cluster out because a slot there had just gone idle \
+         (an answer ended within 500 ms) while another candidate had a free slot, on \
+         engines not learned to keep shared heads: prompts too short to key, and new \
+         conversations' first turns behind a short system prompt only it held."
     );
     metrics::describe_gauge!(
         SHARED_HEAD_FOUND_SHARE,
@@ -318,6 +331,7 @@ mod tests {
             (QUEUED_REQUEST_SECONDS, MetricKind::Gauge),
             (SHARED_HEAD_JOINS_TOTAL, MetricKind::Counter),
             (SHARED_HEAD_FOUND_SHARE, MetricKind::Gauge),
+            (SLOT_PASSED_OVER_TOTAL, MetricKind::Counter),
             (KEYING_SECONDS, MetricKind::Histogram),
             (KEYS_PER_REQUEST, MetricKind::Histogram),
             (INDEX_ENTRIES, MetricKind::Gauge),

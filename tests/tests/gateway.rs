@@ -1199,6 +1199,16 @@ async fn on_slot_engines_a_new_request_leaves_a_slot_that_just_went_idle() {
     // slot instead.
     let short = || json!([{"role": "user", "content": "hi"}]);
     assert_eq!(chat(short(), false).await, west.1);
+    // Each cluster passed over is counted: west once, for the first turn behind its
+    // head, east once, for the short prompt.
+    let passed = |(site, cluster): (&str, &str)| {
+        let series =
+            format!(r#"grid_route_slot_passed_over_total{{site="{site}",cluster="{cluster}"}}"#);
+        let gateway = &gateway;
+        async move { scraped_gauge(gateway, &series).await }
+    };
+    assert_eq!(passed(west).await, Some(1.0));
+    assert_eq!(passed(east).await, Some(1.0));
     // Once the window has passed, load decides again.
     tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
     assert_eq!(chat(short(), false).await, east.1);

@@ -326,24 +326,32 @@ impl Affinity {
         cluster.load().slot_just_freed(now) && !self.heads.kept(cluster.id())
     }
 
-    /// `candidates` without those whose slots [just freed](Self::just_freed) when another
-    /// has a free slot that did not: for a request too short to key, which goes by load
-    /// and takes whichever idle slot the engine gives it. All of them otherwise.
+    /// `outcome` with `candidates` left but those whose slots [just freed](Self::just_freed)
+    /// when another has a free slot that did not, [passed over](Decision::passed_over):
+    /// for a request too short to key, which goes by load and takes whichever idle slot
+    /// the engine gives it. All of them otherwise.
     fn spare_just_freed(
         &self,
-        mut candidates: Vec<Arc<Cluster>>,
+        outcome: Outcome,
+        candidates: Vec<Arc<Cluster>>,
         now: Instant,
-    ) -> Vec<Arc<Cluster>> {
+    ) -> Decision {
         let freed: Vec<bool> = candidates.iter().map(|c| self.just_freed(c, now)).collect();
         let elsewhere = candidates
             .iter()
             .zip(&freed)
             .any(|(c, &freed)| !freed && c.load().free_slot(now) == Some(true));
-        if elsewhere && freed.contains(&true) {
-            let mut freed = freed.into_iter();
-            candidates.retain(|_| !freed.next().unwrap_or(false));
+        if !elsewhere || !freed.contains(&true) {
+            return Decision::undecided(Some(outcome), candidates);
         }
-        candidates
+        let (passed_over, kept): (Vec<_>, Vec<_>) = candidates
+            .into_iter()
+            .zip(freed)
+            .partition(|&(_, freed)| freed);
+        Decision {
+            passed_over: passed_over.into_iter().map(|(c, _)| c).collect(),
+            ..Decision::undecided(Some(outcome), kept.into_iter().map(|(c, _)| c).collect())
+        }
     }
 
     /// The whole affinity rule for one request.
@@ -407,8 +415,7 @@ impl Affinity {
         }
         let session = session.filter(|_| settings.session_affinity());
         if keys.is_none() && session.is_none() {
-            let candidates = self.spare_just_freed(candidates, now);
-            return Decision::undecided(Some(Outcome::NotApplicable), candidates);
+            return self.spare_just_freed(Outcome::NotApplicable, candidates, now);
         }
         // A conversation's later turn matches its own history beyond any shared head: no
         // other conversation will ask a second site for it, and exploring it would only
@@ -464,17 +471,17 @@ impl Affinity {
             }
         }
         let mut placed = None;
+        let mut passed_over = Vec::new();
         let joins_busier_holder = first_turn.joins.is_some() && outcome == Outcome::Sticky;
         if first_turn.placed_away {
-            // Placed among the others, as a prompt that matches nothing.
-            let (others, depths): (Vec<Arc<Cluster>>, Vec<usize>) = candidates
-                .iter()
-                .zip(&depths)
-                .filter(|&(_, &depth)| depth != narrowing.deepest)
-                .map(|(c, &depth)| (Arc::clone(c), depth))
-                .unzip();
-            (candidates, placed) =
-                self.place_unmatched(&settings, Outcome::NoMatch, &others, keys, &depths, now);
+            (candidates, placed, passed_over) = self.place_away(
+                &settings,
+                &candidates,
+                keys,
+                &depths,
+                narrowing.deepest,
+                now,
+            );
         } else if narrowing.outcome == Outcome::NoMatch {
             (candidates, placed) =
                 self.place_unmatched(&settings, outcome, &candidates, keys, &depths, now);
@@ -510,7 +517,41 @@ impl Affinity {
             placed,
             asks_shared_head: first_turn.asks_shared_head && outcome == Outcome::Sticky,
             joins_busier_holder,
+            passed_over,
         }
+    }
+
+    /// A first turn whose holders' slots all [just went idle](Self::just_freed)
+    /// ([`FirstTurn::placed_away`]), placed among the other candidates as a prompt that
+    /// matches nothing: those it goes to, its count in flight there, and the holders
+    /// passed over (those at `deepest`).
+    fn place_away(
+        &self,
+        settings: &AffinitySettings,
+        candidates: &[Arc<Cluster>],
+        keys: &PrefixKeys,
+        depths: &[usize],
+        deepest: usize,
+        now: Instant,
+    ) -> (Vec<Arc<Cluster>>, Option<Placed>, Vec<Arc<Cluster>>) {
+        let (mut others, mut other_depths, mut passed_over) = (Vec::new(), Vec::new(), Vec::new());
+        for (c, &depth) in candidates.iter().zip(depths) {
+            if depth == deepest {
+                passed_over.push(Arc::clone(c));
+            } else {
+                others.push(Arc::clone(c));
+                other_depths.push(depth);
+            }
+        }
+        let (chosen, placed) = self.place_unmatched(
+            settings,
+            Outcome::NoMatch,
+            &others,
+            keys,
+            &other_depths,
+            now,
+        );
+        (chosen, placed, passed_over)
     }
 
     /// `settings` priced for the request's match at `candidates` (their `depths`): with
@@ -720,6 +761,7 @@ impl SessionFound {
                 placed: None,
                 asks_shared_head: false,
                 joins_busier_holder: false,
+                passed_over: Vec::new(),
             }
         } else {
             Decision {
@@ -730,6 +772,7 @@ impl SessionFound {
                 placed: None,
                 asks_shared_head: false,
                 joins_busier_holder: false,
+                passed_over: Vec::new(),
             }
         }
     }
@@ -1011,6 +1054,7 @@ pub struct Decision {
     placed: Option<Placed>,
     asks_shared_head: bool,
     joins_busier_holder: bool,
+    passed_over: Vec<Arc<Cluster>>,
 }
 
 impl Decision {
@@ -1024,7 +1068,16 @@ impl Decision {
             placed: None,
             asks_shared_head: false,
             joins_busier_holder: false,
+            passed_over: Vec::new(),
         }
+    }
+
+    /// The candidates left out because a slot there [just went
+    /// idle](crate::grid::ClusterLoad::slot_just_freed) while another had a free slot that
+    /// did not (the module's rule, step 2): for a request too short to key, and for a first
+    /// turn whose short head they alone held. Empty otherwise.
+    pub fn passed_over(&self) -> &[Arc<Cluster>] {
+        &self.passed_over
     }
 
     /// Whether the request is a conversation's first turn that joins a busier holder of a

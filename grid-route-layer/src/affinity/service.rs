@@ -11,7 +11,9 @@ use super::decide::{Affinity, Decision, Outcome};
 use super::draw::random_draw;
 use super::settings::MIN_STICKY_DEPTH;
 use crate::grid::{Cluster, Grid};
-use crate::metrics::{OUTCOME_LABEL, PREFIX_AFFINITY_TOTAL};
+use crate::metrics::{
+    CLUSTER_LABEL, OUTCOME_LABEL, PREFIX_AFFINITY_TOTAL, SITE_LABEL, SLOT_PASSED_OVER_TOTAL,
+};
 use crate::route::{
     Candidates, Pinned, Placed, PredictedMatch, Prompt, RequestModel, record_on_span,
 };
@@ -154,6 +156,15 @@ fn record(decision: &Decision) {
         return;
     };
     metrics::counter!(PREFIX_AFFINITY_TOTAL, OUTCOME_LABEL => outcome.as_str()).increment(1);
+    for passed in decision.passed_over() {
+        let id = passed.id();
+        metrics::counter!(
+            SLOT_PASSED_OVER_TOTAL,
+            SITE_LABEL => Arc::clone(id.site().as_arc()),
+            CLUSTER_LABEL => Arc::clone(id.name_arc())
+        )
+        .increment(1);
+    }
     record_on_span("outcome", outcome.as_str());
     record_on_span("depth", decision.deepest());
     tracing::debug!(
@@ -161,6 +172,7 @@ fn record(decision: &Decision) {
         clusters = decision.clusters().len(),
         depth = decision.deepest(),
         joins_busier_holder = decision.joins_busier_holder(),
+        passed_over = decision.passed_over().len(),
         covered_bytes = decision.covered_bytes(),
         "prefix affinity"
     );

@@ -1958,12 +1958,20 @@ fn on_slot_engines_a_new_conversation_leaves_a_slot_that_just_went_idle_unless_h
     // it, likely that live conversation's. It takes west's free slot instead, placed as a
     // prompt matching nothing, and its answer asks nothing.
     assert!(!f.affinity.keeps_shared_heads(&east));
+    let passed_over = |decision: &Decision| -> Vec<ClusterId> {
+        decision
+            .passed_over()
+            .iter()
+            .map(|c| c.id().clone())
+            .collect()
+    };
     for first in &first_turns {
         let decision = f.decide(first);
         assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
         assert_eq!(names(&decision), ["west-a"]);
         assert_eq!(decision.placed().unwrap().cluster(), &f.id("west-a"));
         assert!(!decision.asks_shared_head());
+        assert_eq!(passed_over(&decision), std::slice::from_ref(&east));
     }
     // So does a request too short to key, which goes by load: which idle slot the engine
     // gives it is not known.
@@ -1972,10 +1980,12 @@ fn on_slot_engines_a_new_conversation_leaves_a_slot_that_just_went_idle_unless_h
     let decision = f.decide(&short);
     assert_eq!(decision.outcome(), Some(Outcome::NotApplicable));
     assert_eq!(names(&decision), ["west-a"]);
+    assert_eq!(passed_over(&decision), std::slice::from_ref(&east));
     // One drawn to explore still goes by load to any.
     let decision = f.decide_drawing(&first_turns[1], 0.0);
     assert_eq!(decision.outcome(), Some(Outcome::Exploration));
     assert_eq!(names(&decision), ["east-a", "west-a"]);
+    assert!(decision.passed_over().is_empty());
     // Once the window has passed, east's slots are fair game again.
     let later = Fixture {
         now: f.now + SLOT_RECLAIM_WINDOW,
@@ -1992,7 +2002,9 @@ fn on_slot_engines_a_new_conversation_leaves_a_slot_that_just_went_idle_unless_h
     };
     // West with no free slot: nowhere better to go, east it is.
     let west_full = f.running("west-a", 2);
-    assert_eq!(f.decide(&first_turns[1]).outcome(), Some(Outcome::Sticky));
+    let decision = f.decide(&first_turns[1]);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert!(decision.passed_over().is_empty());
     assert_eq!(names(&f.decide(&short)), ["east-a", "west-a"]);
     drop(west_full);
     // A slot just went idle at west too: neither is better, the head is taken.
