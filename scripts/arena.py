@@ -608,6 +608,9 @@ def scrape_decisions(admin: str) -> dict[str, float]:
         elif line.startswith("grid_route_shared_head_joins_total{"):
             # First turns that joined a busier holder of their system prompt (also sticky).
             counts["joined"] = counts.get("joined", 0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("grid_route_slot_passed_over_total{"):
+            # Clusters left out because a slot there had just gone idle, over every cluster.
+            counts["passed_over"] = counts.get("passed_over", 0) + float(line.rsplit(" ", 1)[1])
     return counts
 
 
