@@ -330,6 +330,14 @@ impl Affinity {
     /// when another has a free slot that did not, [passed over](Decision::passed_over):
     /// for a request too short to key, which goes by load and takes whichever idle slot
     /// the engine gives it. All of them otherwise.
+    /// Whether a candidate has a free slot that did not [just go idle](Self::just_freed):
+    /// somewhere a newcomer takes no live conversation's slot.
+    fn free_elsewhere(&self, candidates: &[Arc<Cluster>], now: Instant) -> bool {
+        candidates
+            .iter()
+            .any(|c| c.load().free_slot(now) == Some(true) && !self.just_freed(c, now))
+    }
+
     fn spare_just_freed(
         &self,
         outcome: Outcome,
@@ -337,11 +345,7 @@ impl Affinity {
         now: Instant,
     ) -> Decision {
         let freed: Vec<bool> = candidates.iter().map(|c| self.just_freed(c, now)).collect();
-        let elsewhere = candidates
-            .iter()
-            .zip(&freed)
-            .any(|(c, &freed)| !freed && c.load().free_slot(now) == Some(true));
-        if !elsewhere || !freed.contains(&true) {
+        if !freed.contains(&true) || !self.free_elsewhere(&candidates, now) {
             return Decision::undecided(Some(outcome), candidates);
         }
         let (passed_over, kept): (Vec<_>, Vec<_>) = candidates
@@ -634,18 +638,13 @@ impl Affinity {
             // conversation's, and push its prompt out. With a free slot elsewhere that did
             // not just go idle, it is placed among the others as a prompt matching nothing
             // (the free-slot rule); the head's prefill is what it pays.
+            // Every holder just freed, so a free slot that did not is a non-holder's.
             let mut holders = candidates
                 .iter()
                 .zip(depths)
                 .filter(|&(_, &depth)| depth == narrowing.deepest);
-            let elsewhere = || {
-                candidates.iter().zip(depths).any(|(c, &depth)| {
-                    depth != narrowing.deepest
-                        && c.load().free_slot(now) == Some(true)
-                        && !self.just_freed(c, now)
-                })
-            };
-            if holders.all(|(c, _)| self.just_freed(c, now)) && elsewhere() {
+            if holders.all(|(c, _)| self.just_freed(c, now)) && self.free_elsewhere(candidates, now)
+            {
                 narrowing.outcome = Outcome::LoadOverride;
                 first.placed_away = true;
                 return first;
