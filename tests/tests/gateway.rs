@@ -1217,6 +1217,75 @@ async fn on_slot_engines_a_new_request_leaves_a_slot_that_just_went_idle() {
 }
 
 #[tokio::test]
+async fn on_slot_engines_a_first_turn_leaves_a_holder_whose_slot_just_went_idle_for_another() {
+    let (release, released) = tokio::sync::watch::channel(false);
+    let sites = [
+        ("holder-one", "holder-one-a"),
+        ("holder-two", "holder-two-a"),
+        ("holder-three", "holder-three-a"),
+    ];
+    let gateway = two_slot_gateway_with(&sites, &released, CPU_PRICES).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let house = text("a house prompt", 20 * 256);
+    let first_turn = |question: &str, hold: bool| {
+        let url = url.clone();
+        let body = json!({"model": MODEL, "messages": [
+            {"role": "system", "content": house}, {"role": "user", "content": question},
+        ]})
+        .to_string();
+        async move {
+            let mut headers = vec![("content-type", "application/json")];
+            if hold {
+                headers.push(("x-hold", "1"));
+            }
+            send_with(Method::POST, &url, &headers, body)
+                .await
+                .engine_name()
+        }
+    };
+    // Nothing held anywhere: the first engine. Its answer just ended, so the next first
+    // turn behind the head is placed at another engine, which then holds the head too.
+    let one = sites[0].1;
+    assert_eq!(first_turn("q1", false).await, one);
+    let two = first_turn("q2", false).await;
+    assert_ne!(two, one);
+    let holders = [one, two.as_str()];
+    tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
+    // One holder runs a held first turn; another goes to the other, less loaded holder,
+    // and its answer ends there.
+    let held = tokio::spawn(first_turn("q3", true));
+    eventually("a holder runs the held first turn", || async {
+        holders.iter().any(|h| in_flight_at(&gateway, h) == 1)
+    })
+    .await;
+    let busy = *holders
+        .iter()
+        .find(|h| in_flight_at(&gateway, h) == 1)
+        .unwrap();
+    let freed = first_turn("q4", false).await;
+    assert!(holders.contains(&freed.as_str()) && freed != busy);
+    // The less loaded holder's slot just went idle; the busier one has a free slot that did
+    // not. The next first turn finds the head there, leaving the live conversation's slot.
+    assert_eq!(first_turn("q5", false).await, busy);
+    let passed = |cluster: &str| {
+        let site = sites.iter().find(|s| s.1 == cluster).unwrap().0;
+        let series =
+            format!(r#"grid_route_slot_passed_over_total{{site="{site}",cluster="{cluster}"}}"#);
+        let gateway = &gateway;
+        async move { scraped_gauge(gateway, &series).await }
+    };
+    // Passed over: the first holder for q2, the freed one for q5.
+    if freed == one {
+        assert_eq!(passed(one).await, Some(2.0));
+    } else {
+        assert_eq!(passed(one).await, Some(1.0));
+        assert_eq!(passed(&freed).await, Some(1.0));
+    }
+    release.send(true).unwrap();
+    assert_eq!(held.await.unwrap(), busy);
+}
+
+#[tokio::test]
 async fn a_stream_counts_its_prompt_held_from_its_first_token_not_its_head() {
     let (release, released) = tokio::sync::watch::channel(false);
     let gateway = two_slot_gateway(

@@ -326,10 +326,6 @@ impl Affinity {
         cluster.load().slot_just_freed(now) && !self.heads.kept(cluster.id())
     }
 
-    /// `outcome` with `candidates` left but those whose slots [just freed](Self::just_freed)
-    /// when another has a free slot that did not, [passed over](Decision::passed_over):
-    /// for a request too short to key, which goes by load and takes whichever idle slot
-    /// the engine gives it. All of them otherwise.
     /// Whether a candidate has a free slot that did not [just go idle](Self::just_freed):
     /// somewhere a newcomer takes no live conversation's slot.
     fn free_elsewhere(&self, candidates: &[Arc<Cluster>], now: Instant) -> bool {
@@ -338,6 +334,10 @@ impl Affinity {
             .any(|c| c.load().free_slot(now) == Some(true) && !self.just_freed(c, now))
     }
 
+    /// `outcome` with `candidates` left but those whose slots [just freed](Self::just_freed)
+    /// when another has a free slot that did not, [passed over](Decision::passed_over):
+    /// for a request too short to key, which goes by load and takes whichever idle slot
+    /// the engine gives it. All of them otherwise.
     fn spare_just_freed(
         &self,
         outcome: Outcome,
@@ -387,11 +387,11 @@ impl Affinity {
     ///   request stays [`Outcome::Sticky`] with the least loaded of those holders alone,
     ///   counted in flight there at once ([`Decision::placed`]), and finds the head there
     ///   (what it may cost a live conversation there: the module's step 3). A first
-    ///   turn whose holders are no busier but whose every one's slot just went idle, on
-    ///   engines not learned to keep shared heads, while another candidate has a free slot
-    ///   that did not, is [`Outcome::LoadOverride`], placed among the others as a prompt
-    ///   that matches nothing. Else such
-    ///   a first turn stuck to a holder no busier than the others
+    ///   turn whose holders are no busier passes over those whose slot just went idle, on
+    ///   engines not learned to keep shared heads: it stays with the other holders when
+    ///   one has a free slot that did not, else, while another candidate has one, it is
+    ///   [`Outcome::LoadOverride`], placed among the others as a prompt that matches
+    ///   nothing. Such a first turn stuck to a holder no busier than the others
     ///   [asks](Decision::asks_shared_head) whether the head was kept;
     /// - a sticky prefix match wins. Otherwise, with
     ///   [`session_affinity`](AffinitySettings::session_affinity) on and the prompt the
@@ -475,10 +475,10 @@ impl Affinity {
             }
         }
         let mut placed = None;
-        let mut passed_over = Vec::new();
         let joins_busier_holder = first_turn.joins.is_some() && outcome == Outcome::Sticky;
+        let passed_over = first_turn.passed_over;
         if first_turn.placed_away {
-            (candidates, placed, passed_over) = self.place_away(
+            (candidates, placed) = self.place_away(
                 &settings,
                 &candidates,
                 keys,
@@ -494,7 +494,10 @@ impl Affinity {
             placed = Some(counted);
         } else {
             let mut depth = depths.iter();
-            candidates.retain(|_| depth.next().is_some_and(|&d| narrowing.keeps(d)));
+            candidates.retain(|c| {
+                depth.next().is_some_and(|&d| narrowing.keeps(d))
+                    && !passed_over.iter().any(|p| Arc::ptr_eq(p, c))
+            });
             if outcome == Outcome::Sticky && thread.is_some() && candidates.len() > 1 {
                 // Holders tied at a head shared by other conversations: blocks stop at 256
                 // bytes and never hold the answers, so the index cannot tell which of them
@@ -525,10 +528,9 @@ impl Affinity {
         }
     }
 
-    /// A first turn whose holders' slots all [just went idle](Self::just_freed)
-    /// ([`FirstTurn::placed_away`]), placed among the other candidates as a prompt that
-    /// matches nothing: those it goes to, its count in flight there, and the holders
-    /// passed over (those at `deepest`).
+    /// A first turn placed away from its holders ([`FirstTurn::placed_away`]), placed
+    /// among the other candidates (those not at `deepest`) as a prompt that matches
+    /// nothing: those it goes to and its count in flight there.
     fn place_away(
         &self,
         settings: &AffinitySettings,
@@ -537,25 +539,21 @@ impl Affinity {
         depths: &[usize],
         deepest: usize,
         now: Instant,
-    ) -> (Vec<Arc<Cluster>>, Option<Placed>, Vec<Arc<Cluster>>) {
-        let (mut others, mut other_depths, mut passed_over) = (Vec::new(), Vec::new(), Vec::new());
-        for (c, &depth) in candidates.iter().zip(depths) {
-            if depth == deepest {
-                passed_over.push(Arc::clone(c));
-            } else {
-                others.push(Arc::clone(c));
-                other_depths.push(depth);
-            }
-        }
-        let (chosen, placed) = self.place_unmatched(
+    ) -> (Vec<Arc<Cluster>>, Option<Placed>) {
+        let (others, other_depths): (Vec<_>, Vec<_>) = candidates
+            .iter()
+            .zip(depths)
+            .filter(|&(_, &depth)| depth != deepest)
+            .map(|(c, &depth)| (Arc::clone(c), depth))
+            .unzip();
+        self.place_unmatched(
             settings,
             Outcome::NoMatch,
             &others,
             keys,
             &other_depths,
             now,
-        );
-        (chosen, placed, passed_over)
+        )
     }
 
     /// `settings` priced for the request's match at `candidates` (their `depths`): with
@@ -633,21 +631,35 @@ impl Affinity {
             }
             drop(placements);
         } else {
-            // Where every holder of the head just had an answer end, the newcomer would take
+            // At a holder of the head where an answer just ended, the newcomer would take
             // the idle slot sharing its head (the longest common prefix), likely that live
-            // conversation's, and push its prompt out. With a free slot elsewhere that did
-            // not just go idle, it is placed among the others as a prompt matching nothing
-            // (the free-slot rule); the head's prefill is what it pays.
-            // Every holder just freed, so a free slot that did not is a non-holder's.
-            let mut holders = candidates
+            // conversation's, and push its prompt out. Such holders are passed over: for
+            // another holder with a free slot that did not just go idle, where the head is
+            // found at no one's cost; else, with such a slot at a non-holder, the newcomer
+            // is placed among the others as a prompt matching nothing (the free-slot rule)
+            // and pays the head's prefill.
+            let holders = candidates
                 .iter()
                 .zip(depths)
-                .filter(|&(_, &depth)| depth == narrowing.deepest);
-            if holders.all(|(c, _)| self.just_freed(c, now)) && self.free_elsewhere(candidates, now)
-            {
-                narrowing.outcome = Outcome::LoadOverride;
-                first.placed_away = true;
-                return first;
+                .filter(|&(_, &depth)| depth == narrowing.deepest)
+                .map(|(c, _)| c);
+            let freed: Vec<Arc<Cluster>> = holders
+                .clone()
+                .filter(|c| self.just_freed(c, now))
+                .cloned()
+                .collect();
+            if !freed.is_empty() {
+                let spare = |c: &&Arc<Cluster>| {
+                    c.load().free_slot(now) == Some(true) && !self.just_freed(c, now)
+                };
+                if holders.clone().any(|c| spare(&c)) {
+                    first.passed_over = freed;
+                } else if self.free_elsewhere(candidates, now) {
+                    narrowing.outcome = Outcome::LoadOverride;
+                    first.passed_over = freed;
+                    first.placed_away = true;
+                    return first;
+                }
             }
             // Sent under the rule that does not crowd: its answer says whether the holder
             // kept the head. One that joined a busier holder would find it in a live
@@ -733,10 +745,14 @@ struct FirstTurn {
     joins: Option<(Arc<Cluster>, Placed)>,
     /// Whether its answer tells if its holder kept the head.
     asks_shared_head: bool,
-    /// Every holder's slot [just went idle](Affinity::just_freed) and another candidate
-    /// has a free slot that did not: placed among the others as a prompt that matches
-    /// nothing, with the outcome `load_override`.
+    /// No holder has a free slot that did not [just go idle](Affinity::just_freed), one
+    /// did, and another candidate has a free slot that did not: placed among the others
+    /// as a prompt that matches nothing, with the outcome `load_override`.
     placed_away: bool,
+    /// The holders whose slots [just went idle](Affinity::just_freed), left out: for the
+    /// others when one has a free slot that did not, else by `placed_away`. Empty when
+    /// neither applies.
+    passed_over: Vec<Arc<Cluster>>,
 }
 
 /// What the session step found: the cluster that last answered the session, the prompt it
@@ -1074,7 +1090,7 @@ impl Decision {
     /// The candidates left out because a slot there [just went
     /// idle](crate::grid::ClusterLoad::slot_just_freed) while another had a free slot that
     /// did not (the module's rule, step 2): for a request too short to key, and for a first
-    /// turn whose short head they alone held. Empty otherwise.
+    /// turn the holders of its short head. Empty otherwise.
     pub fn passed_over(&self) -> &[Arc<Cluster>] {
         &self.passed_over
     }

@@ -61,9 +61,10 @@
 //!    cannot tell. Unless the engines are learned to keep shared heads (step 3's verdict:
 //!    a host cache gives such a prompt back), and while another candidate has a free slot
 //!    that did not just go idle, a request too short to key ([`Outcome::NotApplicable`])
-//!    leaves such a cluster out of its candidates, and a first turn whose short head is
-//!    held only where a slot just went idle is placed among the other candidates as a
-//!    prompt matching nothing, counted [`Outcome::LoadOverride`] (step 3).
+//!    leaves such a cluster out of its candidates, and a first turn behind a short head
+//!    leaves such holders out: it stays with another holder that has a free slot that
+//!    did not just go idle, else it is placed among the other candidates as a prompt
+//!    matching nothing, counted [`Outcome::LoadOverride`] (step 3).
 //! 3. The load gate prices the match by the prefill it saves: covered bytes / 4 bytes a
 //!    token / `prefill_tokens_per_second` seconds, worth that many seconds /
 //!    `queued_request_seconds` requests of load. If the least load among the deepest

@@ -2031,6 +2031,55 @@ fn on_slot_engines_a_new_conversation_leaves_a_slot_that_just_went_idle_unless_h
 }
 
 #[test]
+fn on_slot_engines_a_new_conversation_leaves_a_holder_whose_slot_just_went_idle_for_another() {
+    // Two holders of a system prompt, east and north: a conversation each behind it.
+    let f = three_slot_sites();
+    let house = text("house", 16 * 256);
+    for (name, question) in [("east-a", "first of a"), ("north-a", "first of b")] {
+        f.answered(name, &f.prompt(&[("system", &house), ("user", question)]));
+    }
+    let first = f.prompt(&[("system", &house), ("user", "someone asks")]);
+    let ids = |clusters: &[Arc<Cluster>]| -> Vec<ClusterId> {
+        clusters.iter().map(|c| c.id().clone()).collect()
+    };
+    assert_eq!(names(&f.decide(&first)), ["east-a", "north-a"]);
+    // An answer just ended at east: its idle slot likely holds that conversation, north's
+    // does not. The newcomer finds the head at north.
+    answered_now(&f, "east-a");
+    let decision = f.decide(&first);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["north-a"]);
+    assert_eq!(ids(decision.passed_over()), [f.id("east-a")]);
+    assert!(decision.asks_shared_head() && decision.placed().is_none());
+    // North's slots full: no holder has a slot that did not just go idle. The newcomer
+    // takes west's, placed as a prompt matching nothing.
+    let north_full = f.running("north-a", 2);
+    let decision = f.decide(&first);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert_eq!(names(&decision), ["west-a"]);
+    assert_eq!(decision.placed().unwrap().cluster(), &f.id("west-a"));
+    assert_eq!(ids(decision.passed_over()), [f.id("east-a")]);
+    drop(decision);
+    drop(north_full);
+    // A slot just went idle at north too: both holders are passed over.
+    answered_now(&f, "north-a");
+    let decision = f.decide(&first);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert_eq!(names(&decision), ["west-a"]);
+    assert_eq!(
+        ids(decision.passed_over()),
+        [f.id("east-a"), f.id("north-a")]
+    );
+    drop(decision);
+    // West full as well: nowhere better, the holders it is.
+    let _west_full = f.running("west-a", 2);
+    let decision = f.decide(&first);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a", "north-a"]);
+    assert!(decision.passed_over().is_empty());
+}
+
+#[test]
 fn on_slot_engines_a_placed_conversation_takes_a_free_slot_by_room_where_one_just_went_idle() {
     // A placement is not passed over a slot that just went idle: on the simulator's slot
     // engines, which keep a host cache, passing over for placements cost the bar
