@@ -11,6 +11,7 @@
 //! | `grid_route_decisions_total` | counter | `site`, `cluster` | `Select` |
 //! | `grid_route_shared_head_joins_total` | counter | `site`, `cluster` | `Select` |
 //! | `grid_route_slot_passed_over_total` | counter | `site`, `cluster` | `AffinityLayer` |
+//! | `grid_route_slot_holds_total` | counter | `site`, `cluster` | `Select` |
 //! | `grid_route_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_cached_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_predicted_cached_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
@@ -80,6 +81,10 @@ pub const SHARED_HEAD_FOUND_SHARE: &str = "grid_route_shared_head_found_share";
 /// conversation's next turn may be about to take back
 /// ([`Decision::passed_over`](crate::affinity::Decision::passed_over)).
 pub const SLOT_PASSED_OVER_TOTAL: &str = "grid_route_slot_passed_over_total";
+/// Requests [`Select`](crate::select::Select) held before sending them to a cluster where a
+/// slot had just gone idle, for the conversation answered there to reach it first
+/// ([`SlotHold`](crate::route::SlotHold)).
+pub const SLOT_HOLDS_TOTAL: &str = "grid_route_slot_holds_total";
 /// Time spent keying a request body, in seconds.
 pub const KEYING_SECONDS: &str = "grid_route_keying_seconds";
 /// Prefix keys per keyed request.

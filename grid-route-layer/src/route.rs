@@ -390,6 +390,41 @@ impl PredictedMatch {
     }
 }
 
+/// Where a new conversation waits before it reaches the engine, set by
+/// [`AffinityLayer`](crate::affinity::AffinityLayer) ([`Decision::holds`]): at each of these
+/// clusters a slot just went idle, and the conversation answered there may be about to
+/// send its next turn. [`Select`](crate::select::Select), having picked one of them, waits
+/// until the time given ([`SLOT_RECLAIM_HOLD`] after the answer's end) before it sends the
+/// request, counting it in flight there meanwhile: the live turn reaches its slot first,
+/// and the newcomer takes another. Sent at once, a newcomer may take the live
+/// conversation's idle slot (llama.cpp gives a request the idle slot sharing the longest
+/// prefix with it, else the least recently used), which then prefills its whole history
+/// again. A balancer of your own may ignore it.
+///
+/// [`Decision::holds`]: crate::affinity::Decision::holds
+/// [`SLOT_RECLAIM_HOLD`]: crate::grid::SLOT_RECLAIM_HOLD
+#[derive(Debug, Clone)]
+pub struct SlotHold {
+    until: Arc<[(ClusterId, Instant)]>,
+}
+
+impl SlotHold {
+    /// A hold at each `(cluster, until)`.
+    pub fn new(until: impl Into<Arc<[(ClusterId, Instant)]>>) -> Self {
+        Self {
+            until: until.into(),
+        }
+    }
+
+    /// Until when a request sent to `cluster` waits, if it does.
+    pub fn until(&self, cluster: &ClusterId) -> Option<Instant> {
+        self.until
+            .iter()
+            .find(|(id, _)| id == cluster)
+            .map(|&(_, until)| until)
+    }
+}
+
 /// A new conversation [`AffinityLayer`](crate::affinity::AffinityLayer) placed on a free
 /// slot (by the free-slot rule, or joining a busier holder of its shared head), already
 /// counted in flight at that cluster ([`Decision::placed`](crate::affinity::Decision::placed)).

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use grid_route_example::gateway::Gateway;
 use grid_route_example::prometheus;
-use grid_route_layer::grid::SLOT_RECLAIM_WINDOW;
+use grid_route_layer::grid::{SLOT_RECLAIM_HOLD, SLOT_RECLAIM_WINDOW};
 use grid_route_mock_engine::{CachedTokens, MockEngine, MockEngineConfig};
 use grid_route_tests::{
     Answer, ClusterYaml, Conversation, MODEL, REQUEST_DEADLINE, chat, client, cluster, cluster_id,
@@ -735,8 +735,9 @@ async fn an_answer_that_ends_after_a_reload_removed_its_cluster_teaches_nothing(
 
 /// A stand-in llama.cpp engine with two slots, named `name`: `/metrics` reads no request
 /// waiting, `/props` says two slots, and every other request gets a chat completion with
-/// `x-mock-engine: name`, once `release` turns `true` when it carries `x-hold`. One that
-/// carries `x-stream` gets it as an event stream whose head comes at once, before the hold.
+/// `x-mock-engine: name` and `x-mock-arrival: n` (the n-th such request to reach it, from
+/// 1), once `release` turns `true` when it carries `x-hold`. One that carries `x-stream`
+/// gets it as an event stream whose head comes at once, before the hold.
 async fn two_slot_engine(
     name: &'static str,
     release: tokio::sync::watch::Receiver<bool>,
@@ -744,12 +745,21 @@ async fn two_slot_engine(
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
+    let arrivals = Arc::new(AtomicUsize::new(0));
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
             let mut release = release.clone();
+            let arrivals = Arc::clone(&arrivals);
             tokio::spawn(async move {
                 let mut read = Vec::new();
                 while let Some(head) = read_request(&mut socket, &mut read).await {
+                    let polled =
+                        head.starts_with("get /metrics ") || head.starts_with("get /props ");
+                    let arrival = if polled {
+                        0
+                    } else {
+                        arrivals.fetch_add(1, Ordering::SeqCst) + 1
+                    };
                     let (kind, body) = if head.starts_with("get /metrics ") {
                         ("text/plain", "llamacpp:requests_deferred 0\n".to_owned())
                     } else if head.starts_with("get /props ") {
@@ -759,7 +769,8 @@ async fn two_slot_engine(
                         // prompt is prefilled (here: once released, when held).
                         let answer_head = format!(
                             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
-                             x-mock-engine: {name}\r\ntransfer-encoding: chunked\r\n\r\n"
+                             x-mock-engine: {name}\r\nx-mock-arrival: {arrival}\r\n\
+                             transfer-encoding: chunked\r\n\r\n"
                         );
                         if socket.write_all(answer_head.as_bytes()).await.is_err() {
                             return;
@@ -802,7 +813,9 @@ async fn two_slot_engine(
                         });
                         ("application/json", answer.to_string())
                     };
-                    let headers = format!("content-type: {kind}\r\nx-mock-engine: {name}\r\n");
+                    let headers = format!(
+                        "content-type: {kind}\r\nx-mock-engine: {name}\r\nx-mock-arrival: {arrival}\r\n"
+                    );
                     let answer = whole_answer(200, &headers, &body);
                     if socket.write_all(answer.as_bytes()).await.is_err() {
                         return;
@@ -1283,6 +1296,95 @@ async fn on_slot_engines_a_first_turn_leaves_a_holder_whose_slot_just_went_idle_
     }
     release.send(true).unwrap();
     assert_eq!(held.await.unwrap(), busy);
+}
+
+#[tokio::test]
+async fn on_slot_engines_a_new_request_waits_for_the_live_turn_where_a_slot_just_went_idle() {
+    let (release_east, east_released) = tokio::sync::watch::channel(false);
+    let (release_west, west_released) = tokio::sync::watch::channel(false);
+    let (east, west) = (
+        ("reclaim-east", "reclaim-east-a"),
+        ("reclaim-west", "reclaim-west-a"),
+    );
+    let gateway = two_slot_gateway_releasing(
+        &[
+            (east.0, east.1, east_released),
+            (west.0, west.1, west_released),
+        ],
+        CPU_PRICES,
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // The engine and the arrival number at it of each answer.
+    let chat = |messages: Value, hold: bool| {
+        let url = url.clone();
+        async move {
+            let mut headers = vec![("content-type", "application/json")];
+            if hold {
+                headers.push(("x-hold", "1"));
+            }
+            let body = json!({"model": MODEL, "messages": messages}).to_string();
+            let answer = send_with(Method::POST, &url, &headers, body).await;
+            let arrival: usize = answer.headers["x-mock-arrival"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            (answer.engine_name(), arrival)
+        }
+    };
+    let long = text("a long system prompt", 40 * 256);
+    let turn = |n: usize| {
+        let mut messages = vec![
+            json!({"role": "system", "content": long}),
+            json!({"role": "user", "content": "hi"}),
+        ];
+        for i in 1..n {
+            messages.push(json!({"role": "assistant", "content": format!("answer {i}")}));
+            messages.push(json!({"role": "user", "content": format!("question {i}")}));
+        }
+        Value::Array(messages)
+    };
+    // A conversation at east; west's two slots then busy with held requests.
+    assert_eq!(chat(turn(1), false).await.0, east.1);
+    tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
+    // New conversations held at the engine: placed where the index holds least, west.
+    let at_west = [
+        held_new_conversation(&url, "one", 8),
+        held_new_conversation(&url, "two", 8),
+    ];
+    eventually("west runs two requests", || async {
+        in_flight_at(&gateway, west.1) == 2
+    })
+    .await;
+    // The conversation's second turn ends at east: one of its slots just went idle, and the
+    // third turn is about to come. A prompt too short to key, sent just before it, has
+    // nowhere else to go: it waits, and the third turn reaches its slot first.
+    let (engine, second) = chat(turn(2), false).await;
+    assert_eq!(engine, east.1);
+    let short = || json!([{"role": "user", "content": "hi"}]);
+    let newcomer = tokio::spawn(chat(short(), false));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (engine, third) = chat(turn(3), false).await;
+    assert_eq!(engine, east.1);
+    let (engine, arrival) = newcomer.await.unwrap();
+    assert_eq!(engine, east.1);
+    assert_eq!((third, arrival), (second + 1, second + 2));
+    let holds = format!(
+        r#"grid_route_slot_holds_total{{site="{}",cluster="{}"}}"#,
+        east.0, east.1
+    );
+    assert_eq!(scraped_gauge(&gateway, &holds).await, Some(1.0));
+    // The live turn itself never waits, and once the hold is over nothing does.
+    tokio::time::sleep(SLOT_RECLAIM_HOLD).await;
+    let (engine, _) = chat(short(), false).await;
+    assert_eq!(engine, east.1);
+    assert_eq!(scraped_gauge(&gateway, &holds).await, Some(1.0));
+    release_west.send(true).unwrap();
+    release_east.send(true).unwrap();
+    for held in at_west {
+        assert_eq!(held.await.unwrap(), west.1);
+    }
 }
 
 #[tokio::test]

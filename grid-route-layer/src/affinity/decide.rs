@@ -405,7 +405,47 @@ impl Affinity {
     ///   load first;
     /// - [`Outcome::NoMatch`] narrows the candidates as the module's rule, step 2, says:
     ///   on engines with slots to one with a free slot, recording what it was sent.
+    ///
+    /// A request that opens a conversation (as above) or is too short to key, whatever the
+    /// outcome, says where it waits before it reaches the engine ([`Decision::holds`]).
     pub fn decide(
+        &self,
+        candidates: Vec<Arc<Cluster>>,
+        keys: Option<&PrefixKeys>,
+        session: Option<SessionKey>,
+        now: Instant,
+        draw: f64,
+    ) -> Decision {
+        let newcomer = self.is_newcomer(&candidates, keys, session, now);
+        let mut decision = self.decide_among(candidates, keys, session, now, draw);
+        if newcomer && decision.outcome.is_some() {
+            decision.holds = decision
+                .clusters
+                .iter()
+                .filter(|c| !self.heads.kept(c.id()))
+                .filter_map(|c| Some((c.id().clone(), c.load().reclaim_hold_until(now)?)))
+                .collect();
+        }
+        decision
+    }
+
+    /// Whether a request is a newcomer to every candidate: too short to key and with no
+    /// session, or opening a conversation ([`PrefixKeys::opens_conversation`], and a
+    /// session, if it names one that affinity reads, no candidate has answered).
+    fn is_newcomer(
+        &self,
+        candidates: &[Arc<Cluster>],
+        keys: Option<&PrefixKeys>,
+        session: Option<SessionKey>,
+        now: Instant,
+    ) -> bool {
+        let session = session.filter(|_| self.settings().session_affinity());
+        keys.is_none_or(PrefixKeys::opens_conversation)
+            && session.is_none_or(|session| self.is_new(candidates, session, now))
+    }
+
+    /// [`decide`](Self::decide) but for where the request waits.
+    fn decide_among(
         &self,
         mut candidates: Vec<Arc<Cluster>>,
         keys: Option<&PrefixKeys>,
@@ -493,28 +533,16 @@ impl Affinity {
             candidates = vec![joined];
             placed = Some(counted);
         } else {
-            let mut depth = depths.iter();
-            candidates.retain(|c| {
-                depth.next().is_some_and(|&d| narrowing.keeps(d))
-                    && !passed_over.iter().any(|p| Arc::ptr_eq(p, c))
-            });
-            if outcome == Outcome::Sticky && thread.is_some() && candidates.len() > 1 {
-                // Holders tied at a head shared by other conversations: blocks stop at 256
-                // bytes and never hold the answers, so the index cannot tell which of them
-                // holds this conversation. Its thread can, and the gate weighs that holder
-                // against the others at what it holds there.
-                let kept: Vec<usize> = depths
-                    .iter()
-                    .copied()
-                    .filter(|&d| narrowing.keeps(d))
-                    .collect();
-                let prefix = Some((keys, &kept[..]));
-                if let Some(found) = self.session_gate(&settings, &candidates, thread, prefix, now)
-                    && found.sticks
-                {
-                    candidates = vec![Arc::clone(&candidates[found.at])];
-                }
-            }
+            let sticky_thread = thread.filter(|_| outcome == Outcome::Sticky);
+            candidates = self.keep_holders(
+                &settings,
+                candidates,
+                &depths,
+                &narrowing,
+                &passed_over,
+                (keys, sticky_thread),
+                now,
+            );
         }
         Decision {
             outcome: Some(outcome),
@@ -525,7 +553,44 @@ impl Affinity {
             asks_shared_head: first_turn.asks_shared_head && outcome == Outcome::Sticky,
             joins_busier_holder,
             passed_over,
+            holds: Vec::new(),
         }
+    }
+
+    /// The holders `narrowing` keeps, but those `passed_over`. Of several, for a sticky
+    /// request with a thread (`thread`, given only then), the one its thread was last
+    /// answered at when the gate lets it stick there: holders tied at a head shared by
+    /// other conversations, since blocks stop at 256 bytes and never hold the answers, so
+    /// the index cannot tell which of them holds this conversation. Its thread can, and
+    /// the gate weighs that holder against the others at what it holds there.
+    #[allow(clippy::too_many_arguments)]
+    fn keep_holders(
+        &self,
+        settings: &AffinitySettings,
+        candidates: Vec<Arc<Cluster>>,
+        depths: &[usize],
+        narrowing: &Narrowing,
+        passed_over: &[Arc<Cluster>],
+        (keys, thread): (&PrefixKeys, Option<SessionKey>),
+        now: Instant,
+    ) -> Vec<Arc<Cluster>> {
+        let (kept, kept_depths): (Vec<_>, Vec<_>) = candidates
+            .into_iter()
+            .zip(depths)
+            .filter(|&(ref c, &depth)| {
+                narrowing.keeps(depth) && !passed_over.iter().any(|p| Arc::ptr_eq(p, c))
+            })
+            .map(|(c, &depth)| (c, depth))
+            .unzip();
+        if thread.is_some() && kept.len() > 1 {
+            let prefix = Some((keys, &kept_depths[..]));
+            if let Some(found) = self.session_gate(settings, &kept, thread, prefix, now)
+                && found.sticks
+            {
+                return vec![Arc::clone(&kept[found.at])];
+            }
+        }
+        kept
     }
 
     /// A first turn placed away from its holders ([`FirstTurn::placed_away`]), placed
@@ -638,21 +703,19 @@ impl Affinity {
             // found at no one's cost; else, with such a slot at a non-holder, the newcomer
             // is placed among the others as a prompt matching nothing (the free-slot rule)
             // and pays the head's prefill.
-            let holders = candidates
+            let holders: Vec<Arc<Cluster>> = candidates
                 .iter()
                 .zip(depths)
                 .filter(|&(_, &depth)| depth == narrowing.deepest)
-                .map(|(c, _)| c);
+                .map(|(c, _)| Arc::clone(c))
+                .collect();
             let freed: Vec<Arc<Cluster>> = holders
-                .clone()
+                .iter()
                 .filter(|c| self.just_freed(c, now))
                 .cloned()
                 .collect();
             if !freed.is_empty() {
-                let spare = |c: &&Arc<Cluster>| {
-                    c.load().free_slot(now) == Some(true) && !self.just_freed(c, now)
-                };
-                if holders.clone().any(|c| spare(&c)) {
+                if self.free_elsewhere(&holders, now) {
                     first.passed_over = freed;
                 } else if self.free_elsewhere(candidates, now) {
                     narrowing.outcome = Outcome::LoadOverride;
@@ -777,6 +840,7 @@ impl SessionFound {
                 asks_shared_head: false,
                 joins_busier_holder: false,
                 passed_over: Vec::new(),
+                holds: Vec::new(),
             }
         } else {
             Decision {
@@ -788,6 +852,7 @@ impl SessionFound {
                 asks_shared_head: false,
                 joins_busier_holder: false,
                 passed_over: Vec::new(),
+                holds: Vec::new(),
             }
         }
     }
@@ -1070,6 +1135,7 @@ pub struct Decision {
     asks_shared_head: bool,
     joins_busier_holder: bool,
     passed_over: Vec<Arc<Cluster>>,
+    holds: Vec<(ClusterId, Instant)>,
 }
 
 impl Decision {
@@ -1084,6 +1150,7 @@ impl Decision {
             asks_shared_head: false,
             joins_busier_holder: false,
             passed_over: Vec::new(),
+            holds: Vec::new(),
         }
     }
 
@@ -1093,6 +1160,15 @@ impl Decision {
     /// turn the holders of its short head. Empty otherwise.
     pub fn passed_over(&self) -> &[Arc<Cluster>] {
         &self.passed_over
+    }
+
+    /// Where the request, a new conversation or a prompt too short to key, waits before it
+    /// reaches the engine, and until when: the candidates left where a slot [just went
+    /// idle](crate::grid::ClusterLoad::reclaim_hold_until), on engines not learned to keep
+    /// shared heads (the module's rule, step 2). [`Select`](crate::select::Select) holds
+    /// it there if it picks one of them. Empty otherwise.
+    pub fn holds(&self) -> &[(ClusterId, Instant)] {
+        &self.holds
     }
 
     /// Whether the request is a conversation's first turn that joins a busier holder of a

@@ -15,7 +15,7 @@ use crate::metrics::{
     CLUSTER_LABEL, OUTCOME_LABEL, PREFIX_AFFINITY_TOTAL, SITE_LABEL, SLOT_PASSED_OVER_TOTAL,
 };
 use crate::route::{
-    Candidates, Pinned, Placed, PredictedMatch, Prompt, RequestModel, record_on_span,
+    Candidates, Pinned, Placed, PredictedMatch, Prompt, RequestModel, SlotHold, record_on_span,
 };
 
 /// The service [`AffinityLayer`](super::AffinityLayer) builds: sets
@@ -73,21 +73,13 @@ impl<S> AffinityService<S> {
     /// The candidates, the outcome when the request was a counted decision, the
     /// predicted match when it is sticky or a session's ([`predicted_match`]), and the
     /// count in flight of a new conversation placed on a free slot ([`Placed`]: by the
-    /// free-slot rule or joining a busier holder).
-    fn candidates<B>(
-        &self,
-        req: &Request<B>,
-    ) -> (
-        Candidates,
-        Option<Outcome>,
-        Option<PredictedMatch>,
-        Option<Placed>,
-    ) {
+    /// free-slot rule or joining a busier holder), and where a new conversation waits
+    /// ([`SlotHold`]).
+    fn candidates<B>(&self, req: &Request<B>) -> Decided {
         if let Some(pinned) = req.extensions().get::<Pinned>() {
             // Stored state lives on one cluster: no choice to make, nothing to count.
             // Whether it still admits is checked by the balancer.
-            let pinned = Candidates::new(vec![pinned.cluster().clone()]);
-            return (pinned, None, None, None);
+            return Decided::only(Candidates::new(vec![pinned.cluster().clone()]));
         }
         let view = self.grid.view();
         let prompt = req.extensions().get::<Prompt>();
@@ -102,17 +94,38 @@ impl<S> AffinityService<S> {
             ),
             // Not a request keying could read (another path, not JSON, too large, ...):
             // not a prompt decision, so it routes on load and counts nothing.
-            None => return (ids(&candidates), None, None, None),
+            None => return Decided::only(ids(&candidates)),
         };
         record(&decision);
-        let predicted = predicted_match(&decision);
-        let placed = decision.placed().cloned();
-        (
-            ids(decision.clusters()),
-            decision.outcome(),
-            predicted,
-            placed,
-        )
+        Decided {
+            candidates: ids(decision.clusters()),
+            outcome: decision.outcome(),
+            predicted: predicted_match(&decision),
+            placed: decision.placed().cloned(),
+            hold: (!decision.holds().is_empty()).then(|| SlotHold::new(decision.holds())),
+        }
+    }
+}
+
+/// What [`AffinityService`] sets on a request.
+struct Decided {
+    candidates: Candidates,
+    outcome: Option<Outcome>,
+    predicted: Option<PredictedMatch>,
+    placed: Option<Placed>,
+    hold: Option<SlotHold>,
+}
+
+impl Decided {
+    /// `candidates` and nothing else: no decision counted.
+    fn only(candidates: Candidates) -> Self {
+        Self {
+            candidates,
+            outcome: None,
+            predicted: None,
+            placed: None,
+            hold: None,
+        }
     }
 }
 
@@ -191,16 +204,20 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let (candidates, outcome, predicted, placed) = self.candidates(&req);
-        req.extensions_mut().insert(candidates);
-        if let Some(placed) = placed {
-            req.extensions_mut().insert(placed);
+        let decided = self.candidates(&req);
+        let ext = req.extensions_mut();
+        ext.insert(decided.candidates);
+        if let Some(placed) = decided.placed {
+            ext.insert(placed);
         }
-        if let Some(outcome) = outcome {
-            req.extensions_mut().insert(outcome);
+        if let Some(outcome) = decided.outcome {
+            ext.insert(outcome);
         }
-        if let Some(predicted) = predicted {
-            req.extensions_mut().insert(predicted);
+        if let Some(predicted) = decided.predicted {
+            ext.insert(predicted);
+        }
+        if let Some(hold) = decided.hold {
+            ext.insert(hold);
         }
         self.inner.call(req)
     }

@@ -9,7 +9,9 @@ use tower_test::mock;
 use super::draw::random_draw;
 use super::*;
 use crate::config::{PrefixAffinityConfig, Price};
-use crate::grid::{Cluster, ClusterId, Grid, GridSettings, InFlight, SLOT_RECLAIM_WINDOW};
+use crate::grid::{
+    Cluster, ClusterId, Grid, GridSettings, InFlight, SLOT_RECLAIM_HOLD, SLOT_RECLAIM_WINDOW,
+};
 use crate::index::{IndexSettings, PrefixIndex};
 use crate::keying::{Api, KeySeed, NoKeys, PrefixKeys, SessionKey, key_body};
 use crate::metrics::PREFIX_AFFINITY_TOTAL;
@@ -2077,6 +2079,54 @@ fn on_slot_engines_a_new_conversation_leaves_a_holder_whose_slot_just_went_idle_
     assert_eq!(decision.outcome(), Some(Outcome::Sticky));
     assert_eq!(names(&decision), ["east-a", "north-a"]);
     assert!(decision.passed_over().is_empty());
+}
+
+#[test]
+fn on_slot_engines_a_new_conversation_holds_where_a_slot_just_went_idle_and_a_later_turn_never_does()
+ {
+    let SharedHead {
+        f,
+        a_next,
+        first_turns,
+    } = shared_head_at_slow_east(16);
+    for name in ["east-a", "west-a"] {
+        f.set_slots(name, Some(2));
+    }
+    let east = f.id("east-a");
+    answered_now(&f, "east-a");
+    // West's slots full: nowhere better than east for a newcomer, which holds there until
+    // shortly after the answer's end.
+    let west_full = f.running("west-a", 2);
+    let until = f.now + SLOT_RECLAIM_HOLD;
+    let short = f.prompt(&[("user", "hi")]);
+    let mut newcomers: Vec<&Prompt> = first_turns.iter().collect();
+    newcomers.push(&short);
+    for newcomer in &newcomers {
+        let decision = f.decide(newcomer);
+        assert!(names(&decision).contains(&"east-a"));
+        assert_eq!(decision.holds(), [(east.clone(), until)]);
+        // Explored, it still does.
+        let explored = f.decide_drawing(newcomer, 0.0);
+        assert_eq!(explored.holds(), [(east.clone(), until)]);
+    }
+    // A later turn of the conversation answered there never waits: its slot is the one.
+    for next in &a_next {
+        let decision = f.decide(next);
+        assert_eq!(names(&decision), ["east-a"]);
+        assert!(decision.holds().is_empty());
+    }
+    // After the hold, or where the engines keep shared heads, nothing waits.
+    let later = Fixture { now: until, ..f };
+    assert!(later.decide(&short).holds().is_empty());
+    let f = Fixture {
+        now: until.checked_sub(SLOT_RECLAIM_HOLD).unwrap(),
+        ..later
+    };
+    assert!(f.affinity.count_shared_head(&east, true).unwrap().kept);
+    for newcomer in &newcomers {
+        assert!(f.decide(newcomer).holds().is_empty());
+    }
+    drop(west_full);
 }
 
 #[test]

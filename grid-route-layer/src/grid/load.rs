@@ -76,6 +76,14 @@ pub struct ClusterLoad {
 /// enough to leave slots usable covers.
 pub const SLOT_RECLAIM_WINDOW: Duration = Duration::from_millis(500);
 
+/// How long after an answer ends a new conversation sent to its cluster waits before it
+/// goes to the engine, while a slot there [just went idle](ClusterLoad::slot_just_freed)
+/// ([`ClusterLoad::reclaim_hold_until`]): long enough for the conversation answered to
+/// send its next turn and reach its slot first. In BENCHMARKS.md's slot-loss tables every
+/// new conversation that took a live one's slot reached the engine within 0.07 s of the
+/// answer's end, some of them sent just after the live turn and ready before it.
+pub const SLOT_RECLAIM_HOLD: Duration = Duration::from_millis(100);
+
 /// Records that an answer ended at `at`, unless a later end is recorded already.
 fn record_end(last: &Mutex<Option<Instant>>, at: Instant) {
     let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
@@ -257,6 +265,21 @@ impl ClusterLoad {
             return false;
         };
         slots > self.in_flight() && self.answer_ended_within(SLOT_RECLAIM_WINDOW, now)
+    }
+
+    /// Until when a new conversation sent here at `now` should wait before it reaches the
+    /// engine: [`SLOT_RECLAIM_HOLD`] after the last answer's end, while a slot [just went
+    /// idle](Self::slot_just_freed) and that moment is still to come. `None` otherwise.
+    pub fn reclaim_hold_until(&self, now: Instant) -> Option<Instant> {
+        if !self.slot_just_freed(now) {
+            return None;
+        }
+        let end = (*self
+            .last_answer_end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))?;
+        let until = end.checked_add(SLOT_RECLAIM_HOLD)?;
+        (until > now).then_some(until)
     }
 
     /// Whether the last answer here ended less than `window` before `now` (or after it:
@@ -764,6 +787,31 @@ mod tests {
         dropped.first_token();
         drop(dropped);
         assert!(carried.slot_just_freed(Instant::now()));
+    }
+
+    #[test]
+    fn a_new_conversation_is_held_until_shortly_after_an_answer_ended_at_a_free_slot() {
+        let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
+        let t0 = Instant::now().checked_sub(secs(10)).unwrap();
+        let ms = Duration::from_millis;
+        assert!(load.record_slots("http://e0", Some(2)));
+        assert_eq!(load.reclaim_hold_until(t0), None);
+        let mut answer = load.start_request();
+        answer.first_token();
+        answer.end_at(t0);
+        let until = t0 + SLOT_RECLAIM_HOLD;
+        assert_eq!(load.reclaim_hold_until(t0), Some(until));
+        assert_eq!(load.reclaim_hold_until(t0 + ms(99)), Some(until));
+        // Past the hold, though the slot still counts as just freed.
+        assert_eq!(load.reclaim_hold_until(until), None);
+        assert!(load.slot_just_freed(until));
+        // No slot free: nothing to hold for.
+        let full = [load.start_request(), load.start_request()];
+        assert_eq!(load.reclaim_hold_until(t0), None);
+        drop(full);
+        // Slots not known: never.
+        assert!(load.record_slots("http://e0", None));
+        assert_eq!(load.reclaim_hold_until(t0), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use http::Response;
 use pin_project_lite::pin_project;
+use tokio::time::Sleep;
 use tower::Service;
 use tower::util::Oneshot;
 
@@ -45,9 +46,12 @@ pin_project! {
             cluster: Option<ClusterId>,
             // The cluster's routing load at dispatch, for `Served::load`.
             load: f64,
-            // When the request was sent here, for `Served::sent`.
+            // When the request was sent here, for `Served::sent`: after its hold.
             sent: Instant,
             in_flight: Option<InFlight>,
+            // A new conversation's wait before it is sent (`SlotHold`), started at the
+            // first poll, inside the runtime.
+            hold: Option<Hold>,
         },
     }
 }
@@ -59,12 +63,15 @@ impl<S: Service<R>, R> ResponseFuture<S, R> {
         }
     }
 
+    /// `call` to `cluster`, counted by `in_flight`, sent at `sent`: at once, or once a
+    /// [`SlotHold`](crate::route::SlotHold) ends there.
     pub(super) fn dispatched(
         call: Oneshot<S, R>,
         cluster: ClusterId,
         load: f64,
         sent: Instant,
         in_flight: InFlight,
+        held: bool,
     ) -> Self {
         Self {
             state: State::Dispatched {
@@ -73,6 +80,7 @@ impl<S: Service<R>, R> ResponseFuture<S, R> {
                 sent,
                 cluster: Some(cluster),
                 in_flight: Some(in_flight),
+                hold: held.then_some(Hold::Until(sent)),
             },
         }
     }
@@ -97,7 +105,12 @@ where
                 load,
                 sent,
                 in_flight,
+                hold,
             } => {
+                if let Some(waiting) = hold {
+                    ready!(waiting.poll(cx));
+                    *hold = None;
+                }
                 let result = ready!(call.poll(cx));
                 // A failure ends the request here; an answer hands its count to its body.
                 let (Some(cluster), Some(in_flight)) = (cluster.take(), in_flight.take()) else {
@@ -114,6 +127,25 @@ where
                     Err(error) => Err(DispatchError::new(cluster, error).into()),
                 })
             }
+        }
+    }
+}
+
+/// A request's wait before it is sent: until an instant, then on the runtime's timer.
+enum Hold {
+    Until(Instant),
+    Sleeping(Pin<Box<Sleep>>),
+}
+
+impl Hold {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Self::Until(until) = *self {
+            let deadline = tokio::time::Instant::from_std(until);
+            *self = Self::Sleeping(Box::pin(tokio::time::sleep_until(deadline)));
+        }
+        match self {
+            Self::Sleeping(sleep) => sleep.as_mut().poll(cx),
+            Self::Until(_) => Poll::Ready(()),
         }
     }
 }

@@ -19,6 +19,11 @@
 //!   cluster serving the [`Prompt`]'s model (every admitted cluster without one).
 //! - No candidate left: a [`NoCandidate`] error, which a gateway answers with a 404 when no
 //!   cluster of the grid serves the request's model, else with a 503.
+//! - A request carrying a [`SlotHold`](crate::route::SlotHold) for the chosen cluster (a
+//!   new conversation where a slot just went idle) is sent once the hold ends, counted
+//!   in flight meanwhile, and counted in `grid_route_slot_holds_total{site,cluster}`. The
+//!   wait runs on Tokio's timer: the runtime needs it enabled, as any hyper or axum
+//!   server's has.
 //! - `poll_ready` is always ready; the response future waits for the chosen cluster's
 //!   service. The request counts in flight until its answer's body ends, as a stream
 //!   from its first output ([`InFlightBody`]): engines send a stream's head, and a

@@ -16,10 +16,12 @@ use super::InFlightBody;
 use super::future::ResponseFuture;
 use super::pick::{count_in_flight, least_loaded, prefill_bytes};
 use crate::grid::{Cluster, Grid, GridView};
-use crate::metrics::{CLUSTER_LABEL, DECISIONS_TOTAL, SHARED_HEAD_JOINS_TOTAL, SITE_LABEL};
+use crate::metrics::{
+    CLUSTER_LABEL, DECISIONS_TOTAL, SHARED_HEAD_JOINS_TOTAL, SITE_LABEL, SLOT_HOLDS_TOTAL,
+};
 use crate::route::{
     BoxError, Candidates, NoCandidate, Pinned, Placed, PredictedMatch, Prompt, RequestModel,
-    record_on_span,
+    SlotHold, record_on_span,
 };
 
 /// The default inner balancer: sends each request to the least loaded of its candidates,
@@ -229,7 +231,32 @@ where
         // Counted already when affinity placed it here on a free slot; a request placed
         // elsewhere stops counting there.
         let (load, in_flight) = count_in_flight(cluster, ext.get::<Placed>(), prefill, now);
+        // A new conversation waits for the live one to reach the slot that just went idle.
+        let hold = ext
+            .get::<SlotHold>()
+            .and_then(|hold| hold.until(id))
+            .filter(|&until| until > now);
+        if let Some(until) = hold {
+            metrics::counter!(
+                SLOT_HOLDS_TOTAL,
+                SITE_LABEL => Arc::clone(id.site().as_arc()),
+                CLUSTER_LABEL => Arc::clone(id.name_arc())
+            )
+            .increment(1);
+            tracing::debug!(
+                cluster = %id,
+                hold_ms = until.duration_since(now).as_millis() as u64,
+                "held for a slot that just went idle"
+            );
+        }
         let service = self.service_for(&view, cluster);
-        ResponseFuture::dispatched(Oneshot::new(service, req), id.clone(), load, now, in_flight)
+        ResponseFuture::dispatched(
+            Oneshot::new(service, req),
+            id.clone(),
+            load,
+            hold.unwrap_or(now),
+            in_flight,
+            hold.is_some(),
+        )
     }
 }
