@@ -611,6 +611,9 @@ def scrape_decisions(admin: str) -> dict[str, float]:
         elif line.startswith("grid_route_slot_passed_over_total{"):
             # Clusters left out because a slot there had just gone idle, over every cluster.
             counts["passed_over"] = counts.get("passed_over", 0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("grid_route_slot_holds_total{"):
+            # New conversations Select held for a live turn where a slot had just gone idle.
+            counts["held"] = counts.get("held", 0) + float(line.rsplit(" ", 1)[1])
     return counts
 
 
