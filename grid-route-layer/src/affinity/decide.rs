@@ -422,8 +422,9 @@ impl Affinity {
             decision.holds = decision
                 .clusters
                 .iter()
-                .filter(|c| !self.heads.kept(c.id()))
-                .filter_map(|c| Some((c.id().clone(), c.load().reclaim_hold_until(now)?)))
+                .filter_map(|c| Some((c, c.load().reclaim_hold_until(now)?)))
+                .filter(|(c, _)| !self.heads.kept(c.id()))
+                .map(|(c, until)| (c.id().clone(), until))
                 .collect();
         }
         decision
