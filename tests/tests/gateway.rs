@@ -885,6 +885,37 @@ async fn two_slot_gateway_releasing(
     gateway
 }
 
+/// A gateway over two [`two_slot_engine`]s, `east` and `west` (`(site, cluster)` each),
+/// with [`CPU_PRICES`]; each engine's held requests go when its sender says `true`.
+async fn two_slot_pair(
+    east: (&'static str, &'static str),
+    west: (&'static str, &'static str),
+) -> (
+    Arc<Gateway>,
+    tokio::sync::watch::Sender<bool>,
+    tokio::sync::watch::Sender<bool>,
+) {
+    let (release_east, east_released) = tokio::sync::watch::channel(false);
+    let (release_west, west_released) = tokio::sync::watch::channel(false);
+    let sites = [
+        (east.0, east.1, east_released),
+        (west.0, west.1, west_released),
+    ];
+    let gateway = two_slot_gateway_releasing(&sites, CPU_PRICES).await;
+    (gateway, release_east, release_west)
+}
+
+/// A chat completion of `messages` sent to `url`, held at its [`two_slot_engine`] until
+/// released when `hold`.
+async fn chat_completion(url: &str, messages: Value, hold: bool) -> Answer {
+    let mut headers = vec![("content-type", "application/json")];
+    if hold {
+        headers.push(("x-hold", "1"));
+    }
+    let body = json!({"model": MODEL, "messages": messages}).to_string();
+    send_with(Method::POST, url, &headers, body).await
+}
+
 /// A new conversation's first turn: a system prompt of its own, `blocks` keying blocks
 /// long, and a greeting.
 fn new_conversation(topic: &str, blocks: usize) -> String {
@@ -1128,33 +1159,15 @@ async fn on_slot_engines_that_kept_a_shared_head_a_new_conversation_joins_its_bu
 
 #[tokio::test]
 async fn on_slot_engines_a_new_request_leaves_a_slot_that_just_went_idle() {
-    let (release_east, east_released) = tokio::sync::watch::channel(false);
-    let (release_west, west_released) = tokio::sync::watch::channel(false);
     let (east, west) = (
         ("freed-east", "freed-east-a"),
         ("freed-west", "freed-west-a"),
     );
-    let gateway = two_slot_gateway_releasing(
-        &[
-            (east.0, east.1, east_released),
-            (west.0, west.1, west_released),
-        ],
-        CPU_PRICES,
-    )
-    .await;
+    let (gateway, release_east, release_west) = two_slot_pair(east, west).await;
     let url = format!("{}/v1/chat/completions", gateway.url());
     let chat = |messages: Value, hold: bool| {
         let url = url.clone();
-        async move {
-            let mut headers = vec![("content-type", "application/json")];
-            if hold {
-                headers.push(("x-hold", "1"));
-            }
-            let body = json!({"model": MODEL, "messages": messages}).to_string();
-            send_with(Method::POST, &url, &headers, body)
-                .await
-                .engine_name()
-        }
+        async move { chat_completion(&url, messages, hold).await.engine_name() }
     };
     // A conversation behind a 40-block system prompt of its own: nothing is held
     // anywhere, the first engine.
@@ -1300,31 +1313,17 @@ async fn on_slot_engines_a_first_turn_leaves_a_holder_whose_slot_just_went_idle_
 
 #[tokio::test]
 async fn on_slot_engines_a_new_request_waits_for_the_live_turn_where_a_slot_just_went_idle() {
-    let (release_east, east_released) = tokio::sync::watch::channel(false);
-    let (release_west, west_released) = tokio::sync::watch::channel(false);
     let (east, west) = (
         ("reclaim-east", "reclaim-east-a"),
         ("reclaim-west", "reclaim-west-a"),
     );
-    let gateway = two_slot_gateway_releasing(
-        &[
-            (east.0, east.1, east_released),
-            (west.0, west.1, west_released),
-        ],
-        CPU_PRICES,
-    )
-    .await;
+    let (gateway, release_east, release_west) = two_slot_pair(east, west).await;
     let url = format!("{}/v1/chat/completions", gateway.url());
     // The engine and the arrival number at it of each answer.
     let chat = |messages: Value, hold: bool| {
         let url = url.clone();
         async move {
-            let mut headers = vec![("content-type", "application/json")];
-            if hold {
-                headers.push(("x-hold", "1"));
-            }
-            let body = json!({"model": MODEL, "messages": messages}).to_string();
-            let answer = send_with(Method::POST, &url, &headers, body).await;
+            let answer = chat_completion(&url, messages, hold).await;
             let arrival: usize = answer.headers["x-mock-arrival"]
                 .to_str()
                 .unwrap()
