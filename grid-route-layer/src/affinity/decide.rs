@@ -416,7 +416,11 @@ impl Affinity {
         now: Instant,
         draw: f64,
     ) -> Decision {
-        let newcomer = self.is_newcomer(&candidates, keys, session, now);
+        // Whether any candidate holds a newcomer now, first: most decisions end there.
+        let newcomer = candidates
+            .iter()
+            .any(|c| c.load().reclaim_hold_until(now).is_some())
+            && self.is_newcomer(&candidates, keys, session, now);
         let mut decision = self.decide_among(candidates, keys, session, now, draw);
         if newcomer && decision.outcome.is_some() {
             decision.holds = decision
