@@ -396,10 +396,10 @@ impl PredictedMatch {
 /// send its next turn. [`Select`](crate::select::Select), having picked one of them, waits
 /// until the time given ([`SLOT_RECLAIM_HOLD`] after the answer's end) before it sends the
 /// request, counting it in flight there meanwhile: the live turn reaches its slot first,
-/// and the newcomer takes another. Sent at once, a newcomer may take the live
-/// conversation's idle slot (llama.cpp gives a request the idle slot sharing the longest
-/// prefix with it, else the least recently used), which then prefills its whole history
-/// again. A balancer of your own may ignore it.
+/// and the newcomer takes another (why a newcomer sent at once may take the live one's
+/// slot: [`slot_just_freed`]). A balancer of your own may ignore it.
+///
+/// [`slot_just_freed`]: crate::grid::ClusterLoad::slot_just_freed
 ///
 /// [`Decision::holds`]: crate::affinity::Decision::holds
 /// [`SLOT_RECLAIM_HOLD`]: crate::grid::SLOT_RECLAIM_HOLD

@@ -417,21 +417,25 @@ impl Affinity {
         draw: f64,
     ) -> Decision {
         // Whether any candidate holds a newcomer now, first: most decisions end there.
-        let newcomer = candidates
-            .iter()
-            .any(|c| c.load().reclaim_hold_until(now).is_some())
+        let newcomer = candidates.iter().any(|c| self.hold_until(c, now).is_some())
             && self.is_newcomer(&candidates, keys, session, now);
         let mut decision = self.decide_among(candidates, keys, session, now, draw);
         if newcomer && decision.outcome.is_some() {
             decision.holds = decision
                 .clusters
                 .iter()
-                .filter_map(|c| Some((c, c.load().reclaim_hold_until(now)?)))
-                .filter(|(c, _)| !self.heads.kept(c.id()))
-                .map(|(c, until)| (c.id().clone(), until))
+                .filter_map(|c| Some((c.id().clone(), self.hold_until(c, now)?)))
                 .collect();
         }
         decision
+    }
+
+    /// Until when a newcomer sent to `cluster` now waits: while a slot there [just went
+    /// idle](Self::just_freed) (so not where heads are kept), until
+    /// [`ClusterLoad::reclaim_hold_until`](crate::grid::ClusterLoad::reclaim_hold_until).
+    fn hold_until(&self, cluster: &Cluster, now: Instant) -> Option<Instant> {
+        let until = cluster.load().reclaim_hold_until(now)?;
+        (!self.heads.kept(cluster.id())).then_some(until)
     }
 
     /// Whether a request is a newcomer to every candidate: too short to key and with no

@@ -83,6 +83,8 @@ pub const SLOT_RECLAIM_WINDOW: Duration = Duration::from_millis(500);
 /// new conversation that took a live one's slot reached the engine within 0.07 s of the
 /// answer's end, some of them sent just after the live turn and ready before it.
 pub const SLOT_RECLAIM_HOLD: Duration = Duration::from_millis(100);
+// `ClusterLoad::reclaim_hold_until` reads a hold still to come as a slot just freed.
+const _: () = assert!(SLOT_RECLAIM_HOLD.as_nanos() < SLOT_RECLAIM_WINDOW.as_nanos());
 
 /// Records that an answer ended at `at`, unless a later end is recorded already.
 fn record_end(last: &Mutex<Option<Instant>>, at: Instant) {
@@ -271,15 +273,15 @@ impl ClusterLoad {
     /// engine: [`SLOT_RECLAIM_HOLD`] after the last answer's end, while a slot [just went
     /// idle](Self::slot_just_freed) and that moment is still to come. `None` otherwise.
     pub fn reclaim_hold_until(&self, now: Instant) -> Option<Instant> {
-        if !self.slot_just_freed(now) {
-            return None;
-        }
+        let slots = self.slots()?;
         let end = (*self
             .last_answer_end
             .lock()
             .unwrap_or_else(PoisonError::into_inner))?;
         let until = end.checked_add(SLOT_RECLAIM_HOLD)?;
-        (until > now).then_some(until)
+        // The hold is shorter than the window: a slot free and the hold still to come is a
+        // slot that just went idle.
+        (slots > self.in_flight() && until > now).then_some(until)
     }
 
     /// Whether the last answer here ended less than `window` before `now` (or after it:
