@@ -614,6 +614,9 @@ def scrape_decisions(admin: str) -> dict[str, float]:
         elif line.startswith("grid_route_slot_holds_total{"):
             # New conversations Select held for a live turn where a slot had just gone idle.
             counts["held"] = counts.get("held", 0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("grid_route_pass_spacings_total{"):
+            # Requests Select sent a moment after the prompt before them, a pass apart.
+            counts["spaced"] = counts.get("spaced", 0) + float(line.rsplit(" ", 1)[1])
     return counts
 
 

@@ -12,6 +12,7 @@
 //! | `grid_route_shared_head_joins_total` | counter | `site`, `cluster` | `Select` |
 //! | `grid_route_slot_passed_over_total` | counter | `site`, `cluster` | `AffinityLayer` |
 //! | `grid_route_slot_holds_total` | counter | `site`, `cluster` | `Select` |
+//! | `grid_route_pass_spacings_total` | counter | `site`, `cluster` | `Select` |
 //! | `grid_route_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_cached_prompt_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
 //! | `grid_route_predicted_cached_tokens_total` | counter | `site`, `cluster` | `FeedbackLayer` |
@@ -85,6 +86,11 @@ pub const SLOT_PASSED_OVER_TOTAL: &str = "grid_route_slot_passed_over_total";
 /// slot had just gone idle, for the conversation answered there to reach it first
 /// ([`SlotHold`](crate::route::SlotHold)).
 pub const SLOT_HOLDS_TOTAL: &str = "grid_route_slot_holds_total";
+/// Requests [`Select`](crate::select::Select) sent to a cluster of engines with slots a
+/// moment after the one sent before them, still waiting for its first token, so that the
+/// engine prefills the two in separate passes
+/// ([`SLOT_PASS_SPACING`](crate::grid::SLOT_PASS_SPACING)).
+pub const PASS_SPACINGS_TOTAL: &str = "grid_route_pass_spacings_total";
 /// Time spent keying a request body, in seconds.
 pub const KEYING_SECONDS: &str = "grid_route_keying_seconds";
 /// Prefix keys per keyed request.
@@ -193,6 +199,20 @@ pub fn describe_metrics() {
          (an answer ended within 500 ms) while another candidate had a free slot, on \
          engines not learned to keep shared heads: prompts too short to key, and new \
          conversations' first turns behind a short system prompt only it held."
+    );
+    metrics::describe_counter!(
+        SLOT_HOLDS_TOTAL,
+        Unit::Count,
+        "New conversations and prompts too short to key held before they were sent to a \
+         backend cluster where a slot had just gone idle (an answer ended under 100 ms \
+         before), for the conversation answered there to reach its slot first."
+    );
+    metrics::describe_counter!(
+        PASS_SPACINGS_TOTAL,
+        Unit::Count,
+        "Requests sent to a backend cluster of engines with slots up to 50 ms after the \
+         one sent before them, still waiting for its first token, so that the engine \
+         prefills the two in separate passes."
     );
     metrics::describe_gauge!(
         SHARED_HEAD_FOUND_SHARE,
@@ -337,6 +357,8 @@ mod tests {
             (SHARED_HEAD_JOINS_TOTAL, MetricKind::Counter),
             (SHARED_HEAD_FOUND_SHARE, MetricKind::Gauge),
             (SLOT_PASSED_OVER_TOTAL, MetricKind::Counter),
+            (SLOT_HOLDS_TOTAL, MetricKind::Counter),
+            (PASS_SPACINGS_TOTAL, MetricKind::Counter),
             (KEYING_SECONDS, MetricKind::Histogram),
             (KEYS_PER_REQUEST, MetricKind::Histogram),
             (INDEX_ENTRIES, MetricKind::Gauge),

@@ -63,6 +63,9 @@ pub struct ClusterLoad {
     prefill_waiting: Arc<AtomicU64>,
     /// When an answer last ended here.
     last_answer_end: Arc<Mutex<Option<Instant>>>,
+    /// When the last request sent here went, or will once its wait ends
+    /// ([`spaced_send`](ClusterLoad::spaced_send)).
+    last_send: Arc<Mutex<Option<Instant>>>,
     /// In the cluster's endpoint order.
     endpoints: Box<[Arc<EndpointLoad>]>,
 }
@@ -85,6 +88,21 @@ pub const SLOT_RECLAIM_WINDOW: Duration = Duration::from_millis(500);
 pub const SLOT_RECLAIM_HOLD: Duration = Duration::from_millis(100);
 // `ClusterLoad::reclaim_hold_until` reads a hold still to come as a slot just freed.
 const _: () = assert!(SLOT_RECLAIM_HOLD.as_nanos() < SLOT_RECLAIM_WINDOW.as_nanos());
+
+/// How far apart requests go to an engine with slots while one sent before still waits
+/// for its first token ([`ClusterLoad::spaced_send`]); divided among the cluster's
+/// healthy endpoints.
+///
+/// llama.cpp's server prefills every prompt waiting when a pass starts in that one pass,
+/// and takes the prompts that come during it only once it ends. Two prompts that reach an
+/// engine together both wait for both; the same two a moment apart go one pass each, and
+/// the first's time to first token is its own prefill rather than both. In the arena's
+/// opening burst two first turns of about 1,000 tokens sent to one engine 3 to 16 ms apart
+/// shared a pass and both waited 19.4 to 22.1 s, where a pair 34 ms apart took 11.0 and
+/// 21.1 s (BENCHMARKS.md, "One pass or two"). On an engine already busy (three of them on
+/// two cores) its loop can take tens of milliseconds to pick a prompt up; 50 ms is what a
+/// second prompt loses at most, against the seconds the first gains.
+pub const SLOT_PASS_SPACING: Duration = Duration::from_millis(50);
 
 /// Records that an answer ended at `at`, unless a later end is recorded already.
 fn record_end(last: &Mutex<Option<Instant>>, at: Instant) {
@@ -113,6 +131,7 @@ impl ClusterLoad {
             streaming: Arc::new(AtomicUsize::new(0)),
             prefill_waiting: Arc::new(AtomicU64::new(0)),
             last_answer_end: Arc::new(Mutex::new(None)),
+            last_send: Arc::new(Mutex::new(None)),
             endpoints: endpoints
                 .iter()
                 .map(|url| Arc::new(EndpointLoad::new(Arc::clone(url))))
@@ -130,6 +149,7 @@ impl ClusterLoad {
             streaming: Arc::clone(&self.streaming),
             prefill_waiting: Arc::clone(&self.prefill_waiting),
             last_answer_end: Arc::clone(&self.last_answer_end),
+            last_send: Arc::clone(&self.last_send),
             endpoints: endpoints
                 .iter()
                 .map(|url| match self.endpoint(url) {
@@ -282,6 +302,57 @@ impl ClusterLoad {
         // The hold is shorter than the window: a slot free and the hold still to come is a
         // slot that just went idle.
         (slots > self.in_flight() && until > now).then_some(until)
+    }
+
+    /// When a request ready to go here at `at` is sent: at `at`, or on a cluster whose
+    /// engines have slots, while another request here still waits for its first token,
+    /// no sooner than [`SLOT_PASS_SPACING`] (divided among the healthy endpoints) after
+    /// the last request sent here, so that the engine takes the two in separate prefill
+    /// passes. Records the time returned as the last send. (A request held by a
+    /// [`SlotHold`](crate::route::SlotHold) is not spaced: it goes when its hold ends,
+    /// and a live turn sent meanwhile goes at once.)
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use grid_route_layer::grid::{ClusterSpec, Grid, GridSettings, GridSpec, SiteSpec, SLOT_PASS_SPACING};
+    /// # let spec = GridSpec::new([SiteSpec::new("east").with_clusters([ClusterSpec::new("east-a")
+    /// #     .with_models(["m"]).with_endpoints(["http://e0"])])]);
+    /// # let grid = Grid::new(&spec, GridSettings::default()).unwrap();
+    /// # let view = grid.view();
+    /// # let load = view.clusters()[0].load();
+    /// load.record_slots("http://e0", Some(2));
+    /// let now = Instant::now();
+    /// let first = load.start_request_prefilling(4_000);
+    /// assert_eq!(load.spaced_send(now), now);
+    /// // A second prompt right behind it waits for the first to start its pass.
+    /// let _second = load.start_request_prefilling(4_000);
+    /// let later = now + Duration::from_millis(5);
+    /// assert_eq!(load.spaced_send(later), now + SLOT_PASS_SPACING);
+    /// ```
+    pub fn spaced_send(&self, at: Instant) -> Instant {
+        let Some(_) = self.slots() else {
+            return at;
+        };
+        // Waiting for a first token, besides the request being sent (counted already).
+        let waiting = self.in_flight().saturating_sub(self.streaming()) > 1;
+        let healthy = self
+            .endpoints
+            .iter()
+            .filter(|e| e.healthy.load(Ordering::Relaxed))
+            .count();
+        let spacing = SLOT_PASS_SPACING / u32::try_from(healthy.max(1)).unwrap_or(u32::MAX);
+        let mut last = self
+            .last_send
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let send = match *last {
+            Some(before) if waiting => at.max(before + spacing),
+            _ => at,
+        };
+        if last.is_none_or(|last| last < send) {
+            *last = Some(send);
+        }
+        send
     }
 
     /// Whether the last answer here ended less than `window` before `now` (or after it:
@@ -456,6 +527,10 @@ impl fmt::Debug for ClusterLoad {
                     .last_answer_end
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner),
+            )
+            .field(
+                "last_send",
+                &*self.last_send.lock().unwrap_or_else(PoisonError::into_inner),
             )
             .field("endpoints", &self.endpoints)
             .finish()
@@ -814,6 +889,41 @@ mod tests {
         // Slots not known: never.
         assert!(load.record_slots("http://e0", None));
         assert_eq!(load.reclaim_hold_until(t0), None);
+    }
+
+    #[test]
+    fn on_slot_engines_a_prompt_right_behind_one_still_waiting_goes_a_pass_later() {
+        let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
+        let t0 = Instant::now().checked_sub(secs(10)).unwrap();
+        let ms = Duration::from_millis;
+        // Slots not known (an engine that batches): sent when ready, however close.
+        let waiting = [load.start_request(), load.start_request()];
+        assert_eq!(load.spaced_send(t0), t0);
+        assert_eq!(load.spaced_send(t0 + ms(1)), t0 + ms(1));
+        drop(waiting);
+        assert!(load.record_slots("http://e0", Some(2)));
+        // Alone (the request being sent counts itself): at once.
+        let mut first = load.start_request_prefilling(4_000);
+        assert_eq!(load.spaced_send(t0 + ms(100)), t0 + ms(100));
+        // Behind it while it waits: 50 ms after it; the next, 50 ms after that one.
+        let second = load.start_request_prefilling(4_000);
+        assert_eq!(load.spaced_send(t0 + ms(105)), t0 + ms(150));
+        let third = load.start_request_prefilling(4_000);
+        assert_eq!(load.spaced_send(t0 + ms(110)), t0 + ms(200));
+        // Well after the last one went: at once.
+        assert_eq!(load.spaced_send(t0 + ms(400)), t0 + ms(400));
+        drop((second, third));
+        // Once the one before answers, nothing waits for its pass: at once.
+        first.first_token();
+        let _fourth = load.start_request();
+        assert_eq!(load.spaced_send(t0 + ms(410)), t0 + ms(410));
+        // A reload keeps the last send; two healthy endpoints halve the spacing.
+        let two = load.carried_over(&urls(2), &settings(WINDOW));
+        assert!(two.record_slots("http://e1", Some(2)));
+        let _second = two.start_request();
+        assert_eq!(two.spaced_send(t0 + ms(410)), t0 + ms(435));
+        assert!(two.set_endpoint_healthy("http://e1", false));
+        assert_eq!(two.spaced_send(t0 + ms(440)), t0 + ms(485));
     }
 
     #[test]

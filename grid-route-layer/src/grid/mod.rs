@@ -70,7 +70,8 @@ mod spec;
 mod view;
 
 pub use load::{
-    ClusterLoad, InFlight, MAX_QUEUE_SAMPLE, SLOT_RECLAIM_HOLD, SLOT_RECLAIM_WINDOW, STREAM_WEIGHT,
+    ClusterLoad, InFlight, MAX_QUEUE_SAMPLE, SLOT_PASS_SPACING, SLOT_RECLAIM_HOLD,
+    SLOT_RECLAIM_WINDOW, STREAM_WEIGHT,
 };
 pub use names::{ClusterDigest, ClusterId, InvalidName, SiteName};
 pub use spec::{ClusterSpec, GridError, GridSettings, GridSpec, SiteSpec};

@@ -46,11 +46,11 @@ pin_project! {
             cluster: Option<ClusterId>,
             // The cluster's routing load at dispatch, for `Served::load`.
             load: f64,
-            // When the request was sent here, for `Served::sent`: after its hold.
+            // When the request was sent here, for `Served::sent`: after its wait.
             sent: Instant,
             in_flight: Option<InFlight>,
-            // A new conversation's wait before it is sent (`SlotHold`), started at the
-            // first poll, inside the runtime.
+            // The wait before it is sent (a `SlotHold`, or spacing behind the prompt sent
+            // before it), started at the first poll, inside the runtime.
             hold: Option<Hold>,
         },
     }
@@ -64,7 +64,8 @@ impl<S: Service<R>, R> ResponseFuture<S, R> {
     }
 
     /// `call` to `cluster`, counted by `in_flight`, sent at `sent`: at once, or once a
-    /// [`SlotHold`](crate::route::SlotHold) ends there.
+    /// [`SlotHold`](crate::route::SlotHold) or the spacing behind the request sent before
+    /// ([`spaced_send`](crate::grid::ClusterLoad::spaced_send)) ends there (`held`).
     pub(super) fn dispatched(
         call: Oneshot<S, R>,
         cluster: ClusterId,

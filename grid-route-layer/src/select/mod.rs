@@ -21,8 +21,13 @@
 //!   cluster of the grid serves the request's model, else with a 503.
 //! - A request carrying a [`SlotHold`](crate::route::SlotHold) for the chosen cluster (a
 //!   new conversation where a slot just went idle) is sent once the hold ends, counted
-//!   in flight meanwhile, and counted in `grid_route_slot_holds_total{site,cluster}`. The
-//!   wait runs on Tokio's timer: the runtime needs it enabled, as any hyper or axum
+//!   in flight meanwhile, and counted in `grid_route_slot_holds_total{site,cluster}`.
+//! - On a cluster of engines with slots, a request that comes right behind another still
+//!   waiting for its first token there is sent [`SLOT_PASS_SPACING`](crate::grid::SLOT_PASS_SPACING)
+//!   after it ([`ClusterLoad::spaced_send`](crate::grid::ClusterLoad::spaced_send)), so
+//!   that the engine prefills the two in separate passes, and counted in
+//!   `grid_route_pass_spacings_total{site,cluster}`.
+//! - Both waits run on Tokio's timer: the runtime needs it enabled, as any hyper or axum
 //!   server's has.
 //! - `poll_ready` is always ready; the response future waits for the chosen cluster's
 //!   service. The request counts in flight until its answer's body ends, as a stream

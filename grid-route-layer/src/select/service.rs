@@ -17,7 +17,8 @@ use super::future::ResponseFuture;
 use super::pick::{count_in_flight, least_loaded, prefill_bytes};
 use crate::grid::{Cluster, Grid, GridView};
 use crate::metrics::{
-    CLUSTER_LABEL, DECISIONS_TOTAL, SHARED_HEAD_JOINS_TOTAL, SITE_LABEL, SLOT_HOLDS_TOTAL,
+    CLUSTER_LABEL, DECISIONS_TOTAL, PASS_SPACINGS_TOTAL, SHARED_HEAD_JOINS_TOTAL, SITE_LABEL,
+    SLOT_HOLDS_TOTAL,
 };
 use crate::route::{
     BoxError, Candidates, NoCandidate, Pinned, Placed, PredictedMatch, Prompt, RequestModel,
@@ -249,14 +250,31 @@ where
                 "held for a slot that just went idle"
             );
         }
+        // On an engine with slots a prompt right behind another waits for it to start its
+        // prefill pass, so that the two do not share one. A held one goes when its hold
+        // ends (spaced, a live turn sent meanwhile would wait behind it).
+        let sent = hold.unwrap_or_else(|| cluster.load().spaced_send(now));
+        if hold.is_none() && sent > now {
+            metrics::counter!(
+                PASS_SPACINGS_TOTAL,
+                SITE_LABEL => Arc::clone(id.site().as_arc()),
+                CLUSTER_LABEL => Arc::clone(id.name_arc())
+            )
+            .increment(1);
+            tracing::debug!(
+                cluster = %id,
+                wait_ms = sent.duration_since(now).as_millis() as u64,
+                "spaced from the prompt sent before it"
+            );
+        }
         let service = self.service_for(&view, cluster);
         ResponseFuture::dispatched(
             Oneshot::new(service, req),
             id.clone(),
             load,
-            hold.unwrap_or(now),
+            sent,
             in_flight,
-            hold.is_some(),
+            sent > now,
         )
     }
 }
