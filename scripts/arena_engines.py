@@ -22,6 +22,15 @@ llama.cpp engine prefills a prompt in one pass, and a request that arrives durin
 starts when it ends: the second of two long first turns on one engine waits for both
 prefills. Four long first turns on three engines put two on one engine whatever the router
 does; a router that pairs each short one with a long one puts them on one engine only.
+Two prompts an engine launched within 0.1 s of each other (its log's timestamps) were
+prefilled in one pass, and each waited for both: the burst line marks them `one pass`, and
+counts the engines whose two long first turns shared one.
+
+    python3 scripts/arena_engines.py --pairs OUT...   # every run of each sitting OUT
+
+prints, instead, every engine given exactly two long first turns in a burst, over every
+run of the sittings given (any router): how many were prefilled in one pass and how many
+in two, and the mean time to first token of the slower and the faster of each two.
 
 Last, for each router among RUN..., the TTFT p50 / p90 / p99 pooled over the runs given,
 to the hundredth of a second, by the rule of arena.py's table (which prints tenths); then
@@ -40,7 +49,10 @@ HEAD_TOKENS = 100
 # The opening burst: turns sent within this long after a run's first.
 BURST_SECONDS = 1.0
 LONG_FIRST_TURN = 500
-LAUNCH = re.compile(r"launch_slot_: id +(\d+) \| task (\d+)")
+LAUNCH = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) .*launch_slot_: id +(\d+) \| task (\d+)")
+# Two prompts launched this close together went into the engine's same prefill pass: one
+# launched after a pass ended waited at least that pass (the shortest, 65 tokens, ~0.6 s).
+ONE_PASS_SECONDS = 0.1
 EVALUATED = re.compile(r"task (\d+) \| prompt eval time = .*/ +(\d+) tokens")
 STOPPED = re.compile(r"release: id +\d+ \| task (\d+) \| stop processing: n_tokens = (\d+)")
 MAX_ANSWER_TOKENS = 34
@@ -54,7 +66,9 @@ def tasks(run_dir: Path) -> list[dict]:
         open_tasks: dict[str, dict] = {}
         for line in log.read_text(errors="replace").splitlines():
             if m := LAUNCH.search(line):
-                open_tasks[m[2]] = {"engine": engine, "slot": m[1]}
+                # The log's clock: minutes.seconds.milliseconds.microseconds since start.
+                launched = int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6
+                open_tasks[m[6]] = {"engine": engine, "slot": m[5], "launched": launched}
             elif (m := EVALUATED.search(line)) and m[1] in open_tasks:
                 open_tasks[m[1]]["evaluated"] = int(m[2])
             elif (m := STOPPED.search(line)) and m[1] in open_tasks:
@@ -81,10 +95,11 @@ def result_of(out: Path, run: str) -> dict:
                 if r["router"] == router and r["repeat"] == int(repeat))
 
 
-def read(out: Path, run: str) -> None:
-    result = result_of(out, run)
+def matched(out: Path, run: str) -> list[dict]:
+    """The run's turns in the order sent, each with the engine/slot of its task (`?` when
+    none matched) and when the engine launched it (`None` then)."""
     left = tasks(out / run)
-    turns = sorted(result["turns"], key=lambda t: t["sent_at"])
+    turns = sorted(result_of(out, run)["turns"], key=lambda t: t["sent_at"])
     for turn in turns:
         evaluated = turn["prompt_tokens"] - turn["cached_tokens"]
         match = next((t for t in left if t.get("evaluated") == evaluated
@@ -92,6 +107,12 @@ def read(out: Path, run: str) -> None:
         if match:
             left.remove(match)
         turn["engine"] = f"{match['engine']}/{match['slot']}" if match else "?"
+        turn["launched"] = match["launched"] if match else None
+    return turns
+
+
+def read(out: Path, run: str) -> None:
+    turns = matched(out, run)
     previous: dict[str, dict] = {}
     moved, lost, lost_tokens = [], 0, 0
     start = turns[0]["sent_at"] if turns else 0.0
@@ -121,29 +142,69 @@ def read(out: Path, run: str) -> None:
     burst(run, turns)
 
 
+def burst_by_engine(turns: list[dict]) -> dict[str, list[dict]]:
+    """The opening burst's first turns (`turns` in the order sent), by engine."""
+    start = turns[0]["sent_at"] if turns else 0.0
+    by_engine: dict[str, list[dict]] = {}
+    for turn in turns:
+        if turn["turn"] == 0 and turn["sent_at"] - start < BURST_SECONDS:
+            by_engine.setdefault(turn["engine"].split("/")[0], []).append(turn)
+    return by_engine
+
+
+def one_pass(sent: list[dict]) -> bool:
+    """Whether the engine launched two of `sent` within [`ONE_PASS_SECONDS`]: one pass."""
+    launched = sorted(t["launched"] for t in sent if t["launched"] is not None)
+    return any(b - a < ONE_PASS_SECONDS for a, b in zip(launched, launched[1:]))
+
+
+def pairs(outs: list[Path]) -> None:
+    """Every engine given two long first turns in an opening burst, over every run of every
+    sitting in `outs`, any router: in one pass or two, how many, and the mean time to first
+    token of the slower and the faster of the two."""
+    found: dict[str, list[tuple[float, float]]] = {"one pass": [], "two passes": []}
+    for out in outs:
+        for run_dir in sorted(p for p in out.iterdir() if (p / "engine0.log").exists()):
+            for engine, sent in burst_by_engine(matched(out, run_dir.name)).items():
+                long = [t for t in sent if t["prompt_tokens"] > LONG_FIRST_TURN]
+                if engine == "?" or len(long) != 2 or None in (t["launched"] for t in long):
+                    continue
+                ttfts = sorted(t["ttft"] for t in long)
+                found["one pass" if one_pass(long) else "two passes"].append((ttfts[1], ttfts[0]))
+    print("| two long first turns on one engine | engines | slower TTFT, mean | faster TTFT, mean |")
+    print("|---|---:|---:|---:|")
+    for kind, seen in found.items():
+        if seen:
+            slower = sum(s for s, _ in seen) / len(seen)
+            faster = sum(f for _, f in seen) / len(seen)
+            print(f"| {kind} | {len(seen)} | {slower:.2f} s | {faster:.2f} s |")
+
+
 def burst(run: str, turns: list[dict]) -> None:
     """The run's opening burst (see the module's doc), `turns` in the order sent, each with
     its engine read."""
     if not turns:
         return
-    start = turns[0]["sent_at"]
-    by_engine: dict[str, list[dict]] = {}
-    for turn in turns:
-        if turn["turn"] == 0 and turn["sent_at"] - start < BURST_SECONDS:
-            by_engine.setdefault(turn["engine"].split("/")[0], []).append(turn)
+    by_engine = burst_by_engine(turns)
     parts = []
     for engine, sent in sorted(by_engine.items()):
         tokens = " then ".join(str(t["prompt_tokens"]) for t in sent)
         ttfts = " / ".join(f"{t['ttft']:.1f}" for t in sent)
-        parts.append(f"engine {engine}: {tokens} tokens, TTFT {ttfts} s")
-    long_pairs = sum(1 for engine, sent in by_engine.items() if engine != "?"
-                     and sum(t["prompt_tokens"] > LONG_FIRST_TURN for t in sent) >= 2)
+        parts.append(f"engine {engine}: {tokens} tokens, TTFT {ttfts} s"
+                     f"{', one pass' if engine != '?' and one_pass(sent) else ''}")
+    long = {engine: [t for t in sent if t["prompt_tokens"] > LONG_FIRST_TURN]
+            for engine, sent in by_engine.items() if engine != "?"}
+    long_pairs = sum(1 for sent in long.values() if len(sent) >= 2)
+    shared = sum(1 for sent in long.values() if len(sent) >= 2 and one_pass(sent))
     slowest = max(t["ttft"] for sent in by_engine.values() for t in sent)
     print(f"{run}: opening burst: {'; '.join(parts)}; engines given two long first turns: "
-          f"{long_pairs}; slowest {slowest:.1f} s")
+          f"{long_pairs}, of them in one pass: {shared}; slowest {slowest:.1f} s")
 
 
 def main() -> None:
+    if len(sys.argv) >= 3 and sys.argv[1] == "--pairs":
+        pairs([Path(out) for out in sys.argv[2:]])
+        return
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     out = Path(sys.argv[1])

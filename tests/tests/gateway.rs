@@ -735,8 +735,9 @@ async fn an_answer_that_ends_after_a_reload_removed_its_cluster_teaches_nothing(
 
 /// A stand-in llama.cpp engine with two slots, named `name`: `/metrics` reads no request
 /// waiting, `/props` says two slots, and every other request gets a chat completion with
-/// `x-mock-engine: name` and `x-mock-arrival: n` (the n-th such request to reach it, from
-/// 1), once `release` turns `true` when it carries `x-hold`. One that carries `x-stream`
+/// `x-mock-engine: name`, `x-mock-arrival: n` (the n-th such request to reach it, from 1)
+/// and `x-mock-at-us` (the microseconds from the engine's start to the request's head),
+/// once `release` turns `true` when it carries `x-hold`. One that carries `x-stream`
 /// gets it as an event stream whose head comes at once, before the hold.
 async fn two_slot_engine(
     name: &'static str,
@@ -746,6 +747,7 @@ async fn two_slot_engine(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let arrivals = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
             let mut release = release.clone();
@@ -753,6 +755,7 @@ async fn two_slot_engine(
             tokio::spawn(async move {
                 let mut read = Vec::new();
                 while let Some(head) = read_request(&mut socket, &mut read).await {
+                    let at = started.elapsed().as_micros();
                     let polled =
                         head.starts_with("get /metrics ") || head.starts_with("get /props ");
                     let arrival = if polled {
@@ -770,7 +773,7 @@ async fn two_slot_engine(
                         let answer_head = format!(
                             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
                              x-mock-engine: {name}\r\nx-mock-arrival: {arrival}\r\n\
-                             transfer-encoding: chunked\r\n\r\n"
+                             x-mock-at-us: {at}\r\ntransfer-encoding: chunked\r\n\r\n"
                         );
                         if socket.write_all(answer_head.as_bytes()).await.is_err() {
                             return;
@@ -814,7 +817,8 @@ async fn two_slot_engine(
                         ("application/json", answer.to_string())
                     };
                     let headers = format!(
-                        "content-type: {kind}\r\nx-mock-engine: {name}\r\nx-mock-arrival: {arrival}\r\n"
+                        "content-type: {kind}\r\nx-mock-engine: {name}\r\nx-mock-arrival: {arrival}\r\n\
+                         x-mock-at-us: {at}\r\n"
                     );
                     let answer = whole_answer(200, &headers, &body);
                     if socket.write_all(answer.as_bytes()).await.is_err() {
@@ -1384,6 +1388,46 @@ async fn on_slot_engines_a_new_request_waits_for_the_live_turn_where_a_slot_just
     for held in at_west {
         assert_eq!(held.await.unwrap(), west.1);
     }
+}
+
+#[tokio::test]
+async fn on_slot_engines_a_prompt_right_behind_one_still_waiting_reaches_the_engine_a_pass_later() {
+    let (release, released) = tokio::sync::watch::channel(false);
+    let (site, cluster) = ("pass-east", "pass-east-a");
+    let gateway = two_slot_gateway(&[(site, cluster)], &released).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // When each answer's request reached the engine, by the engine's clock.
+    let reached = |answer: &Answer| -> u64 {
+        answer.headers["x-mock-at-us"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let chat = |topic: &str| {
+        let url = url.clone();
+        let messages = json!([{"role": "user", "content": text(topic, 8 * 256)}]);
+        tokio::spawn(async move { chat_completion(&url, messages, true).await })
+    };
+    // Two prompts sent at once, both waiting at the engine for their first token: the one
+    // `Select` takes second goes 50 ms after the first.
+    let (one, two) = (chat("one"), chat("two"));
+    eventually("the engine has both", || async {
+        in_flight_at(&gateway, cluster) == 2
+    })
+    .await;
+    release.send(true).unwrap();
+    let (one, two) = (one.await.unwrap(), two.await.unwrap());
+    assert_eq!((one.status, two.status), (StatusCode::OK, StatusCode::OK));
+    let apart = reached(&one).abs_diff(reached(&two));
+    assert!(apart >= 30_000, "reached the engine {apart} µs apart");
+    let spacings =
+        format!(r#"grid_route_pass_spacings_total{{site="{site}",cluster="{cluster}"}}"#);
+    assert_eq!(scraped_gauge(&gateway, &spacings).await, Some(1.0));
+    // With nothing waiting there for its first token, the next one goes at once.
+    let three = chat("three").await.unwrap();
+    assert_eq!(three.status, StatusCode::OK);
+    assert_eq!(scraped_gauge(&gateway, &spacings).await, Some(1.0));
 }
 
 #[tokio::test]

@@ -96,12 +96,12 @@ const _: () = assert!(SLOT_RECLAIM_HOLD.as_nanos() < SLOT_RECLAIM_WINDOW.as_nano
 /// llama.cpp's server prefills every prompt waiting when a pass starts in that one pass,
 /// and takes the prompts that come during it only once it ends. Two prompts that reach an
 /// engine together both wait for both; the same two a moment apart go one pass each, and
-/// the first's time to first token is its own prefill rather than both. In the arena's
-/// opening burst two first turns of about 1,000 tokens sent to one engine 3 to 16 ms apart
-/// shared a pass and both waited 19.4 to 22.1 s, where a pair 34 ms apart took 11.0 and
-/// 21.1 s (BENCHMARKS.md, "One pass or two"). On an engine already busy (three of them on
-/// two cores) its loop can take tens of milliseconds to pick a prompt up; 50 ms is what a
-/// second prompt loses at most, against the seconds the first gains.
+/// the first's time to first token is its own prefill rather than both, and the second's
+/// is what it was (the arena's measurement: BENCHMARKS.md, "One pass or two"). An engine
+/// already busy (three of them on two cores in the arena) can take tens of milliseconds
+/// to pick a prompt up: grid-route's opening bursts, sent 3 to 16 ms apart to one engine,
+/// shared a pass in 4 of 15 runs before this spacing. 50 ms is what a second prompt loses
+/// at most.
 pub const SLOT_PASS_SPACING: Duration = Duration::from_millis(50);
 
 /// Records that an answer ended at `at`, unless a later end is recorded already.
@@ -530,7 +530,10 @@ impl fmt::Debug for ClusterLoad {
             )
             .field(
                 "last_send",
-                &*self.last_send.lock().unwrap_or_else(PoisonError::into_inner),
+                &*self
+                    .last_send
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
             )
             .field("endpoints", &self.endpoints)
             .finish()
