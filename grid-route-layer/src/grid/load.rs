@@ -308,7 +308,9 @@ impl ClusterLoad {
     /// engines have slots, while another request here still waits for its first token,
     /// no sooner than [`SLOT_PASS_SPACING`] (divided among the healthy endpoints) after
     /// the last request sent here, so that the engine takes the two in separate prefill
-    /// passes. Records the time returned as the last send. (A request held by a
+    /// passes; but never more than that spacing after `at`, so that requests coming
+    /// faster than one a spacing wait no longer the longer they come. Records the time
+    /// returned as the last send. (A request held by a
     /// [`SlotHold`](crate::route::SlotHold) is not spaced: it goes when its hold ends,
     /// and a live turn sent meanwhile goes at once.)
     ///
@@ -322,7 +324,7 @@ impl ClusterLoad {
     /// # let load = view.clusters()[0].load();
     /// load.record_slots("http://e0", Some(2));
     /// let now = Instant::now();
-    /// let first = load.start_request_prefilling(4_000);
+    /// let _first = load.start_request_prefilling(4_000);
     /// assert_eq!(load.spaced_send(now), now);
     /// // A second prompt right behind it waits for the first to start its pass.
     /// let _second = load.start_request_prefilling(4_000);
@@ -330,9 +332,9 @@ impl ClusterLoad {
     /// assert_eq!(load.spaced_send(later), now + SLOT_PASS_SPACING);
     /// ```
     pub fn spaced_send(&self, at: Instant) -> Instant {
-        let Some(_) = self.slots() else {
+        if self.slots().is_none() {
             return at;
-        };
+        }
         // Waiting for a first token, besides the request being sent (counted already).
         let waiting = self.in_flight().saturating_sub(self.streaming()) > 1;
         let healthy = self
@@ -345,8 +347,11 @@ impl ClusterLoad {
             .last_send
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let send = match *last {
-            Some(before) if waiting => at.max(before + spacing),
+        // (An `Instant` too near its end to add to goes at once.)
+        let send = match (*last, at.checked_add(spacing)) {
+            (Some(before), Some(latest)) if waiting => before
+                .checked_add(spacing)
+                .map_or(at, |after| after.clamp(at, latest)),
             _ => at,
         };
         if last.is_none_or(|last| last < send) {
@@ -912,7 +917,10 @@ mod tests {
         let second = load.start_request_prefilling(4_000);
         assert_eq!(load.spaced_send(t0 + ms(105)), t0 + ms(150));
         let third = load.start_request_prefilling(4_000);
-        assert_eq!(load.spaced_send(t0 + ms(110)), t0 + ms(200));
+        assert_eq!(load.spaced_send(t0 + ms(140)), t0 + ms(190));
+        // But none waits more than 50 ms, however fast they come.
+        assert_eq!(load.spaced_send(t0 + ms(141)), t0 + ms(191));
+        assert_eq!(load.spaced_send(t0 + ms(142)), t0 + ms(192));
         // Well after the last one went: at once.
         assert_eq!(load.spaced_send(t0 + ms(400)), t0 + ms(400));
         drop((second, third));
