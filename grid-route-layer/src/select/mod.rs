@@ -23,9 +23,11 @@
 //!   new conversation where a slot just went idle) is sent once the hold ends, counted
 //!   in flight meanwhile, and counted in `grid_route_slot_holds_total{site,cluster}`.
 //! - On a cluster of engines with slots, a request that comes right behind another still
-//!   waiting for its first token there is sent [`SLOT_PASS_SPACING`](crate::grid::SLOT_PASS_SPACING)
-//!   after it ([`ClusterLoad::spaced_send`](crate::grid::ClusterLoad::spaced_send)), so
-//!   that the engine prefills the two in separate passes, and counted in
+//!   waiting for its first token there is sent up to
+//!   [`SLOT_PASS_SPACING`](crate::grid::SLOT_PASS_SPACING) after the one sent before it,
+//!   and never later than that after it came
+//!   ([`ClusterLoad::spaced_send`](crate::grid::ClusterLoad::spaced_send)), so that the
+//!   engine prefills the two in separate passes; counted in
 //!   `grid_route_pass_spacings_total{site,cluster}`.
 //! - Both waits run on Tokio's timer: the runtime needs it enabled, as any hyper or axum
 //!   server's has.
