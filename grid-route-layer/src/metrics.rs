@@ -250,19 +250,28 @@ pub fn describe_metrics() {
 pub fn record_grid_gauges(view: &GridView, index: &PrefixIndex, now: Instant) {
     for cluster in view.clusters() {
         let id = cluster.id();
-        metrics::gauge!(
-            QUEUE_DEPTH,
-            SITE_LABEL => Arc::clone(id.site().as_arc()),
-            CLUSTER_LABEL => Arc::clone(id.name_arc())
-        )
-        .set(cluster.load().queue_depth(now));
-        metrics::gauge!(
-            INDEX_ENTRIES,
-            SITE_LABEL => Arc::clone(id.site().as_arc()),
-            CLUSTER_LABEL => Arc::clone(id.name_arc())
-        )
-        .set(index.entries(id) as f64);
+        cluster_gauge(QUEUE_DEPTH, id).set(cluster.load().queue_depth(now));
+        cluster_gauge(INDEX_ENTRIES, id).set(index.entries(id) as f64);
     }
+}
+
+/// The counter `name` of `cluster`, labelled `site` and `cluster` as every per-cluster
+/// series here is.
+pub(crate) fn cluster_counter(name: &'static str, cluster: &ClusterId) -> metrics::Counter {
+    metrics::counter!(
+        name,
+        SITE_LABEL => Arc::clone(cluster.site().as_arc()),
+        CLUSTER_LABEL => Arc::clone(cluster.name_arc())
+    )
+}
+
+/// The gauge `name` of `cluster`, labelled as [`cluster_counter`] labels a counter.
+pub(crate) fn cluster_gauge(name: &'static str, cluster: &ClusterId) -> metrics::Gauge {
+    metrics::gauge!(
+        name,
+        SITE_LABEL => Arc::clone(cluster.site().as_arc()),
+        CLUSTER_LABEL => Arc::clone(cluster.name_arc())
+    )
 }
 
 /// Sets `grid_route_prefill_tokens_per_second{site,cluster}` and
@@ -274,12 +283,7 @@ pub fn record_learned_prices(cluster: &ClusterId, learned: Learned) {
         (QUEUED_REQUEST_SECONDS, learned.queued_request_seconds),
     ] {
         if let Some(value) = value {
-            metrics::gauge!(
-                gauge,
-                SITE_LABEL => Arc::clone(cluster.site().as_arc()),
-                CLUSTER_LABEL => Arc::clone(cluster.name_arc())
-            )
-            .set(value);
+            cluster_gauge(gauge, cluster).set(value);
         }
     }
 }

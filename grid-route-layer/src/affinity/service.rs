@@ -12,7 +12,7 @@ use super::draw::random_draw;
 use super::settings::MIN_STICKY_DEPTH;
 use crate::grid::{Cluster, Grid};
 use crate::metrics::{
-    CLUSTER_LABEL, OUTCOME_LABEL, PREFIX_AFFINITY_TOTAL, SITE_LABEL, SLOT_PASSED_OVER_TOTAL,
+    OUTCOME_LABEL, PREFIX_AFFINITY_TOTAL, SLOT_PASSED_OVER_TOTAL, cluster_counter,
 };
 use crate::route::{
     Candidates, Pinned, Placed, PredictedMatch, Prompt, RequestModel, SlotHold, record_on_span,
@@ -171,12 +171,7 @@ fn record(decision: &Decision) {
     metrics::counter!(PREFIX_AFFINITY_TOTAL, OUTCOME_LABEL => outcome.as_str()).increment(1);
     for passed in decision.passed_over() {
         let id = passed.id();
-        metrics::counter!(
-            SLOT_PASSED_OVER_TOTAL,
-            SITE_LABEL => Arc::clone(id.site().as_arc()),
-            CLUSTER_LABEL => Arc::clone(id.name_arc())
-        )
-        .increment(1);
+        cluster_counter(SLOT_PASSED_OVER_TOTAL, id).increment(1);
     }
     record_on_span("outcome", outcome.as_str());
     record_on_span("depth", decision.deepest());

@@ -17,7 +17,7 @@ use crate::grid::ClusterId;
 use crate::metrics::{
     CACHED_PROMPT_TOKENS_TOTAL, CLUSTER_LABEL, DELIVERED_CACHED_TOKENS_TOTAL,
     INDEX_FORGOTTEN_TOTAL, PREDICTED_CACHED_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL,
-    SHARED_HEAD_FOUND_SHARE, SITE_LABEL, record_learned_prices,
+    SHARED_HEAD_FOUND_SHARE, SITE_LABEL, cluster_counter, cluster_gauge, record_learned_prices,
 };
 use crate::route::PredictedMatch;
 use crate::select::OutputScan;
@@ -247,12 +247,7 @@ impl Prediction {
         else {
             return;
         };
-        metrics::counter!(
-            INDEX_FORGOTTEN_TOTAL,
-            SITE_LABEL => Arc::clone(cluster.site().as_arc()),
-            CLUSTER_LABEL => Arc::clone(cluster.name_arc())
-        )
-        .increment(forgotten as u64);
+        cluster_counter(INDEX_FORGOTTEN_TOTAL, cluster).increment(forgotten as u64);
         tracing::debug!(
             cluster = %cluster,
             predicted_depth = self.matched.depth(),
@@ -275,12 +270,7 @@ fn record_shared_head(
     let Some(verdict) = count_shared_head(affinity, cluster, matched, cached_tokens) else {
         return;
     };
-    metrics::gauge!(
-        SHARED_HEAD_FOUND_SHARE,
-        SITE_LABEL => Arc::clone(cluster.site().as_arc()),
-        CLUSTER_LABEL => Arc::clone(cluster.name_arc())
-    )
-    .set(verdict.found_share);
+    cluster_gauge(SHARED_HEAD_FOUND_SHARE, cluster).set(verdict.found_share);
     if verdict.kept != verdict.kept_before {
         tracing::info!(
             cluster = %cluster,

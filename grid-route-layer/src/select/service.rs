@@ -17,8 +17,8 @@ use super::future::ResponseFuture;
 use super::pick::{count_in_flight, least_loaded, prefill_bytes};
 use crate::grid::{Cluster, Grid, GridView};
 use crate::metrics::{
-    CLUSTER_LABEL, DECISIONS_TOTAL, PASS_SPACINGS_TOTAL, SHARED_HEAD_JOINS_TOTAL, SITE_LABEL,
-    SLOT_HOLDS_TOTAL,
+    DECISIONS_TOTAL, PASS_SPACINGS_TOTAL, SHARED_HEAD_JOINS_TOTAL, SLOT_HOLDS_TOTAL,
+    cluster_counter,
 };
 use crate::route::{
     BoxError, Candidates, NoCandidate, Pinned, Placed, PredictedMatch, Prompt, RequestModel,
@@ -205,21 +205,11 @@ where
         let id = cluster.id();
         record_on_span("site", id.site().as_str());
         record_on_span("cluster", id.name());
-        metrics::counter!(
-            DECISIONS_TOTAL,
-            SITE_LABEL => Arc::clone(id.site().as_arc()),
-            CLUSTER_LABEL => Arc::clone(id.name_arc())
-        )
-        .increment(1);
+        cluster_counter(DECISIONS_TOTAL, id).increment(1);
         let ext = req.extensions();
         let predicted = ext.get::<PredictedMatch>();
         if predicted.is_some_and(PredictedMatch::joins_busier_holder) {
-            metrics::counter!(
-                SHARED_HEAD_JOINS_TOTAL,
-                SITE_LABEL => Arc::clone(id.site().as_arc()),
-                CLUSTER_LABEL => Arc::clone(id.name_arc())
-            )
-            .increment(1);
+            cluster_counter(SHARED_HEAD_JOINS_TOTAL, id).increment(1);
         }
         tracing::debug!(
             cluster = %id,
@@ -238,12 +228,7 @@ where
             .and_then(|hold| hold.until(id))
             .filter(|&until| until > now);
         if let Some(until) = hold {
-            metrics::counter!(
-                SLOT_HOLDS_TOTAL,
-                SITE_LABEL => Arc::clone(id.site().as_arc()),
-                CLUSTER_LABEL => Arc::clone(id.name_arc())
-            )
-            .increment(1);
+            cluster_counter(SLOT_HOLDS_TOTAL, id).increment(1);
             tracing::debug!(
                 cluster = %id,
                 hold_ms = until.duration_since(now).as_millis() as u64,
@@ -255,12 +240,7 @@ where
         // ends (spaced, a live turn sent meanwhile would wait behind it).
         let sent = hold.unwrap_or_else(|| cluster.load().spaced_send(now));
         if hold.is_none() && sent > now {
-            metrics::counter!(
-                PASS_SPACINGS_TOTAL,
-                SITE_LABEL => Arc::clone(id.site().as_arc()),
-                CLUSTER_LABEL => Arc::clone(id.name_arc())
-            )
-            .increment(1);
+            cluster_counter(PASS_SPACINGS_TOTAL, id).increment(1);
             tracing::debug!(
                 cluster = %id,
                 wait_ms = sent.duration_since(now).as_millis() as u64,
