@@ -592,31 +592,39 @@ def replay(base: str, conv: Conversation, args, result: RunResult, lock: threadi
         messages.append({"role": "assistant", "content": answer})
 
 
+# Per-cluster counters a run's decisions sum over every cluster, by the name they are listed as.
+SUMMED_COUNTERS = {
+    # Index entries engine feedback forgot.
+    "grid_route_index_forgotten_total": "forgotten",
+    # First turns that joined a busier holder of their system prompt (also sticky).
+    "grid_route_shared_head_joins_total": "joined",
+    # Clusters left out because a slot there had just gone idle.
+    "grid_route_slot_passed_over_total": "passed_over",
+    # New conversations Select held for a live turn where a slot had just gone idle.
+    "grid_route_slot_holds_total": "held",
+    # Requests Select sent a moment after the prompt before them, a pass apart.
+    "grid_route_pass_spacings_total": "spaced",
+}
+
+
 def scrape_decisions(admin: str) -> dict[str, float]:
+    """grid-route's affinity outcomes, and the counters of `SUMMED_COUNTERS`, from its metrics."""
     status, body = http_get(f"{admin}/metrics")
     counts: dict[str, float] = {}
     if status != 200:
         return counts
     for line in body.splitlines():
-        if line.startswith("grid_route_prefix_affinity_total{"):
-            labels, value = line.rsplit(" ", 1)
-            outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
-            counts[outcome] = counts.get(outcome, 0) + float(value)
-        elif line.startswith("grid_route_index_forgotten_total{"):
-            # Index entries engine feedback forgot, over every cluster.
-            counts["forgotten"] = counts.get("forgotten", 0) + float(line.rsplit(" ", 1)[1])
-        elif line.startswith("grid_route_shared_head_joins_total{"):
-            # First turns that joined a busier holder of their system prompt (also sticky).
-            counts["joined"] = counts.get("joined", 0) + float(line.rsplit(" ", 1)[1])
-        elif line.startswith("grid_route_slot_passed_over_total{"):
-            # Clusters left out because a slot there had just gone idle, over every cluster.
-            counts["passed_over"] = counts.get("passed_over", 0) + float(line.rsplit(" ", 1)[1])
-        elif line.startswith("grid_route_slot_holds_total{"):
-            # New conversations Select held for a live turn where a slot had just gone idle.
-            counts["held"] = counts.get("held", 0) + float(line.rsplit(" ", 1)[1])
-        elif line.startswith("grid_route_pass_spacings_total{"):
-            # Requests Select sent a moment after the prompt before them, a pass apart.
-            counts["spaced"] = counts.get("spaced", 0) + float(line.rsplit(" ", 1)[1])
+        name, _, rest = line.partition("{")
+        if not rest:
+            continue
+        labels, value = line.rsplit(" ", 1)
+        if name == "grid_route_prefix_affinity_total":
+            key = labels.split('outcome="', 1)[1].split('"', 1)[0]
+        elif name in SUMMED_COUNTERS:
+            key = SUMMED_COUNTERS[name]
+        else:
+            continue
+        counts[key] = counts.get(key, 0) + float(value)
     return counts
 
 

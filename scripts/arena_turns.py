@@ -13,8 +13,9 @@ is in turns that lost their slot (below). First turns add what they found
 cached (a shared system prompt). Then each later turn that stayed on its engine and found
 under half of the prompt of its turn before (its slot was taken), with the new
 conversations' first turns sent to that engine from its turn before until a second after
-it (the likely takers, with their send time against its own). Last, the run's five
-slowest turns by time to first token.
+it (the likely takers, with their send time against its own). Then the opening burst
+as it reached the gateway, engine by engine, with the milliseconds between first turns
+that went to one engine. Last, the run's five slowest turns by time to first token.
 
     python3 scripts/arena_turns.py OUT RUN        # say target/arena-s21 grid-defaults-pck-1
 
@@ -60,7 +61,7 @@ def turns(out: Path, run: str) -> list[dict]:
         if i is None:
             _, i = min((abs(s[0] - t["sent_at"]), i) for i, s in enumerate(sent) if i not in used)
         used.add(i)
-        rows.append({**t, "outcome": sent[i][1], "site": sent[i][2]})
+        rows.append({**t, "outcome": sent[i][1], "site": sent[i][2], "arrived": sent[i][0]})
     return rows
 
 
@@ -109,6 +110,23 @@ def losses(rows: list[dict], by_conversation: dict[str, list[dict]]) -> None:
             print(f"  found {100 * tokens / total:4.1f} points in first turns ({outcome})")
 
 
+def burst_at_the_gateway(rows: list[dict]) -> None:
+    """The opening burst's first turns (sent in the run's first second) engine by engine,
+    in the order they reached the gateway, with the milliseconds between them there (its
+    log's head time less latency: when each came in; a held or spaced one went later)."""
+    start = min(r["sent_at"] for r in rows)
+    by_site: dict[str, list[dict]] = collections.defaultdict(list)
+    for row in sorted(rows, key=lambda r: r["arrived"]):
+        if row["turn"] == 0 and row["sent_at"] - start < 1.0:
+            by_site[row["site"]].append(row)
+    parts = []
+    for site, rs in sorted(by_site.items()):
+        gaps = [f"{1000 * (b['arrived'] - a['arrived']):.0f} ms" for a, b in zip(rs, rs[1:])]
+        parts.append(f"{site}: " + " then ".join(str(r["prompt_tokens"]) for r in rs)
+                     + (f" tokens, {', '.join(gaps)} apart" if gaps else " tokens"))
+    print("opening burst at the gateway: " + "; ".join(parts))
+
+
 def main() -> None:
     out, run = Path(sys.argv[1]), sys.argv[2]
     rows = turns(out, run)
@@ -152,6 +170,7 @@ def main() -> None:
                   f"its turn before: " + (", ".join(
                       f"{o['conversation']} {o['sent_at'] - b['sent_at']:+.2f} s {o['outcome']} "
                       f"{o['cached_tokens']}/{o['prompt_tokens']}" for o in takers) or "none"))
+    burst_at_the_gateway(rows)
     slowest = sorted(rows, key=lambda r: r["ttft"], reverse=True)[:5]
     print("slowest turns (TTFT, turn, engine, outcome, cached/prompt tokens): " + " | ".join(
         f"{r['ttft']:.1f} s turn {r['turn'] + 1} {r['site']} {r['outcome']} {r['cached_tokens']}/{r['prompt_tokens']}"
