@@ -208,6 +208,7 @@ class Outcome:
     ended: float
     status: int | None = None  # None: no answer (refused, reset, cut, or the client gave up)
     error: str = ""
+    code: str = ""  # the error answer's `code`, when it is an OpenAI-style one
     engine: str | None = None
     gave_up: bool = False
     pinned_to: str | None = None  # the engine a follow-up must reach
@@ -237,14 +238,16 @@ def read_stream(answer: http.client.HTTPResponse, slow: bool) -> tuple[bytes, bo
     return data, b"[DONE]" in data or b"message_stop" in data
 
 
-def gateway_error(data: bytes) -> str:
-    """The message of an OpenAI-style error answer (`{"error": {"message": ...}}`), or
-    the start of the body when it is not one."""
+def gateway_error(data: bytes) -> tuple[str, str]:
+    """The message and code of an OpenAI-style error answer (`{"error": {"message": ...,
+    "code": ...}}`), or the start of the body and no code when it is not one."""
     try:
-        message = json.loads(data)["error"]["message"]
+        error = json.loads(data)["error"]
+        message = error["message"]
     except (ValueError, KeyError, TypeError):
-        return data[:200].decode(errors="replace")
-    return str(message)[:200]
+        return data[:200].decode(errors="replace"), ""
+    code = error.get("code") if isinstance(error, dict) else None
+    return str(message)[:200], str(code or "")
 
 
 def send(port: int, kind: str, path: str, body: dict, *, stream: bool = False,
@@ -276,7 +279,7 @@ def send(port: int, kind: str, path: str, body: dict, *, stream: bool = False,
             if answer.status == 200:
                 parsed = json.loads(data)
             else:
-                outcome.error = gateway_error(data)
+                outcome.error, outcome.code = gateway_error(data)
     except socket.timeout:
         outcome.status, outcome.gave_up, outcome.error = None, True, "client gave up"
     except (OSError, http.client.HTTPException, ValueError) as error:
@@ -375,7 +378,9 @@ def classify(outcome: Outcome, windows: list[Window]) -> str:
     (in flight at the moment it was killed, written to it as it died, pinned to it while
     it was down, or a follow-up whose stored response died with it); waited on the wedged engine (gave up, or 504, on a
     request in flight while the wedge lasted); misrouted (a pinned follow-up answered by
-    another cluster); could have been served (anything else: another cluster was there to
+    another cluster); pinned to its held-out cluster (a follow-up whose response is stored
+    on a faulted engine's cluster, answered 503 by the gateway once the fault began, while
+    that cluster admits nothing); could have been served (anything else: another cluster was there to
     serve it)."""
     if outcome.pinned_to is not None and outcome.engine not in (None, outcome.pinned_to):
         return "misrouted follow-up"
@@ -404,6 +409,17 @@ def classify(outcome: Outcome, windows: list[Window]) -> str:
                 and outcome.status == 404 and outcome.started >= window.end):
             # The restarted engine lost the stored response the follow-up continues.
             return "lost with the killed engine"
+    for window in windows:
+        # From the fault's start to the end of the run: an ejection can outlast the fault
+        # (charlie's third, after its 500s, is 120 s).
+        held_out = (outcome.pinned_to == window.site and outcome.engine is None
+                    and outcome.status == 503 and outcome.code == "stored_state_unavailable"
+                    and outcome.ended >= window.start - 0.5)
+        if held_out:
+            # The contract's answer for a follow-up whose cluster admits nothing right now
+            # (held out by a 429's Retry-After, or ejected): only that cluster holds the
+            # response, so no other could have served it.
+            return "pinned to its held-out cluster"
     for window in windows:
         if window.what == "wedged" and overlaps(outcome, window) and outcome.engine is None:
             if outcome.gave_up or outcome.status == 504:
@@ -520,6 +536,7 @@ def main() -> int:
             elif action == "throttle":
                 by_site[FAILING].admin(
                     "/mock/fail", {"status": 429, "count": 10, "retry_after": 5})
+                open_windows["failing"] = Window("failing", FAILING, at, float("inf"))
             elif action == "fail":
                 # Replaces what is left of the 429s.
                 by_site[FAILING].admin("/mock/fail", {"status": 500, "count": 20})
@@ -583,8 +600,8 @@ def main() -> int:
         ("answered 2xx, whole", f"{len(ok)}"),
     ]
     for name in ["engine error passed through", "lost with the killed engine",
-                 "waited on the wedged engine", "misrouted follow-up",
-                 "could have been served"]:
+                 "waited on the wedged engine", "pinned to its held-out cluster",
+                 "misrouted follow-up", "could have been served"]:
         rows.append((name, f"{len(classes.get(name, []))}"))
     rows += [
         ("pinned follow-ups answered 2xx by their cluster",
