@@ -30,7 +30,9 @@ counts the engines whose two long first turns shared one.
 
 prints, instead, every engine given exactly two long first turns in a burst, over every
 run of the sittings given (any router): how many were prefilled in one pass and how many
-in two, and the mean time to first token of the slower and the faster of each two.
+in two, and the mean time to first token of the slower and the faster of each two; then,
+per router, how many of its runs gave two long first turns to no engine, one, two or three
+(one is the fewest four long first turns on three engines allow).
 
 Last, for each router among RUN..., the TTFT p50 / p90 / p99 pooled over the runs given,
 to the hundredth of a second, by the rule of arena.py's table (which prints tenths); then
@@ -163,9 +165,16 @@ def pairs(outs: list[Path]) -> None:
     sitting in `outs`, any router: in one pass or two, how many, and the mean time to first
     token of the slower and the faster of the two."""
     found: dict[str, list[tuple[float, float]]] = {"one pass": [], "two passes": []}
+    # Per router, how many runs gave two long first turns to how many engines.
+    doubled: dict[str, dict[int, int]] = {}
     for out in outs:
         for run_dir in sorted(p for p in out.iterdir() if (p / "engine0.log").exists()):
-            for engine, sent in burst_by_engine(matched(out, run_dir.name)).items():
+            by_engine = burst_by_engine(matched(out, run_dir.name))
+            engines = sum(1 for engine, sent in by_engine.items() if engine != "?" and sum(
+                1 for t in sent if t["prompt_tokens"] > LONG_FIRST_TURN) >= 2)
+            runs = doubled.setdefault(run_dir.name.rsplit("-", 1)[0], {})
+            runs[engines] = runs.get(engines, 0) + 1
+            for engine, sent in by_engine.items():
                 long = [t for t in sent if t["prompt_tokens"] > LONG_FIRST_TURN]
                 if engine == "?" or len(long) != 2 or None in (t["launched"] for t in long):
                     continue
@@ -178,6 +187,12 @@ def pairs(outs: list[Path]) -> None:
             slower = sum(s for s, _ in seen) / len(seen)
             faster = sum(f for _, f in seen) / len(seen)
             print(f"| {kind} | {len(seen)} | {slower:.2f} s | {faster:.2f} s |")
+    print()
+    print("| router | runs | engines given two long first turns: runs with 0 / 1 / 2 / 3 |")
+    print("|---|---:|---|")
+    for router, runs in sorted(doubled.items()):
+        counts = " / ".join(str(runs.get(n, 0)) for n in range(4))
+        print(f"| {router} | {sum(runs.values())} | {counts} |")
 
 
 def burst(run: str, turns: list[dict]) -> None:
