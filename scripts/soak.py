@@ -376,12 +376,29 @@ def classify(outcome: Outcome, windows: list[Window]) -> str:
     """One of: ok; engine error passed through (the failing engine's own 500 or 429, which
     the contract never retries once a byte reached an engine); lost with the killed engine
     (in flight at the moment it was killed, written to it as it died, pinned to it while
-    it was down, or a follow-up whose stored response died with it); waited on the wedged engine (gave up, or 504, on a
-    request in flight while the wedge lasted); misrouted (a pinned follow-up answered by
-    another cluster); pinned to its held-out cluster (a follow-up whose response is stored
-    on a faulted engine's cluster, answered 503 by the gateway once the fault began, while
-    that cluster admits nothing); could have been served (anything else: another cluster was there to
-    serve it)."""
+    it was down, or a follow-up whose stored response died with it); waited on the wedged
+    engine (gave up, or 504, on a request in flight while the wedge lasted); misrouted (a
+    pinned follow-up answered by another cluster); pinned to its held-out cluster (a
+    follow-up whose response is stored on a faulted engine's cluster, answered 503 by the
+    gateway once the fault began, while that cluster admits nothing); could have been
+    served (anything else: another cluster was there to serve it). CI runs these examples
+    (`python3 -m doctest scripts/soak.py`):
+
+    >>> from dataclasses import replace
+    >>> charlie_fails = Window("failing", FAILING, start=100.0, end=float("inf"))
+    >>> refused = Outcome("responses follow-up", started=101.0, ended=101.01, status=503,
+    ...                   code="stored_state_unavailable", pinned_to=FAILING)
+    >>> classify(refused, [charlie_fails])
+    'pinned to its held-out cluster'
+    >>> classify(replace(refused, started=90.0, ended=90.1), [charlie_fails])
+    'could have been served'
+    >>> classify(replace(refused, pinned_to="delta"), [charlie_fails])
+    'could have been served'
+    >>> classify(replace(refused, status=200, engine="delta"), [charlie_fails])
+    'misrouted follow-up'
+    >>> classify(replace(refused, status=500, code="", engine=FAILING), [charlie_fails])
+    'engine error passed through'
+    """
     if outcome.pinned_to is not None and outcome.engine not in (None, outcome.pinned_to):
         return "misrouted follow-up"
     if outcome.status is not None and 200 <= outcome.status < 300 and outcome.complete:
