@@ -256,8 +256,8 @@ pub fn record_grid_gauges(view: &GridView, index: &PrefixIndex, now: Instant) {
 }
 
 /// The counter `name` of `cluster`, labelled `site` and `cluster` as every per-cluster
-/// series here is.
-pub(crate) fn cluster_counter(name: &'static str, cluster: &ClusterId) -> metrics::Counter {
+/// series is (the layers' and a gateway's own, such as the example's ejections).
+pub fn cluster_counter(name: &'static str, cluster: &ClusterId) -> metrics::Counter {
     metrics::counter!(
         name,
         SITE_LABEL => Arc::clone(cluster.site().as_arc()),
@@ -266,7 +266,7 @@ pub(crate) fn cluster_counter(name: &'static str, cluster: &ClusterId) -> metric
 }
 
 /// The gauge `name` of `cluster`, labelled as [`cluster_counter`] labels a counter.
-pub(crate) fn cluster_gauge(name: &'static str, cluster: &ClusterId) -> metrics::Gauge {
+pub fn cluster_gauge(name: &'static str, cluster: &ClusterId) -> metrics::Gauge {
     metrics::gauge!(
         name,
         SITE_LABEL => Arc::clone(cluster.site().as_arc()),

@@ -15,9 +15,9 @@ use super::usage::{PromptUsage, UsageReader};
 use crate::affinity::{Affinity, AnswerTiming};
 use crate::grid::ClusterId;
 use crate::metrics::{
-    CACHED_PROMPT_TOKENS_TOTAL, CLUSTER_LABEL, DELIVERED_CACHED_TOKENS_TOTAL,
-    INDEX_FORGOTTEN_TOTAL, PREDICTED_CACHED_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL,
-    SHARED_HEAD_FOUND_SHARE, SITE_LABEL, cluster_counter, cluster_gauge, record_learned_prices,
+    CACHED_PROMPT_TOKENS_TOTAL, DELIVERED_CACHED_TOKENS_TOTAL, INDEX_FORGOTTEN_TOTAL,
+    PREDICTED_CACHED_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL, SHARED_HEAD_FOUND_SHARE, cluster_counter,
+    cluster_gauge, record_learned_prices,
 };
 use crate::route::PredictedMatch;
 use crate::select::OutputScan;
@@ -176,14 +176,7 @@ impl Drop for Tally {
         let Some(usage) = self.reader.take().and_then(UsageReader::finish) else {
             return;
         };
-        let site = Arc::clone(self.cluster.site().as_arc());
-        let cluster = Arc::clone(self.cluster.name_arc());
-        metrics::counter!(
-            PROMPT_TOKENS_TOTAL,
-            SITE_LABEL => Arc::clone(&site),
-            CLUSTER_LABEL => Arc::clone(&cluster)
-        )
-        .increment(usage.prompt_tokens);
+        cluster_counter(PROMPT_TOKENS_TOTAL, &self.cluster).increment(usage.prompt_tokens);
         // Without a cached count the answer says nothing about the cache (see CachedCounts).
         let predicted = self
             .prediction
@@ -192,12 +185,7 @@ impl Drop for Tally {
         let Some(cached) = self.counts.cached_tokens(&self.cluster, usage, predicted) else {
             return;
         };
-        metrics::counter!(
-            CACHED_PROMPT_TOKENS_TOTAL,
-            SITE_LABEL => Arc::clone(&site),
-            CLUSTER_LABEL => Arc::clone(&cluster)
-        )
-        .increment(cached);
+        cluster_counter(CACHED_PROMPT_TOKENS_TOTAL, &self.cluster).increment(cached);
         if let Some(timing) = self.prefill.take()
             && let Some(started) = timing.started
         {
@@ -211,14 +199,9 @@ impl Drop for Tally {
             record_learned_prices(&self.cluster, learned);
         }
         if let Some(prediction) = self.prediction.take() {
-            metrics::counter!(
-                PREDICTED_CACHED_TOKENS_TOTAL,
-                SITE_LABEL => Arc::clone(&site),
-                CLUSTER_LABEL => Arc::clone(&cluster)
-            )
-            .increment(predicted_tokens(prediction.matched.covered_bytes()));
-            metrics::counter!(DELIVERED_CACHED_TOKENS_TOTAL, SITE_LABEL => site, CLUSTER_LABEL => cluster)
-                .increment(cached);
+            cluster_counter(PREDICTED_CACHED_TOKENS_TOTAL, &self.cluster)
+                .increment(predicted_tokens(prediction.matched.covered_bytes()));
+            cluster_counter(DELIVERED_CACHED_TOKENS_TOTAL, &self.cluster).increment(cached);
             prediction.weigh(&self.cluster, cached);
         }
     }

@@ -8,7 +8,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant, SystemTime};
 
 use grid_route_layer::grid::{ClusterId, Grid};
-use grid_route_layer::metrics::{CLUSTER_LABEL, SITE_LABEL};
+use grid_route_layer::metrics::cluster_counter;
 use grid_route_layer::route::BoxError;
 use http::StatusCode;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -41,12 +41,7 @@ impl EndpointWatch {
         match change {
             Change::None => return,
             Change::Ejected { length, nth } | Change::Stalled { length, nth } => {
-                metrics::counter!(
-                    EJECTIONS_TOTAL,
-                    SITE_LABEL => Arc::clone(self.cluster.site().as_arc()),
-                    CLUSTER_LABEL => Arc::clone(self.cluster.name_arc())
-                )
-                .increment(1);
+                cluster_counter(EJECTIONS_TOTAL, &self.cluster).increment(1);
                 let why = if matches!(change, Change::Stalled { .. }) {
                     "wedged: a request has waited far longer for its answer than the grid's \
                      answers take; out until it answers"
