@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 from arena import request_id
+from arena_engines import BURST_SECONDS
 
 ACCESS = re.compile(r'(\S+)Z .*grid_route_example::access.*outcome="(\w+)" site="(\w+)".*latency_ms=([\d.]+)')
 REQUEST_ID = re.compile(r'request_id="([^"]*)"')
@@ -111,13 +112,14 @@ def losses(rows: list[dict], by_conversation: dict[str, list[dict]]) -> None:
 
 
 def burst_at_the_gateway(rows: list[dict]) -> None:
-    """The opening burst's first turns (sent in the run's first second) engine by engine,
-    in the order they reached the gateway, with the milliseconds between them there (its
-    log's head time less latency: when each came in; a held or spaced one went later)."""
+    """The opening burst's first turns (sent in the run's first `BURST_SECONDS`), engine
+    by engine, in the order they reached the gateway, with the milliseconds between them
+    there (its log's head time less latency: when each came in; a held or spaced one went
+    later)."""
     start = min(r["sent_at"] for r in rows)
     by_site: dict[str, list[dict]] = collections.defaultdict(list)
     for row in sorted(rows, key=lambda r: r["arrived"]):
-        if row["turn"] == 0 and row["sent_at"] - start < 1.0:
+        if row["turn"] == 0 and row["sent_at"] - start < BURST_SECONDS:
             by_site[row["site"]].append(row)
     parts = []
     for site, rs in sorted(by_site.items()):
