@@ -23,9 +23,9 @@ use grid_route_layer::grid::{SLOT_RECLAIM_HOLD, SLOT_RECLAIM_WINDOW};
 use grid_route_mock_engine::{CachedTokens, MockEngine, MockEngineConfig};
 use grid_route_tests::{
     Answer, ClusterYaml, Conversation, MODEL, REQUEST_DEADLINE, chat, client, cluster, cluster_id,
-    config_yaml, empty_vllm_metrics, engine, engine_serving, eventually, measured_gateway, metric,
-    other, parse, read_request, scratch_dir, send, send_with, set_queue, text, wait_measured,
-    whole_answer,
+    config_yaml, empty_vllm_metrics, engine, engine_requests, engine_serving, eventually,
+    measured_gateway, metric, other, parse, read_request, scratch_dir, send, send_with, set_queue,
+    text, wait_measured, whole_answer,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
@@ -3105,6 +3105,50 @@ fn responses_body(input: &str, previous: Option<&str>) -> String {
         body["previous_response_id"] = json!(previous);
     }
     body.to_string()
+}
+
+/// The contract's 503 for a cluster in the grid that admits nothing, reached the way the
+/// soak met it: the cluster's only engine answered 429 with a `Retry-After`, which holds
+/// it out; a follow-up stored there is answered 503 with `Retry-After: 5` by the gateway,
+/// and no engine, in that cluster or another, sees it.
+#[tokio::test]
+async fn a_follow_up_pinned_to_a_cluster_a_429_holds_out_is_503_and_reaches_no_engine() {
+    let (east, west, gateway) = two_sites().await;
+    let mut stored_on_west = None;
+    for i in 0..40 {
+        let answer = post(
+            &gateway,
+            "/v1/responses",
+            responses_body(&format!("hi {i}"), None),
+        )
+        .await;
+        if answer.engine_name() == "west-a" {
+            stored_on_west = Some(answer.json()["id"].as_str().unwrap().to_owned());
+            break;
+        }
+    }
+    let id = stored_on_west.expect("no response stored on west in 40 requests");
+    let plan = r#"{"status":429,"count":1,"retry_after":60}"#;
+    let fail = send(Method::POST, &format!("{}/mock/fail", west.url()), plan).await;
+    assert_eq!(fail.status, StatusCode::OK);
+    // The 429 itself reached west's engine: passed through, never retried elsewhere.
+    let throttled = post(&gateway, "/v1/responses", responses_body("more", Some(&id))).await;
+    assert_eq!(throttled.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(throttled.engine_name(), "west-a");
+
+    let (east_before, west_before) = (engine_requests(&east), engine_requests(&west));
+    let held_out = post(
+        &gateway,
+        "/v1/responses",
+        responses_body("again", Some(&id)),
+    )
+    .await;
+    assert_eq!(held_out.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(held_out.error_code(), "stored_state_unavailable");
+    assert_eq!(held_out.headers["retry-after"], "5");
+    assert!(held_out.headers.get("x-mock-engine").is_none());
+    assert_eq!(engine_requests(&east), east_before);
+    assert_eq!(engine_requests(&west), west_before);
 }
 
 #[tokio::test]
