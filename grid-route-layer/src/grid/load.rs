@@ -99,9 +99,8 @@ const _: () = assert!(SLOT_RECLAIM_HOLD.as_nanos() < SLOT_RECLAIM_WINDOW.as_nano
 /// the first's time to first token is its own prefill rather than both, and the second's
 /// is what it was (the arena's measurement: BENCHMARKS.md, "One pass or two"). An engine
 /// already busy (three of them on two cores in the arena) can take tens of milliseconds
-/// to pick a prompt up: of grid-route's long burst pairs that reached the gateway under
-/// 18 ms apart before this spacing, 4 of 10 shared a pass; of those 19 ms or more apart,
-/// none of 6. 50 ms is what a prompt loses at most.
+/// to pick a prompt up; how far apart the arena's pairs came and which shared a pass is
+/// in the same section. 50 ms is what a prompt loses at most.
 pub const SLOT_PASS_SPACING: Duration = Duration::from_millis(50);
 
 /// Records that an answer ended at `at`, unless a later end is recorded already.
