@@ -28,11 +28,17 @@ counts the engines whose two long first turns shared one.
 
     python3 scripts/arena_engines.py --pairs OUT...   # every run of each sitting OUT
 
-prints, instead, every engine given exactly two long first turns in a burst, over every
-run of the sittings given (any router): how many were prefilled in one pass and how many
-in two, and the mean time to first token of the slower and the faster of each two; then,
-per router, how many of its runs gave two long first turns to no engine, one, two or three
-(one is the fewest four long first turns on three engines allow).
+prints, instead, every engine given exactly two long first turns in a burst, over every run
+of the sittings given (any router): how many were prefilled in one pass and how many in two,
+and the mean time to first token of the slower and the faster of each two; then, per router,
+how many of its runs gave two long first turns to no engine, one, two or three (one is the
+fewest four long first turns on three engines allow); then, per router, how many runs'
+slowest turn was the slower of two long first turns on one engine, and that turn's TTFT over
+those runs (lowest / median, the lower middle one of an even count / highest). A run's p99
+by arena.py's rule is its slowest turn (rank 80 of 80), and the p99 of three runs pooled
+their third slowest: where each run's slowest is that turn and every other turn is faster
+than all three, the pooled p99 is the lowest of the three and the worst run's p99 the
+highest: both are drawn from that one turn's spread.
 
 Last, for each router among RUN..., the TTFT p50 / p90 / p99 pooled over the runs given,
 to the hundredth of a second, by the rule of arena.py's table (which prints tenths); then
@@ -167,13 +173,27 @@ def pairs(outs: list[Path]) -> None:
     found: dict[str, list[tuple[float, float]]] = {"one pass": [], "two passes": []}
     # Per router, how many runs gave two long first turns to how many engines.
     doubled: dict[str, dict[int, int]] = {}
+    # Per router, each run's slowest TTFT when it was the slower of two long first turns on
+    # one engine, and how many runs it was not.
+    slowest_doubled: dict[str, list[float]] = {}
+    slowest_other: dict[str, int] = {}
     for out in outs:
         for run_dir in sorted(p for p in out.iterdir() if (p / "engine0.log").exists()):
-            by_engine = burst_by_engine(matched(out, run_dir.name))
+            turns = matched(out, run_dir.name)
+            by_engine = burst_by_engine(turns)
             engines = sum(1 for engine, sent in by_engine.items() if engine != "?" and sum(
                 1 for t in sent if t["prompt_tokens"] > LONG_FIRST_TURN) >= 2)
-            runs = doubled.setdefault(run_dir.name.rsplit("-", 1)[0], {})
+            router = run_dir.name.rsplit("-", 1)[0]
+            runs = doubled.setdefault(router, {})
             runs[engines] = runs.get(engines, 0) + 1
+            slower = [max(long, key=lambda t: t["ttft"]) for engine, sent in by_engine.items()
+                      if engine != "?" and len(long := [
+                          t for t in sent if t["prompt_tokens"] > LONG_FIRST_TURN]) >= 2]
+            slowest = max(turns, key=lambda t: t["ttft"]) if turns else None
+            if slowest is not None and any(t is slowest for t in slower):
+                slowest_doubled.setdefault(router, []).append(slowest["ttft"])
+            else:
+                slowest_other[router] = slowest_other.get(router, 0) + 1
             for engine, sent in by_engine.items():
                 long = [t for t in sent if t["prompt_tokens"] > LONG_FIRST_TURN]
                 if engine == "?" or len(long) != 2 or None in (t["launched"] for t in long):
@@ -193,6 +213,16 @@ def pairs(outs: list[Path]) -> None:
     for router, runs in sorted(doubled.items()):
         counts = " / ".join(str(runs.get(n, 0)) for n in range(4))
         print(f"| {router} | {sum(runs.values())} | {counts} |")
+    print()
+    print("| router | runs | slowest turn the slower of two long first turns on one engine "
+          "| its TTFT: lowest / median / highest |")
+    print("|---|---:|---:|---|")
+    for router in sorted(doubled):
+        seen = sorted(slowest_doubled.get(router, []))
+        runs = len(seen) + slowest_other.get(router, 0)
+        spread = (f"{seen[0]:.2f} / {seen[(len(seen) - 1) // 2]:.2f} / {seen[-1]:.2f} s"
+                  if seen else "-")
+        print(f"| {router} | {runs} | {len(seen)} | {spread} |")
 
 
 def burst(run: str, turns: list[dict]) -> None:
