@@ -15,7 +15,12 @@ under half of the prompt of its turn before (its slot was taken), with the new
 conversations' first turns sent to that engine from its turn before until a second after
 it (the likely takers, with their send time against its own). Then the opening burst
 as it reached the gateway, engine by engine, with the milliseconds between first turns
-that went to one engine. Last, the run's five slowest turns by time to first token.
+that went to one engine. Then when the gateway's verdict on whether a cluster's engines
+keep shared heads changed (engine feedback logs each change at info; the verdict starts
+at "not kept", and only a first turn stuck to a holder of its head no busier than the
+others asks), in seconds after the run's first request reached it: where heads are kept a
+new conversation may join a busier holder of its head, and until then it is placed
+elsewhere. Last, the run's five slowest turns by time to first token.
 
     python3 scripts/arena_turns.py OUT RUN        # say target/arena-s21 grid-defaults-pck-1
 
@@ -41,6 +46,8 @@ from arena_engines import BURST_SECONDS
 
 ACCESS = re.compile(r'(\S+)Z .*grid_route_example::access.*outcome="(\w+)" site="(\w+)".*latency_ms=([\d.]+)')
 REQUEST_ID = re.compile(r'request_id="([^"]*)"')
+VERDICT = re.compile(r'(\S+)Z .*engine feedback: a first turn (found|missed) its shared head'
+                     r'.*cluster=(\S+) .*keeps_shared_heads=(true|false)')
 
 
 def turns(out: Path, run: str) -> list[dict]:
@@ -64,6 +71,19 @@ def turns(out: Path, run: str) -> list[dict]:
         used.add(i)
         rows.append({**t, "outcome": sent[i][1], "site": sent[i][2], "arrived": sent[i][0]})
     return rows
+
+
+def verdicts(out: Path, run: str, rows: list[dict]) -> str:
+    """Each change of the heads verdict the run's gateway logged: seconds after the first
+    request reached it, cluster, kept or not."""
+    start = min(r["arrived"] for r in rows)
+    changes = []
+    for line in (out / run / "gateway.log").read_text().splitlines():
+        if m := VERDICT.match(line):
+            at = datetime.datetime.fromisoformat(m[1]).replace(tzinfo=datetime.timezone.utc).timestamp()
+            kept = "kept" if m[4] == "true" else "not kept"
+            changes.append(f"{at - start:.1f} s {m[3]} {kept} (a first turn {m[2]} its head)")
+    return "; ".join(changes) or "none: not kept the whole run"
 
 
 def lost_its_slot(before: dict, turn: dict) -> bool:
@@ -173,6 +193,7 @@ def main() -> None:
                       f"{o['conversation']} {o['sent_at'] - b['sent_at']:+.2f} s {o['outcome']} "
                       f"{o['cached_tokens']}/{o['prompt_tokens']}" for o in takers) or "none"))
     burst_at_the_gateway(rows)
+    print(f"heads verdict changes: {verdicts(out, run, rows)}")
     slowest = sorted(rows, key=lambda r: r["ttft"], reverse=True)[:5]
     print("slowest turns (TTFT, turn, engine, outcome, cached/prompt tokens): " + " | ".join(
         f"{r['ttft']:.1f} s turn {r['turn'] + 1} {r['site']} {r['outcome']} {r['cached_tokens']}/{r['prompt_tokens']}"
