@@ -160,6 +160,13 @@ def burst_by_engine(turns: list[dict]) -> dict[str, list[dict]]:
     return by_engine
 
 
+def long_by_engine(by_engine: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The long first turns (over [`LONG_FIRST_TURN`] tokens) of each engine read (not `?`)
+    in `by_engine`."""
+    return {engine: [t for t in sent if t["prompt_tokens"] > LONG_FIRST_TURN]
+            for engine, sent in by_engine.items() if engine != "?"}
+
+
 def one_pass(sent: list[dict]) -> bool:
     """Whether the engine launched two of `sent` within [`ONE_PASS_SECONDS`]: one pass."""
     launched = sorted(t["launched"] for t in sent if t["launched"] is not None)
@@ -174,29 +181,21 @@ def pairs(outs: list[Path]) -> None:
     # Per router, how many runs gave two long first turns to how many engines.
     doubled: dict[str, dict[int, int]] = {}
     # Per router, each run's slowest TTFT when it was the slower of two long first turns on
-    # one engine, and how many runs it was not.
+    # one engine (the router's other runs are the rest of `doubled`'s count).
     slowest_doubled: dict[str, list[float]] = {}
-    slowest_other: dict[str, int] = {}
     for out in outs:
         for run_dir in sorted(p for p in out.iterdir() if (p / "engine0.log").exists()):
             turns = matched(out, run_dir.name)
-            by_engine = burst_by_engine(turns)
-            engines = sum(1 for engine, sent in by_engine.items() if engine != "?" and sum(
-                1 for t in sent if t["prompt_tokens"] > LONG_FIRST_TURN) >= 2)
+            doubles = [long for long in long_by_engine(burst_by_engine(turns)).values()
+                       if len(long) >= 2]
             router = run_dir.name.rsplit("-", 1)[0]
             runs = doubled.setdefault(router, {})
-            runs[engines] = runs.get(engines, 0) + 1
-            slower = [max(long, key=lambda t: t["ttft"]) for engine, sent in by_engine.items()
-                      if engine != "?" and len(long := [
-                          t for t in sent if t["prompt_tokens"] > LONG_FIRST_TURN]) >= 2]
+            runs[len(doubles)] = runs.get(len(doubles), 0) + 1
             slowest = max(turns, key=lambda t: t["ttft"]) if turns else None
-            if slowest is not None and any(t is slowest for t in slower):
+            if any(max(long, key=lambda t: t["ttft"]) is slowest for long in doubles):
                 slowest_doubled.setdefault(router, []).append(slowest["ttft"])
-            else:
-                slowest_other[router] = slowest_other.get(router, 0) + 1
-            for engine, sent in by_engine.items():
-                long = [t for t in sent if t["prompt_tokens"] > LONG_FIRST_TURN]
-                if engine == "?" or len(long) != 2 or None in (t["launched"] for t in long):
+            for long in doubles:
+                if len(long) != 2 or None in (t["launched"] for t in long):
                     continue
                 ttfts = sorted(t["ttft"] for t in long)
                 found["one pass" if one_pass(long) else "two passes"].append((ttfts[1], ttfts[0]))
@@ -217,12 +216,11 @@ def pairs(outs: list[Path]) -> None:
     print("| router | runs | slowest turn the slower of two long first turns on one engine "
           "| its TTFT: lowest / median / highest |")
     print("|---|---:|---:|---|")
-    for router in sorted(doubled):
+    for router, runs in sorted(doubled.items()):
         seen = sorted(slowest_doubled.get(router, []))
-        runs = len(seen) + slowest_other.get(router, 0)
         spread = (f"{seen[0]:.2f} / {seen[(len(seen) - 1) // 2]:.2f} / {seen[-1]:.2f} s"
                   if seen else "-")
-        print(f"| {router} | {runs} | {len(seen)} | {spread} |")
+        print(f"| {router} | {sum(runs.values())} | {len(seen)} | {spread} |")
 
 
 def burst(run: str, turns: list[dict]) -> None:
@@ -237,8 +235,7 @@ def burst(run: str, turns: list[dict]) -> None:
         ttfts = " / ".join(f"{t['ttft']:.1f}" for t in sent)
         parts.append(f"engine {engine}: {tokens} tokens, TTFT {ttfts} s"
                      f"{', one pass' if engine != '?' and one_pass(sent) else ''}")
-    long = {engine: [t for t in sent if t["prompt_tokens"] > LONG_FIRST_TURN]
-            for engine, sent in by_engine.items() if engine != "?"}
+    long = long_by_engine(by_engine)
     long_pairs = sum(1 for sent in long.values() if len(sent) >= 2)
     shared = sum(1 for sent in long.values() if len(sent) >= 2 and one_pass(sent))
     slowest = max(t["ttft"] for sent in by_engine.values() for t in sent)

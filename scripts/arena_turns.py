@@ -50,6 +50,11 @@ VERDICT = re.compile(r'(\S+)Z .*engine feedback: a first turn (found|missed) its
                      r'.*cluster=(\S+) .*keeps_shared_heads=(true|false)')
 
 
+def log_time(stamp: str) -> float:
+    """A gateway log line's UTC time (its first field, without the `Z`), in epoch seconds."""
+    return datetime.datetime.fromisoformat(stamp).replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
 def turns(out: Path, run: str) -> list[dict]:
     router, repeat = run.rsplit("-", 1)
     result = next(r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())
@@ -58,7 +63,7 @@ def turns(out: Path, run: str) -> list[dict]:
     for line in (out / run / "gateway.log").read_text().splitlines():
         m = ACCESS.match(line)
         if m:
-            head = datetime.datetime.fromisoformat(m[1]).replace(tzinfo=datetime.timezone.utc).timestamp()
+            head = log_time(m[1])
             id_ = REQUEST_ID.search(line)
             sent.append((head - float(m[4]) / 1000, m[2], m[3], id_[1] if id_ else None))
     by_id = {s[3]: i for i, s in enumerate(sent) if s[3] is not None}
@@ -80,7 +85,7 @@ def verdicts(out: Path, run: str, rows: list[dict]) -> str:
     changes = []
     for line in (out / run / "gateway.log").read_text().splitlines():
         if m := VERDICT.match(line):
-            at = datetime.datetime.fromisoformat(m[1]).replace(tzinfo=datetime.timezone.utc).timestamp()
+            at = log_time(m[1])
             kept = "kept" if m[4] == "true" else "not kept"
             changes.append(f"{at - start:.1f} s {m[3]} {kept} (a first turn {m[2]} its head)")
     return "; ".join(changes) or "none: not kept the whole run"
