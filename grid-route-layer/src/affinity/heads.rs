@@ -1,18 +1,18 @@
 //! Whether a cluster's engines still hold a head other conversations share (a system
 //! prompt) when a new conversation comes to them for it, learned from their answers.
 //!
-//! An engine with a few slots (llama.cpp's `--parallel N`) holds one prompt's cache a slot.
-//! A head that only idle slots hold goes with the next conversation that takes one, unless
-//! the engine saves the prompts it pushes out and restores them (llama.cpp's `--cache-ram`,
-//! a host prompt cache). Nothing an engine serves says which it has: llama.cpp's `/props`,
-//! `/slots` and `/metrics` are the same with a host cache and without. Its answers do. A
-//! conversation's first turn that sticks to a holder of a short shared head (under
-//! [`STICKY_MATCH_BYTES`](super::STICKY_MATCH_BYTES)) no busier than the other candidates
-//! asks the holder for a head that the conversations it ran since may have pushed out of
-//! every slot; its cached tokens say whether the head was still there. In three arena
-//! sittings each way (BENCHMARKS.md, "25a4b73: a free slot behind too much prefill is
-//! passed over") such first turns found their head in 2 of 21 on engines without a host
-//! cache, and in 16 of 21 on engines with one.
+//! An engine with a few slots (llama.cpp's `--parallel N`) holds one prompt's cache a
+//! slot. A head that only idle slots hold goes with the next conversation that takes one,
+//! unless the engine saves the prompts it pushes out and restores them (llama.cpp's
+//! `--cache-ram`, a host prompt cache). Nothing an engine serves says which it has:
+//! llama.cpp's `/props`, `/slots` and `/metrics` are the same with a host cache and
+//! without. Its answers do. A conversation's first turn that sticks to a holder of a
+//! short shared head (under [`STICKY_MATCH_BYTES`](super::STICKY_MATCH_BYTES)) no busier
+//! than the other candidates asks the holder for a head that the conversations it ran
+//! since may have pushed out of every slot; its cached tokens say whether the head was
+//! still there. In three arena sittings each way (25a4b73's, in `git show
+//! 6c45727:BENCHMARKS.md`) such first turns found their head in 2 of 21 on engines
+//! without a host cache, and in 16 of 21 on engines with one.
 //!
 //! Where heads are kept, a new conversation may join a busier holder of its head when
 //! that holder has a free slot ([`Affinity::decide`](super::Affinity::decide)): the head

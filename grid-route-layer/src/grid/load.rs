@@ -73,18 +73,20 @@ pub struct ClusterLoad {
 /// How long after an answer ends the slot it ran in counts as just freed
 /// ([`ClusterLoad::slot_just_freed`]): the conversation it answered may be about to send
 /// its next turn there. Clients that send the next turn as soon as an answer ends (the
-/// arena's, agents' tool loops) send it within milliseconds: in BENCHMARKS.md's slot-loss
-/// table every new conversation that took a live one's slot reached the engine within
-/// 0.07 s of the answer's end. A person typing takes seconds, which no window short
-/// enough to leave slots usable covers.
+/// arena's, agents' tool loops) send it within milliseconds: in the arena's slot-loss
+/// table (the sixteenth sitting, in `git show 6c45727:BENCHMARKS.md`) every new
+/// conversation that took a live one's slot reached the engine within 0.07 s of the
+/// answer's end. A person typing takes seconds, which no window short enough to leave
+/// slots usable covers.
 pub const SLOT_RECLAIM_WINDOW: Duration = Duration::from_millis(500);
 
 /// How long after an answer ends a new conversation sent to its cluster waits before it
 /// goes to the engine, while a slot there [just went idle](ClusterLoad::slot_just_freed)
 /// ([`ClusterLoad::reclaim_hold_until`]): long enough for the conversation answered to
-/// send its next turn and reach its slot first. In BENCHMARKS.md's slot-loss tables every
-/// new conversation that took a live one's slot reached the engine within 0.07 s of the
-/// answer's end, some of them sent just after the live turn and ready before it.
+/// send its next turn and reach its slot first. In the arena's slot-loss tables (the
+/// sixteenth sitting, in `git show 6c45727:BENCHMARKS.md`) every new conversation that
+/// took a live one's slot reached the engine within 0.07 s of the answer's end, some of
+/// them sent just after the live turn and ready before it.
 pub const SLOT_RECLAIM_HOLD: Duration = Duration::from_millis(100);
 // `ClusterLoad::reclaim_hold_until` reads a hold still to come as a slot just freed.
 const _: () = assert!(SLOT_RECLAIM_HOLD.as_nanos() < SLOT_RECLAIM_WINDOW.as_nanos());
