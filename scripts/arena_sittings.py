@@ -50,6 +50,13 @@ its slowest turn) and what kind of turn that slowest one is (as above: `burst`, 
 sittings grid-route's lowest share is no lower than every peer's lowest, and its highest
 run p99 no higher than every peer's.
 
+    python3 scripts/arena_sittings.py --from-page BENCHMARKS.md
+
+adds up, by regime, the bar's rows a page holds, as this script printed them for each
+sitting (`| arena-r1x | 6 of 6 | yes | ... |`; regime 1 for a sitting named `arena-r1*`,
+regime 2 for `arena-r2*`, the "all" rows left out), without the sittings' directories:
+the totals over sittings run on several machines.
+
 Pooling is only meaningful over sittings of the same routing and workload shape; the
 script does not check that, the commands in BENCHMARKS.md do. A sitting whose engines ran
 slower than the others' sets most of the pooled tail.
@@ -58,6 +65,7 @@ slower than the others' sets most of the pooled tail.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -240,9 +248,44 @@ def worst_runs(sittings: list[tuple[str, dict[str, list[dict]]]]) -> None:
           f"of {n}.")
 
 
+# One sitting's row of `bar`'s table: the sitting (its regime the digit after `arena-r`),
+# pairings kept of pairings, then p90, p99, worst run and whole bar.
+BAR_ROW = re.compile(r"^\| (arena-r([12])\w*) \| (\d+) of (\d+) \| (yes|no) \| (yes|no) "
+                     r"\| (yes|no) \| (yes|no) \|$")
+
+
+def from_page(page: Path) -> None:
+    """Prints the bar's rows `page` holds added up by regime, each sitting counted once."""
+    seen: dict[str, tuple[str, ...]] = {}
+    for line in page.read_text().splitlines():
+        if m := BAR_ROW.match(line):
+            seen.setdefault(m[1], m.groups()[1:])
+    print("| regime | sittings | cached share ≥ peer's, pairings | pooled p90 under every peer's | "
+          "pooled p99 under every peer's | worst run no worse | whole bar |")
+    print("|---|---:|---|---|---|---|---|")
+    flags = {"1": "--cache-ram 0", "2": "--cache-ram 8192"}
+    for regime in ("1", "2", None):
+        rows = [(name, g) for name, g in seen.items() if regime in (None, g[0])]
+        if not rows:
+            continue
+        n = len(rows)
+        kept = sum(int(g[1]) for _, g in rows)
+        pairs = sum(int(g[2]) for _, g in rows)
+        yes = [sum(g[i] == "yes" for _, g in rows) for i in range(3, 7)]
+        label = (f"{regime} (`{flags[regime]}`): "
+                 + ", ".join(name.removeprefix("arena-") for name, _ in rows)
+                 if regime else "both")
+        print(f"| {label} | {n} | {kept} of {pairs} | " + " | ".join(f"{y} of {n}" for y in yes) + " |")
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
+    if sys.argv[1] == "--from-page":
+        if len(sys.argv) != 3:
+            sys.exit(__doc__)
+        from_page(Path(sys.argv[2]))
+        return
     pooled: dict[str, list[dict]] = {}
     sittings: list[tuple[str, dict[str, list[dict]]]] = []
     print("| sitting | router | runs | cached share, lowest / median / highest | "
