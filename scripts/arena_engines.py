@@ -34,7 +34,8 @@ and the mean time to first token of the slower and the faster of each two; then,
 how many of its runs gave two long first turns to no engine, one, two or three (one is the
 fewest four long first turns on three engines allow); then, per router, how many runs'
 slowest turn was the slower of two long first turns on one engine, and that turn's TTFT over
-those runs (lowest / median, the lower middle one of an even count / highest). A run's p99
+those runs (lowest / median, the lower middle one of an even count / highest), with the two
+turns' prompt tokens together (the slower waits for both prefills). A run's p99
 by arena.py's rule is its slowest turn (rank 80 of 80), and the p99 of three runs pooled
 their third slowest: where each run's slowest is that turn and every other turn is faster
 than all three, the pooled p99 is the lowest of the three and the worst run's p99 the
@@ -181,8 +182,10 @@ def pairs(outs: list[Path]) -> None:
     # Per router, how many runs gave two long first turns to how many engines.
     doubled: dict[str, dict[int, int]] = {}
     # Per router, each run's slowest TTFT when it was the slower of two long first turns on
-    # one engine (the router's other runs are the rest of `doubled`'s count).
+    # one engine (the router's other runs are the rest of `doubled`'s count), and the two
+    # turns' prompt tokens together.
     slowest_doubled: dict[str, list[float]] = {}
+    doubled_tokens: dict[str, list[int]] = {}
     for out in outs:
         for run_dir in sorted(p for p in out.iterdir() if (p / "engine0.log").exists()):
             turns = matched(out, run_dir.name)
@@ -192,8 +195,11 @@ def pairs(outs: list[Path]) -> None:
             runs = doubled.setdefault(router, {})
             runs[len(doubles)] = runs.get(len(doubles), 0) + 1
             slowest = max(turns, key=lambda t: t["ttft"]) if turns else None
-            if any(max(long, key=lambda t: t["ttft"]) is slowest for long in doubles):
-                slowest_doubled.setdefault(router, []).append(slowest["ttft"])
+            for long in doubles:
+                if max(long, key=lambda t: t["ttft"]) is slowest:
+                    slowest_doubled.setdefault(router, []).append(slowest["ttft"])
+                    doubled_tokens.setdefault(router, []).append(
+                        sum(t["prompt_tokens"] for t in long))
             for long in doubles:
                 if len(long) != 2 or None in (t["launched"] for t in long):
                     continue
@@ -214,13 +220,19 @@ def pairs(outs: list[Path]) -> None:
         print(f"| {router} | {sum(runs.values())} | {counts} |")
     print()
     print("| router | runs | slowest turn the slower of two long first turns on one engine "
-          "| its TTFT: lowest / median / highest |")
-    print("|---|---:|---:|---|")
+          "| its TTFT: lowest / median / highest | the two's prompt tokens: lowest / median / highest |")
+    print("|---|---:|---:|---|---|")
+
+    def spread(values: list, unit: str, digits: int) -> str:
+        seen = sorted(values)
+        if not seen:
+            return "-"
+        return " / ".join(f"{v:.{digits}f}" for v in (seen[0], seen[(len(seen) - 1) // 2], seen[-1])) + unit
+
     for router, runs in sorted(doubled.items()):
-        seen = sorted(slowest_doubled.get(router, []))
-        spread = (f"{seen[0]:.2f} / {seen[(len(seen) - 1) // 2]:.2f} / {seen[-1]:.2f} s"
-                  if seen else "-")
-        print(f"| {router} | {sum(runs.values())} | {len(seen)} | {spread} |")
+        seen = slowest_doubled.get(router, [])
+        print(f"| {router} | {sum(runs.values())} | {len(seen)} | {spread(seen, ' s', 2)} "
+              f"| {spread(doubled_tokens.get(router, []), '', 0)} |")
 
 
 def burst(run: str, turns: list[dict]) -> None:
