@@ -88,8 +88,8 @@ pub const SLOT_RECLAIM_WINDOW: Duration = Duration::from_millis(500);
 /// took a live one's slot reached the engine within 0.07 s of the answer's end, some of
 /// them sent just after the live turn and ready before it. What it does not cover: a live
 /// turn that comes later than the hold (0.36 s on a slower hour of the arena's machine:
-/// BENCHMARKS.md, "The twenty-ninth sitting"), or a second slot there going idle during
-/// the hold, after which the engine may give the newcomer either.
+/// BENCHMARKS.md, "The twenty-ninth sitting (6c45727)"), or a second slot there going idle
+/// during the hold, after which the engine may give the newcomer either.
 pub const SLOT_RECLAIM_HOLD: Duration = Duration::from_millis(100);
 // `ClusterLoad::reclaim_hold_until` reads a hold still to come as a slot just freed.
 const _: () = assert!(SLOT_RECLAIM_HOLD.as_nanos() < SLOT_RECLAIM_WINDOW.as_nanos());
