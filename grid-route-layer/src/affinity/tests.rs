@@ -164,7 +164,7 @@ fn the_design_prices_40_blocks_at_a_tenth_and_400_at_more_than_one_queued_reques
 #[test]
 fn a_learned_queued_price_counts_the_saved_prefill_for_the_request_and_for_those_after_it() {
     // The defaults learn both prices; at their priors (the contract's figures) a match is
-    // worth twice what the numbers make it.
+    // worth MOVED_PREFILL_PAYERS (eight) times what the numbers make it.
     let learned = AffinitySettings::default();
     assert!(learned.learns_queued());
     for blocks in [40_u64, 400] {
@@ -180,15 +180,16 @@ fn a_learned_queued_price_counts_the_saved_prefill_for_the_request_and_for_those
         settings(&PrefixAffinityConfig::default().with_queued_request_seconds(Price::Fixed(2.0)));
     assert!(prefill_only.learns_prefill());
     assert!((prefill_only.match_worth(400 * 256) - 1.28).abs() < 1e-9);
-    // Through the gate: at the priors, a 400-block match stays put two queued requests
-    // heavier, which the numbers would not allow; three is more than it saves.
+    // Through the gate: at the priors, a 400-block match (worth 8 x 1.28 = 10.24 queued
+    // requests) stays put ten queued requests heavier, which the numbers would not allow;
+    // eleven is more than it saves.
     let f = two_sites();
     let (first, next) = turn_and_follow_up(&f, 400 * 256);
     f.confirm("east-a", &first);
-    f.set_queue("east-a", Some(2.0));
+    f.set_queue("east-a", Some(10.0));
     f.set_queue("west-a", Some(0.0));
     assert_eq!(f.decide(&next).outcome(), Some(Outcome::Sticky));
-    f.set_queue("east-a", Some(3.0));
+    f.set_queue("east-a", Some(11.0));
     assert_eq!(f.decide(&next).outcome(), Some(Outcome::LoadOverride));
     f.affinity.set_settings(contract_prices());
     f.set_queue("east-a", Some(2.0));
@@ -197,7 +198,10 @@ fn a_learned_queued_price_counts_the_saved_prefill_for_the_request_and_for_those
 
 #[test]
 fn a_40_block_match_gives_way_to_a_site_one_queued_request_lighter() {
+    // At the contract's figures (numbers for both prices) the match is worth 0.128 of a
+    // queued request.
     let f = two_sites();
+    f.affinity.set_settings(contract_prices());
     let (first, next) = turn_and_follow_up(&f, 40 * 256);
     f.confirm("east-a", &first);
     f.set_queue("east-a", Some(1.0));
@@ -208,6 +212,7 @@ fn a_40_block_match_gives_way_to_a_site_one_queued_request_lighter() {
     assert_eq!(names(&decision), ["east-a", "west-a"]);
     // With equal queues the same match sticks.
     let f = two_sites();
+    f.affinity.set_settings(contract_prices());
     let (first, next) = turn_and_follow_up(&f, 40 * 256);
     f.confirm("east-a", &first);
     f.set_queue("east-a", Some(1.0));
@@ -215,6 +220,16 @@ fn a_40_block_match_gives_way_to_a_site_one_queued_request_lighter() {
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::Sticky));
     assert_eq!(names(&decision), ["east-a"]);
+    // At the defaults' learned prices, still at their priors, it is worth eight times
+    // that (1.024): it stays one queued request heavier and gives way two heavier.
+    let f = two_sites();
+    let (first, next) = turn_and_follow_up(&f, 40 * 256);
+    f.confirm("east-a", &first);
+    f.set_queue("east-a", Some(1.0));
+    f.set_queue("west-a", Some(0.0));
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::Sticky));
+    f.set_queue("east-a", Some(2.0));
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::LoadOverride));
 }
 
 #[test]
@@ -246,10 +261,10 @@ fn counting_in_flight_the_holders_unanswered_requests_outweigh_a_match() {
     for (settings, sent, outcome) in [
         // The engines' queues alone do not see what was sent since the last poll.
         (queue_only, 2, Outcome::Sticky),
-        // A 40-block match is worth about a tenth of a queued request: one in flight at
-        // the holder outweighs it.
-        (counting.clone(), 1, Outcome::LoadOverride),
-        (counting, 0, Outcome::Sticky),
+        // A 40-block match is worth about one queued request at the defaults' priors
+        // (1.024): two in flight at the holder outweigh it, one does not.
+        (counting.clone(), 2, Outcome::LoadOverride),
+        (counting, 1, Outcome::Sticky),
     ] {
         let f = fixture_with(&[("east", &["east-a"]), ("west", &["west-a"])], settings);
         let (first, next) = turn_and_follow_up(&f, 40 * 256);
@@ -314,8 +329,10 @@ fn the_load_gate_compares_the_least_loaded_holder_with_the_least_loaded_other() 
         (decision.outcome(), names(&decision).join(","))
     };
     assert_eq!(decide(8.0), (Some(Outcome::Sticky), "east-a,east-b".into()));
+    // Two queued requests under the least loaded holder's: more than the 40-block match
+    // is worth at the priors (1.024).
     assert_eq!(
-        decide(2.0),
+        decide(1.0),
         (
             Some(Outcome::LoadOverride),
             "east-a,east-b,west-a,west-b".into()
@@ -1017,7 +1034,10 @@ fn narrow_is_plain_arithmetic_on_depths_and_queues() {
     let sticky = narrow(&s, keys, &[50, 10], |i| [0.0, 0.0][i]);
     assert_eq!((sticky.outcome(), sticky.deepest()), (Outcome::Sticky, 50));
     assert!(sticky.keeps(50) && !sticky.keeps(10));
-    let over = narrow(&s, keys, &[50, 10], |i| [1.0, 0.0][i]);
+    // 50 blocks at the priors: 8 x 3,200 tokens / 10,000 a second / 2 s = 1.28 requests.
+    let level = narrow(&s, keys, &[50, 10], |i| [1.0, 0.0][i]);
+    assert_eq!(level.outcome(), Outcome::Sticky);
+    let over = narrow(&s, keys, &[50, 10], |i| [2.0, 0.0][i]);
     assert_eq!(over.outcome(), Outcome::LoadOverride);
     assert!(over.keeps(10));
     let none = narrow(&s, keys, &[3, 0], |_| {
