@@ -2,10 +2,11 @@
 
 Run it through `scripts/simulate-results`, which builds the simulator first. Each
 table is one or more `grid-route-simulate --json` runs on the bundled trace (seed 1, but
-seeds 1 to 8 in the `seeds`, `free_slot_wait` and `answers` sections); the command of
+seeds 1 to 8 in the `seeds`, `free_slot_wait` and `answers` sections, and those seeds at
+five engine speeds in `speeds`); the command of
 every run is printed above its table. A fourth argument names the sections to print,
 comma-separated (`defaults,rules,placement,seeds,streams,replicas,window,sessions,one_line,
-free_slot_wait,tuned,answers`); all of them by default. The `tuned` section compares this build with
+free_slot_wait,tuned,answers,speeds`); all of them by default. The `tuned` section compares this build with
 an older one when OLD_SIMULATOR names that build's simulator (OLD_NAME, how the table names
 it).
 """
@@ -452,6 +453,99 @@ def seeds() -> None:
     print()
 
 
+def with_prefill(flags: list[str], kind: str, share: float) -> list[str]:
+    """`flags` with the engines' prefill speed at `share` of the table's (20,000 tokens a
+    second on batching engines, the simulator's default; 10,000 on slot engines)."""
+    speed = round((10000 if kind == "slots" else 20000) * share)
+    if "--prefill-tps" in flags:
+        at = flags.index("--prefill-tps")
+        return [*flags[:at + 1], str(speed), *flags[at + 2:]]
+    return [*flags, "--prefill-tps", str(speed)]
+
+
+# The engines' prefill speed in `speeds`, as shares of the table's.
+SPEED_SHARES = (0.98, 0.99, 1.0, 1.01, 1.02)
+
+
+def speeds() -> None:
+    """The defaults' runs again under seeds 1 to 8 and the engines' prefill speed 2% either
+    side of the table's: 40 draws of each shape, each policy's hit share moving with the
+    timing of every load grid-route reads, not only with its own seed. grid-route is run
+    again in the same draws with the contract's exploration off and with the load gate's
+    moved prefill counted 2, 4 and 16 times or with the gate all but off: the evidence for
+    `MOVED_PREFILL_PAYERS`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    print("## The bar under other engine speeds\n")
+    print("The defaults again under seeds 1 to 8 and the engines' prefill speed at 98, 99, 100,")
+    print("101 and 102% of the tables' (20,000 tokens a second on batching engines, 10,000 on")
+    print("slot engines): 40 draws of each shape, for every policy. Hit shares are the lowest,")
+    print("the median and the highest of the 40; *≥ cache-aware's* and *bar holds* count the draws")
+    print("where grid-route's hit share is at least cache-aware's in the same draw, and where it")
+    print("meets the whole bar. The other columns run grid-route again in the same 40 draws")
+    print("(its median hit share, then the draws where the whole bar holds): with the contract's")
+    print("2% exploration at 0; with the load gate counting a moved match's prefill 2 times (the")
+    print("default before this build), 4 or 16 times instead of 8 (`--moved-prefill-payers`);")
+    print("and with a queued request priced at 1 ms, so the gate all but never moves a match.\n")
+    variants = {"no exploration": ["--exploration", "0"],
+                "prefill twice": ["--moved-prefill-payers", "2"],
+                "4 times": ["--moved-prefill-payers", "4"],
+                "16 times": ["--moved-prefill-payers", "16"],
+                "gate at its least": ["--queued-request-seconds", "0.001"]}
+    print("| engines | sites | grid-route hit share | cache-aware hit share | ≥ cache-aware's | bar holds | "
+          + " | ".join(variants) + " |")
+    print("|---|---|---|---|---:|---:|" + "---|" * len(variants))
+    spread = lambda xs: f"{100 * min(xs):.2f} / {100 * statistics.median(xs):.2f} / {100 * max(xs):.2f}%"
+    compared = ["--policies", ",".join(("grid-route", *POLICIES_COMPARED))]
+    totals = {name: 0 for name in ("defaults", *variants)}
+    for kind, flags in KINDS.items():
+        for sites, extra in SHAPES:
+            run = ["--sites", sites.split(",")[0], *extra]
+            speeds_said = "/".join(str(round((10000 if kind == "slots" else 20000) * x)) for x in SPEED_SHARES)
+            for variant in ([], *variants.values()):
+                engines = with_prefill(list(flags), kind, 1.0)
+                at = engines.index("--prefill-tps") + 1
+                engines[at] = "X"
+                policies = compared if not variant else ["--policies", "grid-route"]
+                print(f"<!-- grid-route-simulate --trace {TRACE} --json {' '.join(run + engines + policies + variant)} "
+                      f"--seed N, N = 1 to 8, X = {speeds_said} -->")
+            draws = [(seed, share) for seed in range(1, 9) for share in SPEED_SHARES]
+
+            def draw(at: tuple[int, float]) -> tuple[list[dict], dict[str, dict]]:
+                seed, share = at
+                engines = with_prefill(list(flags), kind, share)
+                results = simulate(*run, *engines, *compared, "--seed", str(seed), quiet=True)["results"]
+                alone = {name: simulate(*run, *engines, "--policies", "grid-route", *variant, "--seed",
+                                        str(seed), quiet=True)["results"][0]
+                         for name, variant in variants.items()}
+                return results, alone
+
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                drawn = list(pool.map(draw, draws))
+            grid, ca, hits, holds = [], [], 0, 0
+            alone = {name: ([], 0) for name in variants}
+            for results, others in drawn:
+                by = {r["policy"]: r for r in results}
+                grid.append(by["grid-route"]["hit_share"])
+                ca.append(by["cache-aware"]["hit_share"])
+                hit, _, p50, _, p99 = bar(results)
+                hits += hit
+                holds += hit and p50 and p99
+                for name, result in others.items():
+                    hit, _, p50, _, p99 = bar([result, *[r for r in results if r["policy"] != "grid-route"]])
+                    shares, held = alone[name]
+                    alone[name] = ([*shares, result["hit_share"]], held + (hit and p50 and p99))
+            totals["defaults"] += holds
+            for name, (_, held) in alone.items():
+                totals[name] += held
+            cells = " | ".join(f"{100 * statistics.median(shares):.2f}%, {held} of 40"
+                               for shares, held in alone.values())
+            print(f"| {kind} | {sites} | {spread(grid)} | {spread(ca)} | {hits} of 40 | {holds} of 40 | {cells} |")
+    print()
+    print("The whole bar, of the 320 draws: " + ", ".join(f"{name} {held}" for name, held in totals.items()) + ".")
+    print()
+
+
 def answers() -> None:
     """The bar with the engines holding each turn's answer for the next (`--answers-cached
     true`) against the trace's whole blocks alone (the other tables), at seed 1 and over
@@ -509,7 +603,7 @@ def answers() -> None:
 def main() -> None:
     sections = {"defaults": defaults, "rules": rules, "placement": placement, "seeds": seeds, "streams": streams,
                 "replicas": replicas, "window": window, "sessions": sessions, "one_line": one_line,
-                "free_slot_wait": free_slot_wait, "tuned": tuned, "answers": answers}
+                "free_slot_wait": free_slot_wait, "tuned": tuned, "answers": answers, "speeds": speeds}
     for name, section in sections.items():
         if SECTIONS is None or name in SECTIONS:
             section()
