@@ -50,12 +50,14 @@ its slowest turn) and what kind of turn that slowest one is (as above: `burst`, 
 sittings grid-route's lowest share is no lower than every peer's lowest, and its highest
 run p99 no higher than every peer's.
 
-    python3 scripts/arena_sittings.py --from-page BENCHMARKS.md
+    python3 scripts/arena_sittings.py --from-page BENCHMARKS.md "12a2663's routing"
 
 adds up, by regime, the bar's rows a page holds, as this script printed them for each
 sitting (`| arena-r1x | 6 of 6 | yes | ... |`; regime 1 for a sitting named `arena-r1*`,
 regime 2 for `arena-r2*`, the "all" rows left out), without the sittings' directories:
-the totals over sittings run on several machines.
+the totals over sittings run on several machines. A heading's title (its start) keeps
+only the rows under that heading, up to the next heading of its level or above: one
+routing's sittings.
 
 Pooling is only meaningful over sittings of the same routing and workload shape; the
 script does not check that, the commands in BENCHMARKS.md do. A sitting whose engines ran
@@ -254,12 +256,24 @@ BAR_ROW = re.compile(r"^\| (arena-r([12])\w*) \| (\d+) of (\d+) \| (yes|no) \| (
                      r"\| (yes|no) \| (yes|no) \|$")
 
 
-def from_page(page: Path) -> None:
-    """Prints the bar's rows `page` holds added up by regime, each sitting counted once."""
+def from_page(page: Path, section: str | None = None) -> None:
+    """Prints the bar's rows `page` holds added up by regime, each sitting counted once;
+    with `section`, only those under the heading whose title starts with it."""
     seen: dict[str, tuple[str, ...]] = {}
+    level = None  # the section's heading level while inside it
+    inside = section is None
     for line in page.read_text().splitlines():
-        if m := BAR_ROW.match(line):
+        if heading := re.match(r"^(#+) (.*)$", line):
+            depth, title = len(heading[1]), heading[2]
+            if section is not None and title.startswith(section):
+                level, inside = depth, True
+            elif level is not None and depth <= level:
+                level, inside = None, False
+            continue
+        if inside and (m := BAR_ROW.match(line)):
             seen.setdefault(m[1], m.groups()[1:])
+    if not seen:
+        sys.exit(f"no sitting's row in {page}" + (f" under a heading {section!r}" if section else ""))
     print("| regime | sittings | cached share ≥ peer's, pairings | pooled p90 under every peer's | "
           "pooled p99 under every peer's | worst run no worse | whole bar |")
     print("|---|---:|---|---|---|---|---|")
@@ -282,9 +296,9 @@ def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     if sys.argv[1] == "--from-page":
-        if len(sys.argv) != 3:
+        if len(sys.argv) not in (3, 4):
             sys.exit(__doc__)
-        from_page(Path(sys.argv[2]))
+        from_page(Path(sys.argv[2]), sys.argv[3] if len(sys.argv) == 4 else None)
         return
     pooled: dict[str, list[dict]] = {}
     sittings: list[tuple[str, dict[str, list[dict]]]] = []
