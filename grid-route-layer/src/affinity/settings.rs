@@ -24,12 +24,14 @@ pub const MIN_STICKY_DEPTH: usize = 4;
 /// (seeds 1 to 8, engines' prefill speed 2% either side; docs/routing.md, "The bar under
 /// other engine speeds"), the whole bar held in 237 of 320 draws at 2 (the default
 /// before), 254 at 4, 259 at 8 and 264 at 16 or with a queued request priced at 1 ms, the
-/// gain all on batching engines (slot engines 136, 133, 138 and 137 of 160) and TTFT p50
+/// gain all on batching engines (slot engines 136, 132, 138 and 137 of 160) and TTFT p50
 /// and p99 no worse. Eight keeps the gate's point where sixteen all but loses it: on a
 /// batching engine at the learned prices a 2,048-token match still gives way to a holder
-/// about three requests busier. Replaying arena runs through the simulator moves the
-/// gate at neither figure (docs/routing.md, "Calibrating the slot engine against the
-/// arena"). With a number given for the price the contract's rule holds as written: once.
+/// about three requests busier. Arena runs replayed through the simulator move by at most
+/// 0.6 point of one run's cached share between 2 and 8 (docs/routing.md, "Calibrating the
+/// slot engine against the arena"), and the arena's thirty-first sitting ran at 8
+/// (BENCHMARKS.md, "This routing: the thirty-first sitting (5a1c8b4)"). With a number
+/// given for the price the contract's rule holds as written: once.
 pub const MOVED_PREFILL_PAYERS: f64 = 8.0;
 
 /// Bytes of canonical prompt per engine token, for pricing a match in prefill time.
@@ -49,9 +51,10 @@ pub const BYTES_PER_TOKEN: f64 = 4.0;
 /// ([`prefill_waiting_bytes`](crate::grid::ClusterLoad::prefill_waiting_bytes)), and the
 /// request's own, at the cluster's prefill speed (learned by default). Six is measured:
 /// docs/routing.md, "The wait a free slot may cost", has the table that chose it (smaller
-/// factors start new conversations sooner on slots sharing one prefill line and hold the
-/// bar in fewer draws on slots that prefill side by side). `f64::INFINITY` is the rule
-/// before: room alone.
+/// factors start new conversations sooner on slots sharing one prefill line; on slots
+/// that prefill side by side a factor of 2 holds the bar in the fewest draws, and 4 to 8
+/// within the noise of eight draws of each other). `f64::INFINITY` is the rule before:
+/// room alone.
 pub const FREE_SLOT_WAIT_FACTOR: f64 = 6.0;
 
 /// How affinity narrows candidates: validated, so every value is in range.
