@@ -30,7 +30,7 @@ pub const MIN_STICKY_DEPTH: usize = 4;
 /// about three requests busier. Arena runs replayed through the simulator move by at most
 /// 0.6 point of one run's cached share between 2 and 8 (docs/routing.md, "Calibrating the
 /// slot engine against the arena"), and the arena's thirty-first sitting ran at 8
-/// (BENCHMARKS.md, "This routing: the thirty-first sitting (5a1c8b4)"). With a number
+/// (BENCHMARKS.md, "The thirty-first sitting (5a1c8b4)"). With a number
 /// given for the price the contract's rule holds as written: once.
 pub const MOVED_PREFILL_PAYERS: f64 = 8.0;
 
