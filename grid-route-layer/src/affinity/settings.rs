@@ -20,18 +20,13 @@ pub const MIN_STICKY_DEPTH: usize = 4;
 /// first token ([`ClusterPrices`](super::ClusterPrices)): the request's own side of the
 /// trade. Weighed against that alone, a match moved whenever its holder was a little
 /// busier, and its prefill was paid again at a cluster that had work of its own. Eight is
-/// measured, not derived: in `simulate` on the bundled trace, over 40 draws of each shape
-/// (seeds 1 to 8, engines' prefill speed 2% either side; docs/routing.md, "The bar under
-/// other engine speeds"), the whole bar held in 237 of 320 draws at 2 (the default
-/// before), 254 at 4, 259 at 8 and 264 at 16 or with a queued request priced at 1 ms, the
-/// gain all on batching engines (slot engines 136, 132, 138 and 137 of 160) and TTFT p50
-/// and p99 no worse. Eight keeps the gate's point where sixteen all but loses it: on a
-/// batching engine at the learned prices a 2,048-token match still gives way to a holder
-/// about three requests busier. Arena runs replayed through the simulator move by at most
-/// 0.6 point of one run's cached share between 2 and 8 (docs/routing.md, "Calibrating the
-/// slot engine against the arena"), and the arena's thirty-first sitting ran at 8
-/// (BENCHMARKS.md, "The thirty-first sitting (5a1c8b4)"). With a number
-/// given for the price the contract's rule holds as written: once.
+/// measured, not derived: docs/routing.md, "The bar under other engine speeds", runs 2,
+/// 4, 8 and 16 and the gate all but off over 40 draws of each simulated shape (more keeps
+/// more cached on batching engines; slot engines do not tell them apart), and
+/// BENCHMARKS.md, "The thirty-first sitting (5a1c8b4)", ran 8 on real engines. Eight, not
+/// more, so that at learned batching prices a 2,048-token match still gives way to a
+/// holder about three requests busier. With a number given for the price the contract's
+/// rule holds as written: once.
 pub const MOVED_PREFILL_PAYERS: f64 = 8.0;
 
 /// Bytes of canonical prompt per engine token, for pricing a match in prefill time.
