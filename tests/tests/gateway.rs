@@ -1247,6 +1247,78 @@ async fn on_slot_engines_a_new_request_leaves_a_slot_that_just_went_idle() {
 }
 
 #[tokio::test]
+async fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_slot_that_just_went_idle()
+ {
+    let (east, west) = (
+        ("moved-east", "moved-east-a"),
+        ("moved-west", "moved-west-a"),
+    );
+    let (gateway, release_east, release_west) = two_slot_pair(east, west).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let chat = |messages: Value, hold: bool| {
+        let url = url.clone();
+        async move { chat_completion(&url, messages, hold).await.engine_name() }
+    };
+    // A conversation opened with a question too short to key, on idle engines: the
+    // first. Its next turn's thread names east.
+    assert_eq!(
+        chat(json!([{"role": "user", "content": "hi"}]), false).await,
+        east.1
+    );
+    tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
+    // Two conversations behind 40-block system prompts of their own, each placed where the
+    // index holds less: west, then east.
+    let opening = |system: &str| json!([{"role": "system", "content": system}, {"role": "user", "content": "hi"}]);
+    let (at_w, at_e) = (
+        text("west's system prompt", 40 * 256),
+        text("east's system prompt", 40 * 256),
+    );
+    assert_eq!(chat(opening(&at_w), false).await, west.1);
+    tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
+    assert_eq!(chat(opening(&at_e), false).await, east.1);
+    let later_turn = |system: &str, question: &str, hold: bool| {
+        let turn = json!([
+            {"role": "system", "content": system}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": question},
+        ]);
+        tokio::spawn(chat(turn, hold))
+    };
+    // East's two slots busy with the second's next turns, one of west's with the
+    // first's, all held.
+    let at_east = [
+        later_turn(&at_e, "and then?", true),
+        later_turn(&at_e, "and else?", true),
+    ];
+    let at_west = later_turn(&at_w, "and then?", true);
+    eventually("east runs two requests, west one", || async {
+        (
+            in_flight_at(&gateway, east.1),
+            in_flight_at(&gateway, west.1),
+        ) == (2, 1)
+    })
+    .await;
+    tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
+    // Another turn answered at west just now, in its other slot: the one free there just
+    // went idle, and its conversation may send its next turn at once.
+    assert_eq!(later_turn(&at_w, "and else?", false).await.unwrap(), west.1);
+    // The short conversation's second turn: east holds nothing of it that was keyed and is
+    // the busier, so the load gate would move it, but the only lighter place is that slot.
+    // It stays with its conversation (the engine here serves it beside the held two).
+    let next = json!([
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": text("an answer", 4 * 256)},
+        {"role": "user", "content": "tell me more"},
+    ]);
+    assert_eq!(chat(next, false).await, east.1);
+    release_east.send(true).unwrap();
+    for turn in at_east {
+        assert_eq!(turn.await.unwrap(), east.1);
+    }
+    release_west.send(true).unwrap();
+    assert_eq!(at_west.await.unwrap(), west.1);
+}
+
+#[tokio::test]
 async fn on_slot_engines_a_first_turn_leaves_a_holder_whose_slot_just_went_idle_for_another() {
     let (release, released) = tokio::sync::watch::channel(false);
     let sites = [

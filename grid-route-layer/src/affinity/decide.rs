@@ -326,6 +326,77 @@ impl Affinity {
         cluster.load().slot_just_freed(now) && !self.heads.kept(cluster.id())
     }
 
+    /// Whether a conversation's later turn ([`PrefixKeys::continues_conversation`]) moved
+    /// to `cluster` by the load gate would push another live conversation's prompt out for
+    /// good to save its own wait: the one slot free there [just went
+    /// idle](Self::just_freed), so the engine has no other to give it, and the
+    /// conversation that slot answered likely sends its next turn now. That one then takes
+    /// another's slot, and so on: in the arena one such move (a second turn whose own
+    /// history was a 46-token question, at a holder one request busier) cost four later
+    /// turns their prompts, 4.3 points of the run's cached share (BENCHMARKS.md, "The
+    /// thirty-third sitting (19ca706)"). Its own holder only makes it wait for the prefill
+    /// there. With more slots free the engine gives a prompt that shares no slot's prefix
+    /// the least recently used, not the one just freed. A newcomer has its own rules
+    /// (step 2, and [`first_turn`](Self::first_turn)).
+    fn lands_on_freed_slot(&self, cluster: &Cluster, keys: &PrefixKeys, now: Instant) -> bool {
+        let load = cluster.load();
+        keys.continues_conversation()
+            && self.just_freed(cluster, now)
+            && load.slots() == Some(load.in_flight() + 1)
+    }
+
+    /// [`narrow`] on the candidates' loads, but where a later turn moved off its holder
+    /// could land only by taking a live conversation's slot
+    /// ([`lands_on_freed_slot`](Self::lands_on_freed_slot)): no place to move it to, so
+    /// the gate does not weigh it (an infinite load).
+    fn narrow_at(
+        &self,
+        settings: &AffinitySettings,
+        candidates: &[Arc<Cluster>],
+        keys: &PrefixKeys,
+        depths: &[usize],
+        now: Instant,
+    ) -> Narrowing {
+        let deepest = depths.iter().copied().max().unwrap_or(0);
+        narrow(settings, keys, depths, |i| {
+            if depths[i] != deepest && self.lands_on_freed_slot(&candidates[i], keys, now) {
+                f64::INFINITY
+            } else {
+                candidates[i].load().routing_load(now)
+            }
+        })
+    }
+
+    /// `candidates` (at `depths`) split for a later turn the gate moves: the places it may
+    /// go, with their depths, and those it [would land on a freed slot
+    /// at](Self::lands_on_freed_slot), which the gate did not weigh either. Those it moves
+    /// from (the session's cluster, `moved_from`, else the prefix's holders by
+    /// `narrowing`) are not places it moves to, and stay.
+    fn spare_freed_landings(
+        &self,
+        candidates: Vec<Arc<Cluster>>,
+        depths: Vec<usize>,
+        keys: &PrefixKeys,
+        narrowing: &Narrowing,
+        moved_from: Option<usize>,
+        now: Instant,
+    ) -> (Vec<Arc<Cluster>>, Vec<usize>, Vec<Arc<Cluster>>) {
+        let left_from = |i: usize, depth: usize| {
+            moved_from == Some(i)
+                || (narrowing.outcome != Outcome::NoMatch && depth == narrowing.deepest)
+        };
+        let (spared, kept): (Vec<_>, Vec<_>) = candidates
+            .into_iter()
+            .zip(depths)
+            .enumerate()
+            .partition(|&(i, (ref c, depth))| {
+                !left_from(i, depth) && self.lands_on_freed_slot(c, keys, now)
+            });
+        let (candidates, depths) = kept.into_iter().map(|(_, kept)| kept).unzip();
+        let spared = spared.into_iter().map(|(_, (c, _))| c).collect();
+        (candidates, depths, spared)
+    }
+
     /// Whether a candidate has a free slot that did not [just go idle](Self::just_freed):
     /// somewhere a newcomer takes no live conversation's slot.
     fn free_elsewhere(&self, candidates: &[Arc<Cluster>], now: Instant) -> bool {
@@ -403,6 +474,10 @@ impl Affinity {
     ///   gate passing is [`Outcome::Session`] with that cluster alone; failing it is
     ///   [`Outcome::LoadOverride`], the candidates left as the prefix rule left them, by
     ///   load first;
+    /// - a conversation's later turn ([`PrefixKeys::continues_conversation`]) the gate
+    ///   would move, by prefix or by session, does not weigh a candidate whose one free
+    ///   slot [just went idle](crate::grid::ClusterLoad::slot_just_freed) among the lighter ones, and a
+    ///   move leaves it out, [passed over](Decision::passed_over);
     /// - [`Outcome::NoMatch`] narrows the candidates as the module's rule, step 2, says:
     ///   on engines with slots to one with a free slot, recording what it was sent.
     ///
@@ -486,13 +561,11 @@ impl Affinity {
             };
             return found.decided(candidates, 0);
         };
-        let depths = self
+        let mut depths = self
             .index
             .depths(candidates.iter().map(|c| c.id()), keys.as_slice(), now);
         let priced = self.priced_for_match(&settings, &candidates, &depths);
-        let mut narrowing = narrow(&priced, keys, &depths, |i| {
-            candidates[i].load().routing_load(now)
-        });
+        let mut narrowing = self.narrow_at(&priced, &candidates, keys, &depths, now);
         let first_turn = self.first_turn(
             &settings,
             &mut narrowing,
@@ -505,6 +578,7 @@ impl Affinity {
         let mut outcome = narrowing.outcome;
         // The prompt this one continues, to the byte: where its conversation was served.
         let thread = keys.follows().filter(|_| settings.session_affinity());
+        let mut moved_from = None;
         if outcome != Outcome::Sticky {
             // The conversation's own thread first: a client's session may span several
             // conversations.
@@ -518,14 +592,20 @@ impl Affinity {
                     return found.decided(candidates, depth);
                 }
                 // The session's cluster is too busy for what it holds: the candidates stay
-                // as the prefix rule left them.
-                Some(_) => outcome = Outcome::LoadOverride,
+                // as the prefix rule left them, and the move leaves that cluster.
+                Some(found) => (outcome, moved_from) = (Outcome::LoadOverride, Some(found.at)),
                 None => {}
             }
         }
         let mut placed = None;
         let joins_busier_holder = first_turn.joins.is_some() && outcome == Outcome::Sticky;
-        let passed_over = first_turn.passed_over;
+        let mut passed_over = first_turn.passed_over;
+        if outcome == Outcome::LoadOverride && !first_turn.placed_away {
+            let spared;
+            (candidates, depths, spared) =
+                self.spare_freed_landings(candidates, depths, keys, &narrowing, moved_from, now);
+            passed_over.extend(spared);
+        }
         if first_turn.placed_away {
             (candidates, placed) = self.place_away(
                 &settings,
@@ -792,10 +872,13 @@ impl Affinity {
             )
             .match_worth(held);
         let here = candidates[at].load().routing_load(now);
+        // Nor are the places a move would land only on a live conversation's slot weighed.
         let others = candidates
             .iter()
             .enumerate()
-            .filter(|&(i, _)| i != at)
+            .filter(|&(i, c)| {
+                i != at && !keys.is_some_and(|(keys, _)| self.lands_on_freed_slot(c, keys, now))
+            })
             .map(|(_, c)| c.load().routing_load(now))
             .fold(f64::INFINITY, f64::min);
         // As in `narrow`: an unmeasured cluster gives way to a measured other, and two

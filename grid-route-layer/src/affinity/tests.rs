@@ -2150,6 +2150,120 @@ fn on_slot_engines_a_new_conversation_holds_where_a_slot_just_went_idle_and_a_la
 }
 
 #[test]
+fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_slot_that_just_went_idle()
+{
+    // A conversation whose first turn was too short to key, answered at east: its second
+    // turn goes back there by its thread, priced at nothing east holds that was keyed, so
+    // any excess load at east moves it (the arena's case: a 46-token question).
+    let f = three_slot_sites();
+    let first = f.prompt(&[("user", "hi")]);
+    assert!(first.keys().is_err());
+    f.answered("east-a", &first);
+    let next = f.prompt(&[
+        ("user", "hi"),
+        ("assistant", &text("answer", 4 * 256)),
+        ("user", "tell me more"),
+    ]);
+    let ids = |clusters: &[Arc<Cluster>]| -> Vec<ClusterId> {
+        clusters.iter().map(|c| c.id().clone()).collect()
+    };
+    // East's two slots busy, one of west's.
+    let east_busy = f.running("east-a", 2);
+    let west_busy = f.running("west-a", 1);
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert_eq!(names(&decision), ["north-a"]);
+    assert!(decision.passed_over().is_empty());
+    // An answer just ended in west's other slot, its one free: the move would take that
+    // live conversation's slot. West is left out.
+    answered_now(&f, "west-a");
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert_eq!(names(&decision), ["north-a"]);
+    assert_eq!(ids(decision.passed_over()), [f.id("west-a")]);
+    // North full too, as busy as east: the only lighter place is west's freed slot, which
+    // the gate does not weigh. The turn stays where its conversation is.
+    let north_full = f.running("north-a", 2);
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Session));
+    assert_eq!(names(&decision), ["east-a"]);
+    assert!(decision.passed_over().is_empty());
+    // With both of west's slots idle the engine gives the mover the other, least recently
+    // used: the move goes there.
+    drop(west_busy);
+    assert!(f.cluster("west-a").load().slot_just_freed(f.now));
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert!(names(&decision).contains(&"west-a"));
+    let west_busy = f.running("west-a", 1);
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::Session));
+    // Where west's engines keep what is pushed out of a slot (a host cache), the slot is
+    // fair game.
+    let west = f.id("west-a");
+    assert!(f.affinity.count_shared_head(&west, true).unwrap().kept);
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert!(names(&decision).contains(&"west-a"));
+    assert!(!f.affinity.count_shared_head(&west, false).unwrap().kept);
+    // So it is once the window has passed.
+    let later = Fixture {
+        now: f.now + SLOT_RECLAIM_WINDOW,
+        ..f
+    };
+    let decision = later.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert!(names(&decision).contains(&"west-a"));
+    drop((decision, north_full, east_busy, west_busy));
+}
+
+#[test]
+fn on_slot_engines_a_sticky_later_turn_the_gate_moves_never_takes_the_one_slot_that_just_went_idle()
+{
+    // A conversation's own history held at east, long enough to stick by prefix.
+    let f = three_slot_sites();
+    let history = [
+        ("user", text("question", 8 * 256)),
+        ("assistant", text("answer", 8 * 256)),
+    ];
+    let next = f.prompt(&[
+        ("user", &history[0].1),
+        ("assistant", &history[1].1),
+        ("user", "and?"),
+    ]);
+    f.confirm("east-a", &next);
+    assert!(next.keys().unwrap().continues_conversation());
+    assert_eq!(f.decide(&next).outcome(), Some(Outcome::Sticky));
+    // East far busier than sixteen blocks are worth: the gate moves the turn.
+    let east_busy = f.running("east-a", 40);
+    let west_busy = f.running("west-a", 1);
+    let north_busy = f.running("north-a", 1);
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert!(names(&decision).contains(&"west-a"));
+    // An answer just ended at west and at north, in each one's one free slot: the only
+    // lighter places, which the gate does not weigh. It sticks.
+    answered_now(&f, "west-a");
+    answered_now(&f, "north-a");
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Sticky));
+    assert_eq!(names(&decision), ["east-a"]);
+    // North with no slot free has no freed slot to give, and is lighter than east: the
+    // move goes there, past west.
+    let north_full = f.running("north-a", 1);
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert!(!names(&decision).contains(&"west-a"));
+    assert!(names(&decision).contains(&"north-a"));
+    assert!(
+        decision
+            .passed_over()
+            .iter()
+            .any(|c| c.id() == &f.id("west-a"))
+    );
+    drop((decision, north_full, north_busy, west_busy, east_busy));
+}
+
+#[test]
 fn on_slot_engines_a_placed_conversation_takes_a_free_slot_by_room_where_one_just_went_idle() {
     // A placement is not passed over a slot that just went idle: on the simulator's slot
     // engines, which keep a host cache, passing over for placements cost the bar
