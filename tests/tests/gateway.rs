@@ -738,7 +738,8 @@ async fn an_answer_that_ends_after_a_reload_removed_its_cluster_teaches_nothing(
 /// `x-mock-engine: name`, `x-mock-arrival: n` (the n-th such request to reach it, from 1)
 /// and `x-mock-at-us` (the microseconds from the engine's start to the request's head),
 /// once `release` turns `true` when it carries `x-hold`. One that carries `x-stream`
-/// gets it as an event stream whose head comes at once, before the hold.
+/// gets it as an event stream whose head comes at once, before the hold, and with
+/// `x-first-token` its first token too.
 async fn two_slot_engine(
     name: &'static str,
     release: tokio::sync::watch::Receiver<bool>,
@@ -778,13 +779,22 @@ async fn two_slot_engine(
                         if socket.write_all(answer_head.as_bytes()).await.is_err() {
                             return;
                         }
-                        if head.contains("\r\nx-hold:") {
-                            let _ = release.wait_for(|released| *released).await;
-                        }
                         let chunk = json!({
                             "id": "chatcmpl-1", "object": "chat.completion.chunk", "model": MODEL,
                             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}}],
                         });
+                        // With `x-first-token`, the first token comes before the hold: the
+                        // answer is streaming while held.
+                        if head.contains("\r\nx-first-token:") {
+                            let first = format!("data: {chunk}\n\n");
+                            let first = format!("{:x}\r\n{first}\r\n", first.len());
+                            if socket.write_all(first.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                        if head.contains("\r\nx-hold:") {
+                            let _ = release.wait_for(|released| *released).await;
+                        }
                         let events = format!("data: {chunk}\n\ndata: [DONE]\n\n");
                         let body = format!("{:x}\r\n{events}\r\n0\r\n\r\n", events.len());
                         if socket.write_all(body.as_bytes()).await.is_err() {
@@ -1283,18 +1293,35 @@ async fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_
         ]);
         tokio::spawn(chat(turn, hold))
     };
-    // East's two slots busy with the second's next turns, one of west's with the
-    // first's, all held.
-    let at_east = [
-        later_turn(&at_e, "and then?", true),
-        later_turn(&at_e, "and else?", true),
-    ];
-    let at_west = later_turn(&at_w, "and then?", true);
-    eventually("east runs two requests, west one", || async {
-        (
-            in_flight_at(&gateway, east.1),
-            in_flight_at(&gateway, west.1),
-        ) == (2, 1)
+    // One of east's slots busy with the second's next turn, waiting for its first token;
+    // one of west's with the first's, streaming: both held. East is the busier.
+    let at_east = later_turn(&at_e, "and then?", true);
+    let streaming = json!([
+        {"role": "system", "content": at_w}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then?"},
+    ]);
+    let url_west = url.clone();
+    let at_west = tokio::spawn(async move {
+        let headers = [
+            ("content-type", "application/json"),
+            ("x-hold", "1"),
+            ("x-stream", "1"),
+            ("x-first-token", "1"),
+        ];
+        let body = json!({"model": MODEL, "messages": streaming, "stream": true}).to_string();
+        send_with(Method::POST, &url_west, &headers, body)
+            .await
+            .engine_name()
+    });
+    let streams_at_west = || {
+        let view = gateway.grid().view();
+        view.cluster(&cluster_id(&gateway, west.1))
+            .unwrap()
+            .load()
+            .streaming()
+    };
+    eventually("east waits on one request, west streams one", || async {
+        (in_flight_at(&gateway, east.1), streams_at_west()) == (1, 1)
     })
     .await;
     tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
@@ -1302,7 +1329,8 @@ async fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_
     // went idle, and its conversation may send its next turn at once.
     assert_eq!(later_turn(&at_w, "and else?", false).await.unwrap(), west.1);
     // The short conversation's second turn: east holds nothing of it that was keyed and is
-    // the busier, so the load gate would move it, but the only lighter place is that slot.
+    // the busier, so the load gate would move it, but the only lighter place is that slot,
+    // and a slot is free at east.
     // It stays with its conversation (the engine here serves it beside the held two).
     let next = json!([
         {"role": "user", "content": "hi"},
@@ -1311,9 +1339,7 @@ async fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_
     ]);
     assert_eq!(chat(next, false).await, east.1);
     release_east.send(true).unwrap();
-    for turn in at_east {
-        assert_eq!(turn.await.unwrap(), east.1);
-    }
+    assert_eq!(at_east.await.unwrap(), east.1);
     release_west.send(true).unwrap();
     assert_eq!(at_west.await.unwrap(), west.1);
 }

@@ -334,10 +334,14 @@ impl Affinity {
     /// another's slot, and so on: in the arena one such move (a second turn whose own
     /// history was a 46-token question, at a holder one request busier) cost four later
     /// turns their prompts, 4.3 points of the run's cached share (BENCHMARKS.md, "The
-    /// thirty-third sitting (19ca706)"). Its own holder only makes it wait for the prefill
-    /// there. With more slots free the engine gives a prompt that shares no slot's prefix
-    /// the least recently used, not the one just freed. A newcomer has its own rules
-    /// (step 2, and [`first_turn`](Self::first_turn)).
+    /// thirty-third sitting (19ca706)"). Its own cluster, with a slot free, only makes it
+    /// wait for the prefill there; the gate and the move pass such a place over only then
+    /// (with no slot free there, staying means waiting for whichever slot frees first,
+    /// likely another live conversation's, and in the simulator's replays of the arena
+    /// passing over then cost two runs of six 1.4 and 4.5 points). With more slots free the
+    /// engine gives a prompt that shares no slot's prefix the least recently used, not the
+    /// one just freed. A newcomer has its own rules (step 2, and
+    /// [`first_turn`](Self::first_turn)).
     fn lands_on_freed_slot(&self, cluster: &Cluster, keys: &PrefixKeys, now: Instant) -> bool {
         let load = cluster.load();
         keys.continues_conversation()
@@ -347,8 +351,8 @@ impl Affinity {
 
     /// [`narrow`] on the candidates' loads, but where a later turn moved off its holder
     /// could land only by taking a live conversation's slot
-    /// ([`lands_on_freed_slot`](Self::lands_on_freed_slot)): no place to move it to, so
-    /// the gate does not weigh it (an infinite load).
+    /// ([`lands_on_freed_slot`](Self::lands_on_freed_slot)) while a holder has a slot
+    /// free: no place to move it to, so the gate does not weigh it (an infinite load).
     fn narrow_at(
         &self,
         settings: &AffinitySettings,
@@ -358,8 +362,15 @@ impl Affinity {
         now: Instant,
     ) -> Narrowing {
         let deepest = depths.iter().copied().max().unwrap_or(0);
+        let stays_free = candidates
+            .iter()
+            .zip(depths)
+            .any(|(c, &depth)| depth == deepest && c.load().free_slot(now) == Some(true));
         narrow(settings, keys, depths, |i| {
-            if depths[i] != deepest && self.lands_on_freed_slot(&candidates[i], keys, now) {
+            if stays_free
+                && depths[i] != deepest
+                && self.lands_on_freed_slot(&candidates[i], keys, now)
+            {
                 f64::INFINITY
             } else {
                 candidates[i].load().routing_load(now)
@@ -369,9 +380,10 @@ impl Affinity {
 
     /// `candidates` (at `depths`) split for a later turn the gate moves: the places it may
     /// go, with their depths, and those it [would land on a freed slot
-    /// at](Self::lands_on_freed_slot), which the gate did not weigh either. Those it moves
-    /// from (the session's cluster, `moved_from`, else the prefix's holders by
-    /// `narrowing`) are not places it moves to, and stay.
+    /// at](Self::lands_on_freed_slot), which the gate did not weigh either (none unless a
+    /// cluster it moves from has a slot free). Those it moves from (the session's cluster,
+    /// `moved_from`, else the prefix's holders by `narrowing`) are not places it moves to,
+    /// and stay.
     fn spare_freed_landings(
         &self,
         candidates: Vec<Arc<Cluster>>,
@@ -385,12 +397,17 @@ impl Affinity {
             moved_from == Some(i)
                 || (narrowing.outcome != Outcome::NoMatch && depth == narrowing.deepest)
         };
+        let stays_free = candidates
+            .iter()
+            .zip(&depths)
+            .enumerate()
+            .any(|(i, (c, &depth))| left_from(i, depth) && c.load().free_slot(now) == Some(true));
         let (spared, kept): (Vec<_>, Vec<_>) = candidates
             .into_iter()
             .zip(depths)
             .enumerate()
             .partition(|&(i, (ref c, depth))| {
-                !left_from(i, depth) && self.lands_on_freed_slot(c, keys, now)
+                stays_free && !left_from(i, depth) && self.lands_on_freed_slot(c, keys, now)
             });
         let (candidates, depths) = kept.into_iter().map(|(_, kept)| kept).unzip();
         let spared = spared.into_iter().map(|(_, (c, _))| c).collect();
@@ -475,7 +492,8 @@ impl Affinity {
     ///   [`Outcome::LoadOverride`], the candidates left as the prefix rule left them, by
     ///   load first;
     /// - a conversation's later turn ([`PrefixKeys::continues_conversation`]) the gate
-    ///   would move, by prefix or by session, does not weigh a candidate whose one free
+    ///   would move, by prefix or by session, off a cluster with a slot free does not
+    ///   weigh a candidate whose one free
     ///   slot [just went idle](crate::grid::ClusterLoad::slot_just_freed) among the lighter ones, and a
     ///   move leaves it out, [passed over](Decision::passed_over);
     /// - [`Outcome::NoMatch`] narrows the candidates as the module's rule, step 2, says:
@@ -872,12 +890,16 @@ impl Affinity {
             )
             .match_worth(held);
         let here = candidates[at].load().routing_load(now);
-        // Nor are the places a move would land only on a live conversation's slot weighed.
+        // Nor are the places a move would land only on a live conversation's slot weighed,
+        // while a slot is free here.
+        let stays_free = candidates[at].load().free_slot(now) == Some(true);
         let others = candidates
             .iter()
             .enumerate()
             .filter(|&(i, c)| {
-                i != at && !keys.is_some_and(|(keys, _)| self.lands_on_freed_slot(c, keys, now))
+                i != at
+                    && !(stays_free
+                        && keys.is_some_and(|(keys, _)| self.lands_on_freed_slot(c, keys, now)))
             })
             .map(|(_, c)| c.load().routing_load(now))
             .fold(f64::INFINITY, f64::min);

@@ -65,9 +65,9 @@
 //!    leaves such holders out: it stays with another holder that has a free slot that
 //!    did not just go idle, else it is placed among the other candidates as a prompt
 //!    matching nothing, counted [`Outcome::LoadOverride`] (step 3). A conversation's
-//!    later turn the load gate would move off its cluster (steps 3 and 5) neither weighs
-//!    nor goes to a cluster whose one free slot just went idle (on such engines): with no
-//!    other lighter place it stays. A new conversation
+//!    later turn the load gate would move off its cluster (steps 3 and 5) while a slot
+//!    is free there neither weighs nor goes to a cluster whose one free slot just went
+//!    idle (on such engines): with no other lighter place it stays. A new conversation
 //!    or a prompt too short to key that still may go to such a cluster, by any outcome,
 //!    waits there until [`SLOT_RECLAIM_HOLD`](crate::grid::SLOT_RECLAIM_HOLD) after the
 //!    answer's end ([`Decision::holds`], [`SlotHold`](crate::route::SlotHold)): the live

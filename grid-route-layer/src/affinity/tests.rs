@@ -2149,6 +2149,15 @@ fn on_slot_engines_a_new_conversation_holds_where_a_slot_just_went_idle_and_a_la
     drop(west_full);
 }
 
+/// `n` answers streaming at cluster `name` (their first token sent).
+fn streaming(f: &Fixture, name: &str, n: usize) -> Vec<InFlight> {
+    let mut running = f.running(name, n);
+    for answer in &mut running {
+        answer.first_token();
+    }
+    running
+}
+
 #[test]
 fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_slot_that_just_went_idle()
 {
@@ -2167,9 +2176,10 @@ fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_slot_t
     let ids = |clusters: &[Arc<Cluster>]| -> Vec<ClusterId> {
         clusters.iter().map(|c| c.id().clone()).collect()
     };
-    // East's two slots busy, one of west's.
-    let east_busy = f.running("east-a", 2);
-    let west_busy = f.running("west-a", 1);
+    // One of east's slots busy, waiting for its first token; one of west's streaming (half
+    // the load); its other slot free, as is east's.
+    let east_busy = f.running("east-a", 1);
+    let west_busy = streaming(&f, "west-a", 1);
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
     assert_eq!(names(&decision), ["north-a"]);
@@ -2181,13 +2191,21 @@ fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_slot_t
     assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
     assert_eq!(names(&decision), ["north-a"]);
     assert_eq!(ids(decision.passed_over()), [f.id("west-a")]);
-    // North full too, as busy as east: the only lighter place is west's freed slot, which
-    // the gate does not weigh. The turn stays where its conversation is.
+    // North full too, busier than east: the only lighter place is west's freed slot, which
+    // the gate does not weigh while east has a slot free. The turn stays with its
+    // conversation.
     let north_full = f.running("north-a", 2);
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::Session));
     assert_eq!(names(&decision), ["east-a"]);
     assert!(decision.passed_over().is_empty());
+    // With east's slots full too, staying means waiting for one there, and whichever frees
+    // first is likely a live conversation's: the move goes where the load is least.
+    let east_full = f.running("east-a", 1);
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
+    assert!(names(&decision).contains(&"west-a"));
+    drop((decision, east_full));
     // With both of west's slots idle the engine gives the mover the other, least recently
     // used: the move goes there.
     drop(west_busy);
@@ -2195,7 +2213,7 @@ fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_slot_t
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
     assert!(names(&decision).contains(&"west-a"));
-    let west_busy = f.running("west-a", 1);
+    let west_busy = streaming(&f, "west-a", 1);
     assert_eq!(f.decide(&next).outcome(), Some(Outcome::Session));
     // Where west's engines keep what is pushed out of a slot (a host cache), the slot is
     // fair game.
@@ -2205,21 +2223,14 @@ fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_slot_t
     assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
     assert!(names(&decision).contains(&"west-a"));
     assert!(!f.affinity.count_shared_head(&west, false).unwrap().kept);
-    // So it is once the window has passed.
-    let later = Fixture {
-        now: f.now + SLOT_RECLAIM_WINDOW,
-        ..f
-    };
-    let decision = later.decide(&next);
-    assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
-    assert!(names(&decision).contains(&"west-a"));
     drop((decision, north_full, east_busy, west_busy));
 }
 
 #[test]
 fn on_slot_engines_a_sticky_later_turn_the_gate_moves_never_takes_the_one_slot_that_just_went_idle()
 {
-    // A conversation's own history held at east, long enough to stick by prefix.
+    // A conversation's own history held at east, long enough to stick by prefix: sixteen
+    // blocks, worth 0.4 of a queued request at the priors.
     let f = three_slot_sites();
     let history = [
         ("user", text("question", 8 * 256)),
@@ -2233,23 +2244,27 @@ fn on_slot_engines_a_sticky_later_turn_the_gate_moves_never_takes_the_one_slot_t
     f.confirm("east-a", &next);
     assert!(next.keys().unwrap().continues_conversation());
     assert_eq!(f.decide(&next).outcome(), Some(Outcome::Sticky));
-    // East far busier than sixteen blocks are worth: the gate moves the turn.
-    let east_busy = f.running("east-a", 40);
-    let west_busy = f.running("west-a", 1);
-    let north_busy = f.running("north-a", 1);
+    // One request waiting at east, one streaming at west and at north: east is busier by
+    // half a request, more than the match is worth. The gate moves the turn.
+    let east_busy = f.running("east-a", 1);
+    let west_busy = streaming(&f, "west-a", 1);
+    let north_busy = streaming(&f, "north-a", 1);
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
     assert!(names(&decision).contains(&"west-a"));
     // An answer just ended at west and at north, in each one's one free slot: the only
-    // lighter places, which the gate does not weigh. It sticks.
+    // lighter places, which the gate does not weigh while east has a slot free. It sticks.
     answered_now(&f, "west-a");
     answered_now(&f, "north-a");
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::Sticky));
     assert_eq!(names(&decision), ["east-a"]);
-    // North with no slot free has no freed slot to give, and is lighter than east: the
-    // move goes there, past west.
-    let north_full = f.running("north-a", 1);
+    // Later, only west's slot just went idle: the move goes to north, past west.
+    let f = Fixture {
+        now: f.now + SLOT_RECLAIM_WINDOW,
+        ..f
+    };
+    answered_now(&f, "west-a");
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
     assert!(!names(&decision).contains(&"west-a"));
@@ -2260,7 +2275,7 @@ fn on_slot_engines_a_sticky_later_turn_the_gate_moves_never_takes_the_one_slot_t
             .iter()
             .any(|c| c.id() == &f.id("west-a"))
     );
-    drop((decision, north_full, north_busy, west_busy, east_busy));
+    drop((decision, north_busy, west_busy, east_busy));
 }
 
 #[test]
