@@ -362,10 +362,12 @@ impl Affinity {
         now: Instant,
     ) -> Narrowing {
         let deepest = depths.iter().copied().max().unwrap_or(0);
-        let stays_free = candidates
-            .iter()
-            .zip(depths)
-            .any(|(c, &depth)| depth == deepest && c.load().free_slot(now) == Some(true));
+        // Read only for a later turn: a first turn's decision pays nothing for the rule.
+        let stays_free = keys.continues_conversation()
+            && candidates
+                .iter()
+                .zip(depths)
+                .any(|(c, &depth)| depth == deepest && c.load().free_slot(now) == Some(true));
         narrow(settings, keys, depths, |i| {
             if stays_free
                 && depths[i] != deepest
@@ -397,11 +399,14 @@ impl Affinity {
             moved_from == Some(i)
                 || (narrowing.outcome != Outcome::NoMatch && depth == narrowing.deepest)
         };
-        let stays_free = candidates
-            .iter()
-            .zip(&depths)
-            .enumerate()
-            .any(|(i, (c, &depth))| left_from(i, depth) && c.load().free_slot(now) == Some(true));
+        let stays_free = keys.continues_conversation()
+            && candidates
+                .iter()
+                .zip(&depths)
+                .enumerate()
+                .any(|(i, (c, &depth))| {
+                    left_from(i, depth) && c.load().free_slot(now) == Some(true)
+                });
         let (spared, kept): (Vec<_>, Vec<_>) = candidates
             .into_iter()
             .zip(depths)
@@ -493,8 +498,8 @@ impl Affinity {
     ///   load first;
     /// - a conversation's later turn ([`PrefixKeys::continues_conversation`]) the gate
     ///   would move, by prefix or by session, off a cluster with a slot free does not
-    ///   weigh a candidate whose one free
-    ///   slot [just went idle](crate::grid::ClusterLoad::slot_just_freed) among the lighter ones, and a
+    ///   weigh a candidate whose one free slot [just went
+    ///   idle](crate::grid::ClusterLoad::slot_just_freed) among the lighter ones, and a
     ///   move leaves it out, [passed over](Decision::passed_over);
     /// - [`Outcome::NoMatch`] narrows the candidates as the module's rule, step 2, says:
     ///   on engines with slots to one with a free slot, recording what it was sent.
@@ -892,7 +897,8 @@ impl Affinity {
         let here = candidates[at].load().routing_load(now);
         // Nor are the places a move would land only on a live conversation's slot weighed,
         // while a slot is free here.
-        let stays_free = candidates[at].load().free_slot(now) == Some(true);
+        let stays_free = keys.is_some_and(|(keys, _)| keys.continues_conversation())
+            && candidates[at].load().free_slot(now) == Some(true);
         let others = candidates
             .iter()
             .enumerate()
@@ -1270,8 +1276,10 @@ impl Decision {
 
     /// The candidates left out because a slot there [just went
     /// idle](crate::grid::ClusterLoad::slot_just_freed) while another had a free slot that
-    /// did not (the module's rule, step 2): for a request too short to key, and for a first
-    /// turn the holders of its short head. Empty otherwise.
+    /// did not (the module's rule, step 2): for a request too short to key, for a first
+    /// turn the holders of its short head, and for a later turn the load gate moves off a
+    /// cluster with a slot free the clusters whose one free slot just went idle. Empty
+    /// otherwise.
     pub fn passed_over(&self) -> &[Arc<Cluster>] {
         &self.passed_over
     }
