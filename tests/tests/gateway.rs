@@ -1338,6 +1338,15 @@ async fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_
         {"role": "user", "content": "tell me more"},
     ]);
     assert_eq!(chat(next, false).await, east.1);
+    // West was passed over for it, and counted; east, where it stayed, was not.
+    let passed = |(site, cluster): (&str, &str)| {
+        let series =
+            format!(r#"grid_route_slot_passed_over_total{{site="{site}",cluster="{cluster}"}}"#);
+        let gateway = &gateway;
+        async move { scraped_gauge(gateway, &series).await }
+    };
+    assert_eq!(passed(west).await, Some(1.0));
+    assert_eq!(passed(east).await, None);
     release_east.send(true).unwrap();
     assert_eq!(at_east.await.unwrap(), east.1);
     release_west.send(true).unwrap();

@@ -353,6 +353,9 @@ impl Affinity {
     /// could land only by taking a live conversation's slot
     /// ([`lands_on_freed_slot`](Self::lands_on_freed_slot)) while a holder has a slot
     /// free: no place to move it to, so the gate does not weigh it (an infinite load).
+    /// With the narrowing, those places [passed over](Decision::passed_over) when leaving
+    /// them out kept the turn at its holder (the gate would have moved it); none
+    /// otherwise.
     fn narrow_at(
         &self,
         settings: &AffinitySettings,
@@ -360,7 +363,7 @@ impl Affinity {
         keys: &PrefixKeys,
         depths: &[usize],
         now: Instant,
-    ) -> Narrowing {
+    ) -> (Narrowing, Vec<Arc<Cluster>>) {
         let deepest = depths.iter().copied().max().unwrap_or(0);
         // Read only for a later turn: a first turn's decision pays nothing for the rule.
         let stays_free = keys.continues_conversation()
@@ -368,16 +371,30 @@ impl Affinity {
                 .iter()
                 .zip(depths)
                 .any(|(c, &depth)| depth == deepest && c.load().free_slot(now) == Some(true));
-        narrow(settings, keys, depths, |i| {
+        let mut spared = Vec::new();
+        let narrowing = narrow(settings, keys, depths, |i| {
             if stays_free
                 && depths[i] != deepest
                 && self.lands_on_freed_slot(&candidates[i], keys, now)
             {
+                spared.push(Arc::clone(&candidates[i]));
                 f64::INFINITY
             } else {
                 candidates[i].load().routing_load(now)
             }
-        })
+        });
+        // Whether the rule changed anything: weighed again with every load, only when it
+        // left a place out (rare: a later turn, a freed slot, a free one at the holder).
+        if !spared.is_empty()
+            && narrow(settings, keys, depths, |i| {
+                candidates[i].load().routing_load(now)
+            })
+            .outcome
+                == narrowing.outcome
+        {
+            spared.clear();
+        }
+        (narrowing, spared)
     }
 
     /// `candidates` (at `depths`) split for a later turn the gate moves: the places it may
@@ -588,7 +605,7 @@ impl Affinity {
             .index
             .depths(candidates.iter().map(|c| c.id()), keys.as_slice(), now);
         let priced = self.priced_for_match(&settings, &candidates, &depths);
-        let mut narrowing = self.narrow_at(&priced, &candidates, keys, &depths, now);
+        let (mut narrowing, gate_spared) = self.narrow_at(&priced, &candidates, keys, &depths, now);
         let first_turn = self.first_turn(
             &settings,
             &mut narrowing,
@@ -622,7 +639,7 @@ impl Affinity {
         }
         let mut placed = None;
         let joins_busier_holder = first_turn.joins.is_some() && outcome == Outcome::Sticky;
-        let mut passed_over = first_turn.passed_over;
+        let mut passed_over = [first_turn.passed_over, gate_spared].concat();
         if outcome == Outcome::LoadOverride && !first_turn.placed_away {
             let spared;
             (candidates, depths, spared) =
@@ -651,7 +668,7 @@ impl Affinity {
                 candidates,
                 &depths,
                 &narrowing,
-                &passed_over,
+                &mut passed_over,
                 (keys, sticky_thread),
                 now,
             );
@@ -674,7 +691,8 @@ impl Affinity {
     /// answered at when the gate lets it stick there: holders tied at a head shared by
     /// other conversations, since blocks stop at 256 bytes and never hold the answers, so
     /// the index cannot tell which of them holds this conversation. Its thread can, and
-    /// the gate weighs that holder against the others at what it holds there.
+    /// the gate weighs that holder against the others at what it holds there (the holders
+    /// that weighing [passed over](Decision::passed_over) join `passed_over`).
     #[allow(clippy::too_many_arguments)]
     fn keep_holders(
         &self,
@@ -682,7 +700,7 @@ impl Affinity {
         candidates: Vec<Arc<Cluster>>,
         depths: &[usize],
         narrowing: &Narrowing,
-        passed_over: &[Arc<Cluster>],
+        passed_over: &mut Vec<Arc<Cluster>>,
         (keys, thread): (&PrefixKeys, Option<SessionKey>),
         now: Instant,
     ) -> Vec<Arc<Cluster>> {
@@ -699,6 +717,7 @@ impl Affinity {
             if let Some(found) = self.session_gate(settings, &kept, thread, prefix, now)
                 && found.sticks
             {
+                passed_over.extend(found.passed_over);
                 return vec![Arc::clone(&kept[found.at])];
             }
         }
@@ -899,23 +918,29 @@ impl Affinity {
         // while a slot is free here.
         let stays_free = keys.is_some_and(|(keys, _)| keys.continues_conversation())
             && candidates[at].load().free_slot(now) == Some(true);
-        let others = candidates
-            .iter()
-            .enumerate()
-            .filter(|&(i, c)| {
-                i != at
-                    && !(stays_free
-                        && keys.is_some_and(|(keys, _)| self.lands_on_freed_slot(c, keys, now)))
-            })
-            .map(|(_, c)| c.load().routing_load(now))
-            .fold(f64::INFINITY, f64::min);
+        let (mut others, mut every_other) = (f64::INFINITY, f64::INFINITY);
+        let mut spared = Vec::new();
+        for (_, c) in candidates.iter().enumerate().filter(|&(i, _)| i != at) {
+            let load = c.load().routing_load(now);
+            every_other = every_other.min(load);
+            if stays_free && keys.is_some_and(|(keys, _)| self.lands_on_freed_slot(c, keys, now)) {
+                spared.push(Arc::clone(c));
+            } else {
+                others = others.min(load);
+            }
+        }
         // As in `narrow`: an unmeasured cluster gives way to a measured other, and two
         // unmeasured ones give NaN, which exceeds nothing.
         let overloaded = here - others > worth;
+        // Passed over only where leaving them out kept the request here.
+        if overloaded || here - every_other <= worth || (here - every_other).is_nan() {
+            spared.clear();
+        }
         Some(SessionFound {
             at,
             held,
             sticks: !overloaded,
+            passed_over: spared,
         })
     }
 }
@@ -944,6 +969,10 @@ struct SessionFound {
     at: usize,
     held: u64,
     sticks: bool,
+    /// The places left out of the gate's weighing whose leaving out kept the request at
+    /// its session's cluster (the gate would have moved it): [passed
+    /// over](Decision::passed_over).
+    passed_over: Vec<Arc<Cluster>>,
 }
 
 impl SessionFound {
@@ -959,7 +988,7 @@ impl SessionFound {
                 placed: None,
                 asks_shared_head: false,
                 joins_busier_holder: false,
-                passed_over: Vec::new(),
+                passed_over: self.passed_over,
                 holds: Vec::new(),
             }
         } else {
@@ -1277,9 +1306,10 @@ impl Decision {
     /// The candidates left out because a slot there [just went
     /// idle](crate::grid::ClusterLoad::slot_just_freed) while another had a free slot that
     /// did not (the module's rule, step 2): for a request too short to key, for a first
-    /// turn the holders of its short head, and for a later turn the load gate moves off a
-    /// cluster with a slot free the clusters whose one free slot just went idle. Empty
-    /// otherwise.
+    /// turn the holders of its short head, and for a later turn the load gate would move
+    /// off a cluster with a slot free the clusters whose one free slot just went idle:
+    /// left out of where it moves, or of the gate's weighing when that kept it where it
+    /// was. Empty otherwise.
     pub fn passed_over(&self) -> &[Arc<Cluster>] {
         &self.passed_over
     }

@@ -2193,12 +2193,12 @@ fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_slot_t
     assert_eq!(ids(decision.passed_over()), [f.id("west-a")]);
     // North full too, busier than east: the only lighter place is west's freed slot, which
     // the gate does not weigh while east has a slot free. The turn stays with its
-    // conversation.
+    // conversation, west passed over (the gate would have moved it there).
     let north_full = f.running("north-a", 2);
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::Session));
     assert_eq!(names(&decision), ["east-a"]);
-    assert!(decision.passed_over().is_empty());
+    assert_eq!(ids(decision.passed_over()), [f.id("west-a")]);
     // With east's slots full too, staying means waiting for one there, and whichever frees
     // first is likely a live conversation's: the move goes where the load is least.
     let east_full = f.running("east-a", 1);
@@ -2214,7 +2214,9 @@ fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_slot_t
     assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
     assert!(names(&decision).contains(&"west-a"));
     let west_busy = streaming(&f, "west-a", 1);
-    assert_eq!(f.decide(&next).outcome(), Some(Outcome::Session));
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Session));
+    assert_eq!(ids(decision.passed_over()), [f.id("west-a")]);
     // Where west's engines keep what is pushed out of a slot (a host cache), the slot is
     // fair game.
     let west = f.id("west-a");
@@ -2223,6 +2225,13 @@ fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_slot_t
     assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
     assert!(names(&decision).contains(&"west-a"));
     assert!(!f.affinity.count_shared_head(&west, false).unwrap().kept);
+    // With east's request streaming, as light as west: the gate keeps the turn there with
+    // west weighed or not, so nothing is passed over.
+    drop((decision, east_busy));
+    let east_busy = streaming(&f, "east-a", 1);
+    let decision = f.decide(&next);
+    assert_eq!(decision.outcome(), Some(Outcome::Session));
+    assert!(decision.passed_over().is_empty());
     drop((decision, north_full, east_busy, west_busy));
 }
 
@@ -2253,12 +2262,20 @@ fn on_slot_engines_a_sticky_later_turn_the_gate_moves_never_takes_the_one_slot_t
     assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
     assert!(names(&decision).contains(&"west-a"));
     // An answer just ended at west and at north, in each one's one free slot: the only
-    // lighter places, which the gate does not weigh while east has a slot free. It sticks.
+    // lighter places, which the gate does not weigh while east has a slot free. It sticks,
+    // both passed over.
     answered_now(&f, "west-a");
     answered_now(&f, "north-a");
     let decision = f.decide(&next);
     assert_eq!(decision.outcome(), Some(Outcome::Sticky));
     assert_eq!(names(&decision), ["east-a"]);
+    let mut passed: Vec<_> = decision
+        .passed_over()
+        .iter()
+        .map(|c| c.id().clone())
+        .collect();
+    passed.sort_by_key(|id| id.name().to_owned());
+    assert_eq!(passed, [f.id("north-a"), f.id("west-a")]);
     // Later, only west's slot just went idle: the move goes to north, past west.
     let f = Fixture {
         now: f.now + SLOT_RECLAIM_WINDOW,
@@ -2269,12 +2286,13 @@ fn on_slot_engines_a_sticky_later_turn_the_gate_moves_never_takes_the_one_slot_t
     assert_eq!(decision.outcome(), Some(Outcome::LoadOverride));
     assert!(!names(&decision).contains(&"west-a"));
     assert!(names(&decision).contains(&"north-a"));
-    assert!(
-        decision
-            .passed_over()
-            .iter()
-            .any(|c| c.id() == &f.id("west-a"))
-    );
+    // Counted once: left out of where it moves (the gate's leaving it out changed nothing).
+    let passed: Vec<_> = decision
+        .passed_over()
+        .iter()
+        .map(|c| c.id().clone())
+        .collect();
+    assert_eq!(passed, [f.id("west-a")]);
     drop((decision, north_busy, west_busy, east_busy));
 }
 
