@@ -1423,6 +1423,103 @@ async fn on_slot_engines_a_first_turn_leaves_a_holder_whose_slot_just_went_idle_
 }
 
 #[tokio::test]
+async fn on_slot_engines_a_held_request_waits_on_when_a_second_slot_goes_idle_during_its_hold() {
+    let (east, west) = (
+        ("hold-on-east", "hold-on-east-a"),
+        ("hold-on-west", "hold-on-west-a"),
+    );
+    let (gateway, release_east, release_west) = two_slot_pair(east, west).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let arrival = |answer: &Answer| -> usize {
+        answer.headers["x-mock-arrival"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let turn = |system: &str, n: usize| {
+        let mut messages = vec![
+            json!({"role": "system", "content": system}),
+            json!({"role": "user", "content": "hi"}),
+        ];
+        for i in 1..n {
+            messages.push(json!({"role": "assistant", "content": format!("answer {i}")}));
+            messages.push(json!({"role": "user", "content": format!("question {i}")}));
+        }
+        Value::Array(messages)
+    };
+    let (a, b) = (
+        text("the first conversation's system prompt", 40 * 256),
+        text("the second conversation's system prompt", 40 * 256),
+    );
+    // Conversation A at east; west's two slots then busy with held requests.
+    let answer = chat_completion(&url, turn(&a, 1), false).await;
+    assert_eq!(answer.engine_name(), east.1);
+    tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
+    let at_west = [
+        held_new_conversation(&url, "one", 8),
+        held_new_conversation(&url, "two", 8),
+    ];
+    eventually("west runs two requests", || async {
+        in_flight_at(&gateway, west.1) == 2
+    })
+    .await;
+    // Conversation B in east's other slot, streaming, held at the engine.
+    let url_b = url.clone();
+    let b_first = turn(&b, 1);
+    let at_east = tokio::spawn(async move {
+        let headers = [
+            ("content-type", "application/json"),
+            ("x-hold", "1"),
+            ("x-stream", "1"),
+            ("x-first-token", "1"),
+        ];
+        let body = json!({"model": MODEL, "messages": b_first, "stream": true}).to_string();
+        send_with(Method::POST, &url_b, &headers, body)
+            .await
+            .engine_name()
+    });
+    eventually("east streams B's answer", || async {
+        in_flight_at(&gateway, east.1) == 1
+    })
+    .await;
+    // A's second turn, its last, answered at east: a slot there just went idle. A prompt
+    // too short to key, with no free slot elsewhere, is held 100 ms for A's next turn.
+    let answer = chat_completion(&url, turn(&a, 2), false).await;
+    assert_eq!(answer.engine_name(), east.1);
+    let ended = tokio::time::Instant::now();
+    let short = json!([{"role": "user", "content": "hi"}]);
+    let url_n = url.clone();
+    let newcomer = tokio::spawn(async move { chat_completion(&url_n, short, false).await });
+    // B's answer ends during that hold: east's other slot goes idle, and B's next turn,
+    // sent once the first hold is over, still reaches the engine before the newcomer.
+    tokio::time::sleep_until(ended + Duration::from_millis(50)).await;
+    release_east.send(true).unwrap();
+    assert_eq!(at_east.await.unwrap(), east.1);
+    tokio::time::sleep_until(ended + SLOT_RECLAIM_HOLD + Duration::from_millis(25)).await;
+    let b_next = chat_completion(&url, turn(&b, 2), false).await;
+    assert_eq!(b_next.engine_name(), east.1);
+    let newcomer = newcomer.await.unwrap();
+    assert_eq!(newcomer.engine_name(), east.1);
+    assert!(
+        arrival(&b_next) < arrival(&newcomer),
+        "the newcomer reached east (arrival {}) before B's next turn ({})",
+        arrival(&newcomer),
+        arrival(&b_next)
+    );
+    // Held once, counted once.
+    let holds = format!(
+        r#"grid_route_slot_holds_total{{site="{}",cluster="{}"}}"#,
+        east.0, east.1
+    );
+    assert_eq!(scraped_gauge(&gateway, &holds).await, Some(1.0));
+    release_west.send(true).unwrap();
+    for held in at_west {
+        assert_eq!(held.await.unwrap(), west.1);
+    }
+}
+
+#[tokio::test]
 async fn on_slot_engines_a_new_request_waits_for_the_live_turn_where_a_slot_just_went_idle() {
     let (east, west) = (
         ("reclaim-east", "reclaim-east-a"),

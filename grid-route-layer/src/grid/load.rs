@@ -88,8 +88,13 @@ pub const SLOT_RECLAIM_WINDOW: Duration = Duration::from_millis(500);
 /// took a live one's slot reached the engine within 0.07 s of the answer's end, some of
 /// them sent just after the live turn and ready before it. What it does not cover: a live
 /// turn that comes later than the hold (0.36 s on a slower hour of the arena's machine:
-/// BENCHMARKS.md, "The twenty-ninth sitting (6c45727)"), or a second slot there going idle
-/// during the hold, after which the engine may give the newcomer either.
+/// BENCHMARKS.md, "The twenty-ninth sitting (6c45727)"), or another answer there ending
+/// just after the hold, before the engine picks the newcomer up. Another ending during
+/// the hold, after which the engine may give the newcomer either slot, holds it on until
+/// this long after that end, at most one more hold in all: in the thirty-fifth sitting
+/// (BENCHMARKS.md) a first turn held for an answer that ended 90 ms before went about 10
+/// ms after such an end, and llama.cpp gave it that slot, whose prompt shared its system
+/// prompt, ahead of the live turn sent 15 ms after it.
 pub const SLOT_RECLAIM_HOLD: Duration = Duration::from_millis(100);
 // `ClusterLoad::reclaim_hold_until` reads a hold still to come as a slot just freed.
 const _: () = assert!(SLOT_RECLAIM_HOLD.as_nanos() < SLOT_RECLAIM_WINDOW.as_nanos());
@@ -574,6 +579,20 @@ impl InFlight {
         self.ended_at = Some(at);
     }
 
+    /// When a request counted here, held until `until` for a slot that just went idle
+    /// ([`ClusterLoad::reclaim_hold_until`]), goes instead once that wait ends: where
+    /// another answer ended here during it, a second slot went idle, whose conversation's
+    /// next turn is on its way too, so [`SLOT_RECLAIM_HOLD`] after that end, but never
+    /// later than `cap`. `None` where no answer ended here since the one the hold was for.
+    pub(crate) fn hold_extended(&self, until: Instant, cap: Instant) -> Option<Instant> {
+        let end = (*self
+            .last_answer_end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))?;
+        let later = end.checked_add(SLOT_RECLAIM_HOLD)?.min(cap);
+        (later > until).then_some(later)
+    }
+
     /// Whether [`first_token`](Self::first_token) was called.
     pub fn has_first_token(&self) -> bool {
         self.streams
@@ -901,6 +920,34 @@ mod tests {
         // Slots not known: never.
         assert!(load.record_slots("http://e0", None));
         assert_eq!(load.reclaim_hold_until(t0), None);
+    }
+
+    #[test]
+    fn a_hold_goes_on_while_another_answer_ends_during_it_never_past_its_cap() {
+        let load = ClusterLoad::new(&urls(1), &settings(WINDOW));
+        let t0 = Instant::now().checked_sub(secs(10)).unwrap();
+        let ms = Duration::from_millis;
+        assert!(load.record_slots("http://e0", Some(3)));
+        let mut first = load.start_request();
+        first.first_token();
+        let mut second = load.start_request();
+        second.first_token();
+        first.end_at(t0);
+        let until = load.reclaim_hold_until(t0).unwrap();
+        let cap = until + SLOT_RECLAIM_HOLD;
+        let held = load.start_request();
+        // Nothing else ended: the hold ends when it was to.
+        assert_eq!(held.hold_extended(until, cap), None);
+        // The other answer ends 30 ms into the hold: it goes on to 100 ms after that.
+        second.end_at(t0 + ms(30));
+        assert_eq!(held.hold_extended(until, cap), Some(t0 + ms(130)));
+        assert_eq!(held.hold_extended(t0 + ms(130), cap), None);
+        // One ending later still is waited for no longer than the cap.
+        let mut third = load.start_request();
+        third.first_token();
+        third.end_at(t0 + ms(150));
+        assert_eq!(held.hold_extended(t0 + ms(130), cap), Some(cap));
+        assert_eq!(held.hold_extended(cap, cap), None);
     }
 
     #[test]

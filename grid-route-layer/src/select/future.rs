@@ -52,6 +52,8 @@ pin_project! {
             // The wait before it is sent (a `SlotHold`, or spacing behind the prompt sent
             // before it), started at the first poll, inside the runtime.
             hold: Option<Hold>,
+            // For a `SlotHold`, the latest it may go on to (`InFlight::hold_extended`).
+            hold_cap: Option<Instant>,
         },
     }
 }
@@ -65,15 +67,22 @@ impl<S: Service<R>, R> ResponseFuture<S, R> {
 
     /// `call` to `cluster`, counted by `in_flight`, sent at `sent`: at once, or once a
     /// [`SlotHold`](crate::route::SlotHold) or the spacing behind the request sent before
-    /// ([`spaced_send`](crate::grid::ClusterLoad::spaced_send)) ends there (`held`).
+    /// ([`spaced_send`](crate::grid::ClusterLoad::spaced_send)) ends there (`wait`). A
+    /// slot hold goes on while another answer ended there during it, up to its cap
+    /// ([`InFlight::hold_extended`]).
     pub(super) fn dispatched(
         call: Oneshot<S, R>,
         cluster: ClusterId,
         load: f64,
         sent: Instant,
         in_flight: InFlight,
-        held: bool,
+        wait: Wait,
     ) -> Self {
+        let (hold, hold_cap) = match wait {
+            Wait::None => (None, None),
+            Wait::Spaced => (Some(Hold::Until(sent)), None),
+            Wait::SlotHold { cap } => (Some(Hold::Until(sent)), Some(cap)),
+        };
         Self {
             state: State::Dispatched {
                 call,
@@ -81,7 +90,8 @@ impl<S: Service<R>, R> ResponseFuture<S, R> {
                 sent,
                 cluster: Some(cluster),
                 in_flight: Some(in_flight),
-                hold: held.then_some(Hold::Until(sent)),
+                hold,
+                hold_cap,
             },
         }
     }
@@ -107,10 +117,21 @@ where
                 sent,
                 in_flight,
                 hold,
+                hold_cap,
             } => {
-                if let Some(waiting) = hold {
+                while let Some(waiting) = hold {
                     ready!(waiting.poll(cx));
-                    *hold = None;
+                    let later =
+                        hold_cap.and_then(|cap| in_flight.as_ref()?.hold_extended(*sent, cap));
+                    *hold = later.map(Hold::Until);
+                    if let (Some(later), Some(cluster)) = (later, cluster.as_ref()) {
+                        tracing::debug!(
+                            %cluster,
+                            hold_ms = later.duration_since(*sent).as_millis() as u64,
+                            "held on: another slot there went idle during the hold"
+                        );
+                        *sent = later;
+                    }
                 }
                 let result = ready!(call.poll(cx));
                 // A failure ends the request here; an answer hands its count to its body.
@@ -130,6 +151,18 @@ where
             }
         }
     }
+}
+
+/// What a request waits for before it is sent, at the send time given with it.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Wait {
+    /// Nothing: it goes at once.
+    None,
+    /// The prompt sent before it, to start its prefill pass.
+    Spaced,
+    /// A live conversation's next turn, for a slot that just went idle: held on while
+    /// another answer ends there during the hold, never past `cap`.
+    SlotHold { cap: Instant },
 }
 
 /// A request's wait before it is sent: until an instant, then on the runtime's timer.

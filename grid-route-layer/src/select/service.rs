@@ -13,9 +13,9 @@ use tower::Service;
 use tower::util::Oneshot;
 
 use super::InFlightBody;
-use super::future::ResponseFuture;
+use super::future::{ResponseFuture, Wait};
 use super::pick::{count_in_flight, least_loaded, prefill_bytes};
-use crate::grid::{Cluster, Grid, GridView};
+use crate::grid::{Cluster, Grid, GridView, SLOT_RECLAIM_HOLD};
 use crate::metrics::{
     DECISIONS_TOTAL, PASS_SPACINGS_TOTAL, SHARED_HEAD_JOINS_TOTAL, SLOT_HOLDS_TOTAL,
     cluster_counter,
@@ -247,6 +247,14 @@ where
                 "spaced from the prompt sent before it"
             );
         }
+        let wait = match hold {
+            // At most one more hold in all, for another slot there going idle meanwhile.
+            Some(until) => Wait::SlotHold {
+                cap: until + SLOT_RECLAIM_HOLD,
+            },
+            None if sent > now => Wait::Spaced,
+            None => Wait::None,
+        };
         let service = self.service_for(&view, cluster);
         ResponseFuture::dispatched(
             Oneshot::new(service, req),
@@ -254,7 +262,7 @@ where
             load,
             sent,
             in_flight,
-            sent > now,
+            wait,
         )
     }
 }
