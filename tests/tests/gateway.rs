@@ -956,6 +956,66 @@ async fn answered_new_conversation(url: &str, topic: &str, blocks: usize) -> Str
         .engine_name()
 }
 
+/// A streamed chat completion of `messages` sent to `url`, whose answer sends its first
+/// token at once and then is held at its [`two_slot_engine`] until released (the answer
+/// streaming while held); the task answers with the engine that served it.
+fn held_stream(url: &str, messages: Value) -> tokio::task::JoinHandle<String> {
+    let url = url.to_owned();
+    tokio::spawn(async move {
+        let headers = [
+            ("content-type", "application/json"),
+            ("x-hold", "1"),
+            ("x-stream", "1"),
+            ("x-first-token", "1"),
+        ];
+        let body = json!({"model": MODEL, "messages": messages, "stream": true}).to_string();
+        send_with(Method::POST, &url, &headers, body)
+            .await
+            .engine_name()
+    })
+}
+
+/// Two [`held_new_conversation`]s, once both run at the cluster named `name`, where the
+/// index holds least (the caller's setup puts them there): its slots busy until released.
+async fn two_held_at(
+    gateway: &Gateway,
+    url: &str,
+    name: &str,
+) -> [tokio::task::JoinHandle<String>; 2] {
+    let held = [
+        held_new_conversation(url, "one", 8),
+        held_new_conversation(url, "two", 8),
+    ];
+    eventually("two held requests run there", || async {
+        in_flight_at(gateway, name) == 2
+    })
+    .await;
+    held
+}
+
+/// Which request to reach its [`two_slot_engine`] `answer` answered (from 1).
+fn arrival(answer: &Answer) -> usize {
+    answer.headers["x-mock-arrival"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The `n`-th turn of a conversation behind `system`: its greeting, then a question after
+/// each answer before.
+fn nth_turn(system: &str, n: usize) -> Value {
+    let mut messages = vec![
+        json!({"role": "system", "content": system}),
+        json!({"role": "user", "content": "hi"}),
+    ];
+    for i in 1..n {
+        messages.push(json!({"role": "assistant", "content": format!("answer {i}")}));
+        messages.push(json!({"role": "user", "content": format!("question {i}")}));
+    }
+    Value::Array(messages)
+}
+
 /// A [`new_conversation`] to `url`, held at its [`two_slot_engine`] until released; the
 /// task answers with the engine that served it.
 fn held_new_conversation(url: &str, topic: &str, blocks: usize) -> tokio::task::JoinHandle<String> {
@@ -1300,19 +1360,7 @@ async fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_
         {"role": "system", "content": at_w}, {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then?"},
     ]);
-    let url_west = url.clone();
-    let at_west = tokio::spawn(async move {
-        let headers = [
-            ("content-type", "application/json"),
-            ("x-hold", "1"),
-            ("x-stream", "1"),
-            ("x-first-token", "1"),
-        ];
-        let body = json!({"model": MODEL, "messages": streaming, "stream": true}).to_string();
-        send_with(Method::POST, &url_west, &headers, body)
-            .await
-            .engine_name()
-    });
+    let at_west = held_stream(&url, streaming);
     let streams_at_west = || {
         let view = gateway.grid().view();
         view.cluster(&cluster_id(&gateway, west.1))
@@ -1430,62 +1478,24 @@ async fn on_slot_engines_a_held_request_waits_on_when_a_second_slot_goes_idle_du
     );
     let (gateway, release_east, release_west) = two_slot_pair(east, west).await;
     let url = format!("{}/v1/chat/completions", gateway.url());
-    let arrival = |answer: &Answer| -> usize {
-        answer.headers["x-mock-arrival"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let turn = |system: &str, n: usize| {
-        let mut messages = vec![
-            json!({"role": "system", "content": system}),
-            json!({"role": "user", "content": "hi"}),
-        ];
-        for i in 1..n {
-            messages.push(json!({"role": "assistant", "content": format!("answer {i}")}));
-            messages.push(json!({"role": "user", "content": format!("question {i}")}));
-        }
-        Value::Array(messages)
-    };
     let (a, b) = (
         text("the first conversation's system prompt", 40 * 256),
         text("the second conversation's system prompt", 40 * 256),
     );
     // Conversation A at east; west's two slots then busy with held requests.
-    let answer = chat_completion(&url, turn(&a, 1), false).await;
+    let answer = chat_completion(&url, nth_turn(&a, 1), false).await;
     assert_eq!(answer.engine_name(), east.1);
     tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
-    let at_west = [
-        held_new_conversation(&url, "one", 8),
-        held_new_conversation(&url, "two", 8),
-    ];
-    eventually("west runs two requests", || async {
-        in_flight_at(&gateway, west.1) == 2
-    })
-    .await;
+    let at_west = two_held_at(&gateway, &url, west.1).await;
     // Conversation B in east's other slot, streaming, held at the engine.
-    let url_b = url.clone();
-    let b_first = turn(&b, 1);
-    let at_east = tokio::spawn(async move {
-        let headers = [
-            ("content-type", "application/json"),
-            ("x-hold", "1"),
-            ("x-stream", "1"),
-            ("x-first-token", "1"),
-        ];
-        let body = json!({"model": MODEL, "messages": b_first, "stream": true}).to_string();
-        send_with(Method::POST, &url_b, &headers, body)
-            .await
-            .engine_name()
-    });
+    let at_east = held_stream(&url, nth_turn(&b, 1));
     eventually("east streams B's answer", || async {
         in_flight_at(&gateway, east.1) == 1
     })
     .await;
     // A's second turn, its last, answered at east: a slot there just went idle. A prompt
     // too short to key, with no free slot elsewhere, is held 100 ms for A's next turn.
-    let answer = chat_completion(&url, turn(&a, 2), false).await;
+    let answer = chat_completion(&url, nth_turn(&a, 2), false).await;
     assert_eq!(answer.engine_name(), east.1);
     let ended = tokio::time::Instant::now();
     let short = json!([{"role": "user", "content": "hi"}]);
@@ -1497,7 +1507,7 @@ async fn on_slot_engines_a_held_request_waits_on_when_a_second_slot_goes_idle_du
     release_east.send(true).unwrap();
     assert_eq!(at_east.await.unwrap(), east.1);
     tokio::time::sleep_until(ended + SLOT_RECLAIM_HOLD + Duration::from_millis(25)).await;
-    let b_next = chat_completion(&url, turn(&b, 2), false).await;
+    let b_next = chat_completion(&url, nth_turn(&b, 2), false).await;
     assert_eq!(b_next.engine_name(), east.1);
     let newcomer = newcomer.await.unwrap();
     assert_eq!(newcomer.engine_name(), east.1);
@@ -1532,38 +1542,16 @@ async fn on_slot_engines_a_new_request_waits_for_the_live_turn_where_a_slot_just
         let url = url.clone();
         async move {
             let answer = chat_completion(&url, messages, hold).await;
-            let arrival: usize = answer.headers["x-mock-arrival"]
-                .to_str()
-                .unwrap()
-                .parse()
-                .unwrap();
-            (answer.engine_name(), arrival)
+            (answer.engine_name(), arrival(&answer))
         }
     };
     let long = text("a long system prompt", 40 * 256);
-    let turn = |n: usize| {
-        let mut messages = vec![
-            json!({"role": "system", "content": long}),
-            json!({"role": "user", "content": "hi"}),
-        ];
-        for i in 1..n {
-            messages.push(json!({"role": "assistant", "content": format!("answer {i}")}));
-            messages.push(json!({"role": "user", "content": format!("question {i}")}));
-        }
-        Value::Array(messages)
-    };
+    let turn = |n: usize| nth_turn(&long, n);
     // A conversation at east; west's two slots then busy with held requests.
     assert_eq!(chat(turn(1), false).await.0, east.1);
     tokio::time::sleep(SLOT_RECLAIM_WINDOW).await;
     // New conversations held at the engine: placed where the index holds least, west.
-    let at_west = [
-        held_new_conversation(&url, "one", 8),
-        held_new_conversation(&url, "two", 8),
-    ];
-    eventually("west runs two requests", || async {
-        in_flight_at(&gateway, west.1) == 2
-    })
-    .await;
+    let at_west = two_held_at(&gateway, &url, west.1).await;
     // The conversation's second turn ends at east: one of its slots just went idle, and the
     // third turn is about to come. A prompt too short to key, sent just before it, has
     // nowhere else to go: it waits, and the third turn reaches its slot first.
