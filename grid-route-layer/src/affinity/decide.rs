@@ -349,6 +349,18 @@ impl Affinity {
             && load.slots() == Some(load.in_flight() + 1)
     }
 
+    /// Whether the freed-slot rule for a later turn the gate moves
+    /// ([`lands_on_freed_slot`](Self::lands_on_freed_slot)) applies: the request continues
+    /// a conversation and one of `left`, the clusters it would leave, has a slot free. A
+    /// first turn's decision reads no slot for it.
+    fn slot_free_where_it_is<'a>(
+        keys: &PrefixKeys,
+        mut left: impl Iterator<Item = &'a Arc<Cluster>>,
+        now: Instant,
+    ) -> bool {
+        keys.continues_conversation() && left.any(|c| c.load().free_slot(now) == Some(true))
+    }
+
     /// [`narrow`] on the candidates' loads, but where a later turn moved off its holder
     /// could land only by taking a live conversation's slot
     /// ([`lands_on_freed_slot`](Self::lands_on_freed_slot)) while a holder has a slot
@@ -365,12 +377,11 @@ impl Affinity {
         now: Instant,
     ) -> (Narrowing, Vec<Arc<Cluster>>) {
         let deepest = depths.iter().copied().max().unwrap_or(0);
-        // Read only for a later turn: a first turn's decision pays nothing for the rule.
-        let stays_free = keys.continues_conversation()
-            && candidates
-                .iter()
-                .zip(depths)
-                .any(|(c, &depth)| depth == deepest && c.load().free_slot(now) == Some(true));
+        let holders = candidates
+            .iter()
+            .zip(depths)
+            .filter(|&(_, &depth)| depth == deepest);
+        let stays_free = Self::slot_free_where_it_is(keys, holders.map(|(c, _)| c), now);
         let mut spared = Vec::new();
         let narrowing = narrow(settings, keys, depths, |i| {
             if stays_free
@@ -416,14 +427,12 @@ impl Affinity {
             moved_from == Some(i)
                 || (narrowing.outcome != Outcome::NoMatch && depth == narrowing.deepest)
         };
-        let stays_free = keys.continues_conversation()
-            && candidates
-                .iter()
-                .zip(&depths)
-                .enumerate()
-                .any(|(i, (c, &depth))| {
-                    left_from(i, depth) && c.load().free_slot(now) == Some(true)
-                });
+        let left = candidates
+            .iter()
+            .zip(&depths)
+            .enumerate()
+            .filter(|&(i, (_, &depth))| left_from(i, depth));
+        let stays_free = Self::slot_free_where_it_is(keys, left.map(|(_, (c, _))| c), now);
         let (spared, kept): (Vec<_>, Vec<_>) = candidates
             .into_iter()
             .zip(depths)
@@ -916,14 +925,19 @@ impl Affinity {
         let here = candidates[at].load().routing_load(now);
         // Nor are the places a move would land only on a live conversation's slot weighed,
         // while a slot is free here.
-        let stays_free = keys.is_some_and(|(keys, _)| keys.continues_conversation())
-            && candidates[at].load().free_slot(now) == Some(true);
+        // The request's keys where the rule applies (a later turn, a slot free here).
+        let guarded_keys = keys
+            .map(|(keys, _)| keys)
+            .filter(|&keys| Self::slot_free_where_it_is(keys, [&candidates[at]].into_iter(), now));
         let (mut others, mut every_other) = (f64::INFINITY, f64::INFINITY);
         let mut spared = Vec::new();
-        for (_, c) in candidates.iter().enumerate().filter(|&(i, _)| i != at) {
+        for (i, c) in candidates.iter().enumerate() {
+            if i == at {
+                continue;
+            }
             let load = c.load().routing_load(now);
             every_other = every_other.min(load);
-            if stays_free && keys.is_some_and(|(keys, _)| self.lands_on_freed_slot(c, keys, now)) {
+            if guarded_keys.is_some_and(|keys| self.lands_on_freed_slot(c, keys, now)) {
                 spared.push(Arc::clone(c));
             } else {
                 others = others.min(load);
@@ -933,7 +947,8 @@ impl Affinity {
         // unmeasured ones give NaN, which exceeds nothing.
         let overloaded = here - others > worth;
         // Passed over only where leaving them out kept the request here.
-        if overloaded || here - every_other <= worth || (here - every_other).is_nan() {
+        let moved_by_every_load = here - every_other > worth;
+        if overloaded || !moved_by_every_load {
             spared.clear();
         }
         Some(SessionFound {

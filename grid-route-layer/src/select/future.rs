@@ -12,7 +12,7 @@ use tower::Service;
 use tower::util::Oneshot;
 
 use super::InFlightBody;
-use crate::grid::{ClusterId, InFlight};
+use crate::grid::{ClusterId, InFlight, SLOT_RECLAIM_HOLD};
 use crate::route::{BoxError, DispatchError, NoCandidate, Served};
 
 pin_project! {
@@ -81,7 +81,8 @@ impl<S: Service<R>, R> ResponseFuture<S, R> {
         let (hold, hold_cap) = match wait {
             Wait::None => (None, None),
             Wait::Spaced => (Some(Hold::Until(sent)), None),
-            Wait::SlotHold { cap } => (Some(Hold::Until(sent)), Some(cap)),
+            // At most one more hold in all, for another slot there going idle meanwhile.
+            Wait::SlotHold => (Some(Hold::Until(sent)), Some(sent + SLOT_RECLAIM_HOLD)),
         };
         Self {
             state: State::Dispatched {
@@ -161,8 +162,8 @@ pub(super) enum Wait {
     /// The prompt sent before it, to start its prefill pass.
     Spaced,
     /// A live conversation's next turn, for a slot that just went idle: held on while
-    /// another answer ends there during the hold, never past `cap`.
-    SlotHold { cap: Instant },
+    /// another answer ends there during the hold, one more hold at most.
+    SlotHold,
 }
 
 /// A request's wait before it is sent: until an instant, then on the runtime's timer.

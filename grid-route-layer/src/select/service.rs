@@ -15,7 +15,7 @@ use tower::util::Oneshot;
 use super::InFlightBody;
 use super::future::{ResponseFuture, Wait};
 use super::pick::{count_in_flight, least_loaded, prefill_bytes};
-use crate::grid::{Cluster, Grid, GridView, SLOT_RECLAIM_HOLD};
+use crate::grid::{Cluster, Grid, GridView};
 use crate::metrics::{
     DECISIONS_TOTAL, PASS_SPACINGS_TOTAL, SHARED_HEAD_JOINS_TOTAL, SLOT_HOLDS_TOTAL,
     cluster_counter,
@@ -248,10 +248,7 @@ where
             );
         }
         let wait = match hold {
-            // At most one more hold in all, for another slot there going idle meanwhile.
-            Some(until) => Wait::SlotHold {
-                cap: until + SLOT_RECLAIM_HOLD,
-            },
+            Some(_) => Wait::SlotHold,
             None if sent > now => Wait::Spaced,
             None => Wait::None,
         };
