@@ -1202,12 +1202,7 @@ async fn newcomer_beside_a_busier_holder(prefix: &'static str, found: bool) -> S
     })
     .await;
     // A join is counted where it was sent; a first turn that went by load is not.
-    let joins = |(site, cluster): (&str, &str)| {
-        let series =
-            format!(r#"grid_route_shared_head_joins_total{{site="{site}",cluster="{cluster}"}}"#);
-        let gateway = &gateway;
-        async move { scraped_gauge(gateway, &series).await }
-    };
+    let joins = |at| cluster_metric(&gateway, "grid_route_shared_head_joins_total", at);
     assert_eq!(joins(east).await, found.then_some(1.0));
     assert_eq!(joins(west).await, None);
     release.send(true).unwrap();
@@ -1301,12 +1296,7 @@ async fn on_slot_engines_a_new_request_leaves_a_slot_that_just_went_idle() {
     assert_eq!(chat(short(), false).await, west.1);
     // Each cluster passed over is counted: west once, for the first turn behind its
     // head, east once, for the short prompt.
-    let passed = |(site, cluster): (&str, &str)| {
-        let series =
-            format!(r#"grid_route_slot_passed_over_total{{site="{site}",cluster="{cluster}"}}"#);
-        let gateway = &gateway;
-        async move { scraped_gauge(gateway, &series).await }
-    };
+    let passed = |at| cluster_metric(&gateway, "grid_route_slot_passed_over_total", at);
     assert_eq!(passed(west).await, Some(1.0));
     assert_eq!(passed(east).await, Some(1.0));
     // Once the window has passed, load decides again.
@@ -1387,12 +1377,7 @@ async fn on_slot_engines_a_later_turn_moved_off_its_cluster_never_takes_the_one_
     ]);
     assert_eq!(chat(next, false).await, east.1);
     // West was passed over for it, and counted; east, where it stayed, was not.
-    let passed = |(site, cluster): (&str, &str)| {
-        let series =
-            format!(r#"grid_route_slot_passed_over_total{{site="{site}",cluster="{cluster}"}}"#);
-        let gateway = &gateway;
-        async move { scraped_gauge(gateway, &series).await }
-    };
+    let passed = |at| cluster_metric(&gateway, "grid_route_slot_passed_over_total", at);
     assert_eq!(passed(west).await, Some(1.0));
     assert_eq!(passed(east).await, None);
     release_east.send(true).unwrap();
@@ -1453,11 +1438,8 @@ async fn on_slot_engines_a_first_turn_leaves_a_holder_whose_slot_just_went_idle_
     // not. The next first turn finds the head there, leaving the live conversation's slot.
     assert_eq!(first_turn("q5", false).await, busy);
     let passed = |cluster: &str| {
-        let site = sites.iter().find(|s| s.1 == cluster).unwrap().0;
-        let series =
-            format!(r#"grid_route_slot_passed_over_total{{site="{site}",cluster="{cluster}"}}"#);
-        let gateway = &gateway;
-        async move { scraped_gauge(gateway, &series).await }
+        let at = *sites.iter().find(|s| s.1 == cluster).unwrap();
+        cluster_metric(&gateway, "grid_route_slot_passed_over_total", at)
     };
     // Passed over: the first holder for q2, the freed one for q5.
     if freed == one {
@@ -1518,11 +1500,8 @@ async fn on_slot_engines_a_held_request_waits_on_when_a_second_slot_goes_idle_du
         arrival(&b_next)
     );
     // Held once, counted once.
-    let holds = format!(
-        r#"grid_route_slot_holds_total{{site="{}",cluster="{}"}}"#,
-        east.0, east.1
-    );
-    assert_eq!(scraped_gauge(&gateway, &holds).await, Some(1.0));
+    let holds = cluster_metric(&gateway, "grid_route_slot_holds_total", east).await;
+    assert_eq!(holds, Some(1.0));
     release_west.send(true).unwrap();
     for held in at_west {
         assert_eq!(held.await.unwrap(), west.1);
@@ -1565,16 +1544,13 @@ async fn on_slot_engines_a_new_request_waits_for_the_live_turn_where_a_slot_just
     let (engine, arrival) = newcomer.await.unwrap();
     assert_eq!(engine, east.1);
     assert_eq!((third, arrival), (second + 1, second + 2));
-    let holds = format!(
-        r#"grid_route_slot_holds_total{{site="{}",cluster="{}"}}"#,
-        east.0, east.1
-    );
-    assert_eq!(scraped_gauge(&gateway, &holds).await, Some(1.0));
+    let holds = || cluster_metric(&gateway, "grid_route_slot_holds_total", east);
+    assert_eq!(holds().await, Some(1.0));
     // The live turn itself never waits, and once the hold is over nothing does.
     tokio::time::sleep(SLOT_RECLAIM_HOLD).await;
     let (engine, _) = chat(short(), false).await;
     assert_eq!(engine, east.1);
-    assert_eq!(scraped_gauge(&gateway, &holds).await, Some(1.0));
+    assert_eq!(holds().await, Some(1.0));
     release_west.send(true).unwrap();
     release_east.send(true).unwrap();
     for held in at_west {
@@ -1613,13 +1589,12 @@ async fn on_slot_engines_a_prompt_right_behind_one_still_waiting_reaches_the_eng
     assert_eq!((one.status, two.status), (StatusCode::OK, StatusCode::OK));
     let apart = reached(&one).abs_diff(reached(&two));
     assert!(apart >= 30_000, "reached the engine {apart} µs apart");
-    let spacings =
-        format!(r#"grid_route_pass_spacings_total{{site="{site}",cluster="{cluster}"}}"#);
-    assert_eq!(scraped_gauge(&gateway, &spacings).await, Some(1.0));
+    let spacings = || cluster_metric(&gateway, "grid_route_pass_spacings_total", (site, cluster));
+    assert_eq!(spacings().await, Some(1.0));
     // With nothing waiting there for its first token, the next one goes at once.
     let three = chat("three").await.unwrap();
     assert_eq!(three.status, StatusCode::OK);
-    assert_eq!(scraped_gauge(&gateway, &spacings).await, Some(1.0));
+    assert_eq!(spacings().await, Some(1.0));
 }
 
 #[tokio::test]
@@ -3075,6 +3050,17 @@ async fn scraped_gauge(gateway: &Gateway, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .map(|value| value.trim().parse().unwrap())
+}
+
+/// The per-cluster metric `name` of `(site, cluster)` on `gateway`'s `/metrics`: `None`
+/// until its first count.
+async fn cluster_metric(
+    gateway: &Gateway,
+    name: &str,
+    (site, cluster): (&str, &str),
+) -> Option<f64> {
+    let series = format!(r#"{name}{{site="{site}",cluster="{cluster}"}}"#);
+    scraped_gauge(gateway, &series).await
 }
 
 #[tokio::test]
