@@ -394,8 +394,9 @@ impl PredictedMatch {
 /// [`AffinityLayer`](crate::affinity::AffinityLayer) ([`Decision::holds`]): at each of these
 /// clusters a slot just went idle, and the conversation answered there may be about to
 /// send its next turn. [`Select`](crate::select::Select), having picked one of them, waits
-/// until the time given ([`SLOT_RECLAIM_HOLD`] after the answer's end) before it sends the
-/// request, counting it in flight there meanwhile: the live turn reaches its slot first,
+/// until the time given ([`SLOT_RECLAIM_HOLD`] after the answer's end, longer when another
+/// answer ends there meanwhile: that constant's doc) before it sends the request, counting
+/// it in flight there meanwhile: the live turn reaches its slot first,
 /// and the newcomer takes another (why a newcomer sent at once may take the live one's
 /// slot: [`slot_just_freed`]). A balancer of your own may ignore it.
 ///

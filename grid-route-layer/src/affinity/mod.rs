@@ -70,8 +70,9 @@
 //!    idle (on such engines): with no other lighter place it stays. A new conversation
 //!    or a prompt too short to key that still may go to such a cluster, by any outcome,
 //!    waits there until [`SLOT_RECLAIM_HOLD`](crate::grid::SLOT_RECLAIM_HOLD) after the
-//!    answer's end ([`Decision::holds`], [`SlotHold`](crate::route::SlotHold)): the live
-//!    conversation's next turn, if it comes at once, reaches its slot first.
+//!    answer's end, longer when another answer ends there meanwhile ([`Decision::holds`],
+//!    [`SlotHold`](crate::route::SlotHold)): the live conversation's next turn, if it
+//!    comes at once, reaches its slot first.
 //! 3. The load gate prices the match by the prefill it saves: covered bytes / 4 bytes a
 //!    token / `prefill_tokens_per_second` seconds, worth that many seconds /
 //!    `queued_request_seconds` requests of load. If the least load among the deepest
